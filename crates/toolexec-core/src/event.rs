@@ -1,0 +1,142 @@
+//! The append-only log: events numbered by a gapless per-session `seq`, invocations and the side
+//! effects they caused.
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::call::InvocationStatus;
+use crate::tool::Capability;
+use crate::truncate::Truncation;
+
+/// Kinds of log events. Stored as their dotted string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+pub enum EventKind {
+    #[serde(rename = "session.created")]
+    SessionCreated,
+    #[serde(rename = "session.closed")]
+    SessionClosed,
+    #[serde(rename = "invocation.started")]
+    InvocationStarted,
+    #[serde(rename = "invocation.finished")]
+    InvocationFinished,
+    #[serde(rename = "file.created")]
+    FileCreated,
+    #[serde(rename = "file.modified")]
+    FileModified,
+    #[serde(rename = "file.deleted")]
+    FileDeleted,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 7] = [
+        EventKind::SessionCreated,
+        EventKind::SessionClosed,
+        EventKind::InvocationStarted,
+        EventKind::InvocationFinished,
+        EventKind::FileCreated,
+        EventKind::FileModified,
+        EventKind::FileDeleted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::SessionCreated => "session.created",
+            EventKind::SessionClosed => "session.closed",
+            EventKind::InvocationStarted => "invocation.started",
+            EventKind::InvocationFinished => "invocation.finished",
+            EventKind::FileCreated => "file.created",
+            EventKind::FileModified => "file.modified",
+            EventKind::FileDeleted => "file.deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Side effects are every event an invocation causes other than its own start and finish.
+    pub fn is_side_effect(self) -> bool {
+        matches!(
+            self,
+            EventKind::FileCreated | EventKind::FileModified | EventKind::FileDeleted
+        )
+    }
+}
+
+/// One row of a session's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub session_id: Uuid,
+    /// 1, 2, 3, … per session, no gaps.
+    pub seq: i64,
+    pub kind: EventKind,
+    pub invocation_id: Option<Uuid>,
+    /// Kind-specific payload (see the event kinds in the docs).
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+impl FileChangeKind {
+    pub fn event_kind(self) -> EventKind {
+        match self {
+            FileChangeKind::Created => EventKind::FileCreated,
+            FileChangeKind::Modified => EventKind::FileModified,
+            FileChangeKind::Deleted => EventKind::FileDeleted,
+        }
+    }
+}
+
+/// The payload of a `file.*` event: one file created, modified or deleted in the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FileChange {
+    pub kind: FileChangeKind,
+    /// Workspace-relative path, `/`-separated.
+    pub path: String,
+    pub before_sha256: Option<String>,
+    pub after_sha256: Option<String>,
+    pub before_size: Option<u64>,
+    pub after_size: Option<u64>,
+    /// Whether the after contents are stored as a blob (they are unless over the size limit).
+    pub after_stored: bool,
+    /// The capability under which the change was made (`fs.write`, `content_from_source`, …).
+    pub capability: Capability,
+}
+
+/// The recorded execution of one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Invocation {
+    pub id: Uuid,
+    pub session_id: Uuid,
+    pub call_id: String,
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    pub status: InvocationStatus,
+    pub is_error: bool,
+    /// What the model was shown (possibly truncated). `None` while running.
+    pub content: Option<String>,
+    pub truncated: Option<Truncation>,
+    /// Length of the full output in characters.
+    pub output_chars: Option<i64>,
+    pub read_only: bool,
+    /// The capabilities the tool declared, recorded at the time of the call.
+    pub capabilities: Vec<Capability>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<f64>,
+    pub started_seq: i64,
+    pub finished_seq: Option<i64>,
+    /// Side-effect events (files created, modified, deleted) in log order.
+    #[serde(default)]
+    pub side_effects: Vec<Event>,
+}

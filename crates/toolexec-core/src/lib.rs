@@ -1,0 +1,25 @@
+//! The domain of toolexec: what a tool is, what a call and its result look like, what gets
+//! recorded (invocations, events, side effects) and how output is truncated for the model.
+//!
+//! This crate owns vocabulary only. It must not know about HTTP, SQL or the filesystem, so that
+//! every other crate can depend on it without dragging those in.
+#![forbid(unsafe_code)]
+
+pub mod call;
+pub mod event;
+pub mod hash;
+pub mod session;
+pub mod tool;
+pub mod truncate;
+
+pub use call::{Call, CallResult, CallStatus, InvocationStatus};
+pub use event::{Event, EventKind, FileChange, FileChangeKind, Invocation};
+pub use hash::{Sha256Hex, sha256_hex};
+pub use session::{NetworkPolicy, NewSession, Policy, Session, SessionStatus, Tenant};
+pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};
+pub use truncate::{Truncation, truncate};
+
+/// A fresh, time-ordered id (UUID v7), so that ids sort by creation time in indexes and logs.
+pub fn new_id() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
+}

@@ -1,0 +1,108 @@
+//! Tenants own sessions; a session is a workspace, a policy and a tool set.
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Tenant {
+    pub id: Uuid,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    Active,
+    Closed,
+}
+
+impl SessionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "active",
+            SessionStatus::Closed => "closed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(SessionStatus::Active),
+            "closed" => Some(SessionStatus::Closed),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkPolicy {
+    #[default]
+    None,
+    Allow,
+}
+
+/// What a session may do. The operator's configuration sets ceilings; a session can only
+/// tighten them (values above a ceiling are refused when the session is created).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Network for tools that use it (`none` unless granted).
+    #[serde(default)]
+    pub network: NetworkPolicy,
+    /// Default timeout of a call, in milliseconds (tools that run processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_timeout_ms: Option<u64>,
+    /// Per-tool output limit overrides, in characters: `{"read_file": 20000}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub output_limits: BTreeMap<String, usize>,
+}
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSession {
+    /// Allow-list of tool names; all tools when absent.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// Environment variables for processes the session runs.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Free-form client data, stored and returned as is.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// Files to seed the workspace with: workspace-relative path → UTF-8 contents.
+    #[serde(default)]
+    pub files: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub id: Uuid,
+    #[serde(skip)]
+    pub tenant_id: Uuid,
+    pub status: SessionStatus,
+    /// Allow-list of tool names; `null` means every tool in the catalog.
+    pub tools: Option<Vec<String>>,
+    pub policy: Policy,
+    pub env: BTreeMap<String, String>,
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    /// The `seq` of the newest event in the session's log.
+    pub last_seq: i64,
+}
+
+impl Session {
+    pub fn allows_tool(&self, name: &str) -> bool {
+        self.tools
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|t| t == name))
+    }
+}

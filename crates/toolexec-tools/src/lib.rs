@@ -1,0 +1,104 @@
+//! The tools: each one a file under `builtin/`, each registered with one line in
+//! [`Registry::builtin`]. A tool gets validated, typed arguments and a [`ToolContext`] (the
+//! session's workspace jail and read-state) and returns a [`ToolOutput`]: what the model reads
+//! plus the file changes it made, which the engine records.
+//!
+//! Tools never touch the filesystem except through [`workspace::Workspace`], which resolves every
+//! path in the kernel beneath the workspace directory (`openat2` with `RESOLVE_BENEATH`).
+//! A tool failure is data for the model ([`ToolOutput`] with an error status), never a Rust error
+//! that could turn into an HTTP error.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use toolexec_core::{CallStatus, FileChange, Policy, ToolSpec};
+use uuid::Uuid;
+
+pub mod builtin;
+pub mod reads;
+pub mod registry;
+pub mod workspace;
+
+pub use reads::ReadTracker;
+pub use registry::{ArgumentError, Registry};
+pub use workspace::Workspace;
+
+/// What a tool runs against: one session's workspace, its read-state and its policy.
+#[derive(Clone)]
+pub struct ToolContext {
+    pub session_id: Uuid,
+    pub workspace: Arc<Workspace>,
+    pub reads: Arc<ReadTracker>,
+    pub policy: Policy,
+    pub env: BTreeMap<String, String>,
+}
+
+/// One file change a tool made, with the new contents so the engine can store them as a blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedChange {
+    pub change: FileChange,
+    /// The contents after the change (`None` for deletions).
+    pub after: Option<Vec<u8>>,
+}
+
+/// What a tool returns: the full text for the model (the engine truncates it) and its changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub status: CallStatus,
+    pub content: String,
+    pub changes: Vec<RecordedChange>,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        Self {
+            status: CallStatus::Ok,
+            content: content.into(),
+            changes: Vec::new(),
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        Self {
+            status: CallStatus::Error,
+            content: content.into(),
+            changes: Vec::new(),
+        }
+    }
+
+    pub fn denied(content: impl Into<String>) -> Self {
+        Self {
+            status: CallStatus::Denied,
+            content: content.into(),
+            changes: Vec::new(),
+        }
+    }
+
+    pub fn with_change(mut self, change: RecordedChange) -> Self {
+        self.changes.push(change);
+        self
+    }
+}
+
+/// A tool. Implementations live in `builtin/`, one file each.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    fn spec(&self) -> &ToolSpec;
+
+    /// Runs with arguments that already passed `spec().input_schema`.
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput;
+}
+
+/// Deserializes validated arguments into a tool's typed struct. A failure here is reported to
+/// the model as `invalid_arguments` by the caller.
+pub fn parse_args<T: serde::de::DeserializeOwned>(
+    args: serde_json::Value,
+) -> Result<T, ToolOutput> {
+    serde_json::from_value(args).map_err(|e| ToolOutput {
+        status: CallStatus::InvalidArguments,
+        content: format!("Invalid arguments: {e}. Check the tool's input schema and try again."),
+        changes: Vec::new(),
+    })
+}

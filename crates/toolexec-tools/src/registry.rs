@@ -1,0 +1,124 @@
+//! The catalog of tools and the JSON Schema validation of call arguments.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use toolexec_core::ToolSpec;
+
+use crate::Tool;
+
+/// Why arguments were refused: the JSON pointer of the failing value, the schema rule it broke and
+/// a sentence for the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgumentError {
+    /// JSON pointer into `arguments` (`""` for the object itself, `/file_path`, …).
+    pub pointer: String,
+    /// The JSON Schema keyword that failed (`required`, `type`, `minimum`, …).
+    pub rule: String,
+    pub message: String,
+}
+
+impl ArgumentError {
+    /// The model-facing text.
+    pub fn to_model_text(&self, tool: &str) -> String {
+        let at = if self.pointer.is_empty() {
+            "arguments".to_owned()
+        } else {
+            format!("arguments{}", self.pointer)
+        };
+        format!(
+            "Invalid arguments for {tool}: {at}: {} (schema rule: {}). Fix the arguments to match the tool's input schema and call it again.",
+            self.message, self.rule
+        )
+    }
+}
+
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: jsonschema::Validator,
+}
+
+/// All tools by name, with their compiled argument validators.
+pub struct Registry {
+    tools: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("tool {name}: invalid input schema: {message}")]
+    BadSchema { name: String, message: String },
+    #[error("tool {0} registered twice")]
+    Duplicate(String),
+}
+
+impl Registry {
+    pub fn new(tools: Vec<Arc<dyn Tool>>) -> Result<Self, RegistryError> {
+        let mut map = BTreeMap::new();
+        for tool in tools {
+            let spec = tool.spec();
+            let validator = jsonschema::draft202012::new(&spec.input_schema).map_err(|e| {
+                RegistryError::BadSchema {
+                    name: spec.name.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            let name = spec.name.clone();
+            if map.insert(name.clone(), Entry { tool, validator }).is_some() {
+                return Err(RegistryError::Duplicate(name));
+            }
+        }
+        Ok(Self { tools: map })
+    }
+
+    /// Every built-in tool. Adding a tool: one file in `builtin/` and one line here.
+    pub fn builtin() -> Result<Self, RegistryError> {
+        Self::new(crate::builtin::all())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name).map(|e| &e.tool)
+    }
+
+    pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.tools.values().map(|e| e.tool.spec())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// Validates `args` against the tool's schema. Reports the first error, deepest-first order
+    /// as the validator yields it. `None` if the tool is unknown.
+    pub fn validate(
+        &self,
+        name: &str,
+        args: &serde_json::Value,
+    ) -> Option<Result<(), ArgumentError>> {
+        let entry = self.tools.get(name)?;
+        Some(match entry.validator.iter_errors(args).next() {
+            None => Ok(()),
+            Some(err) => Err(ArgumentError {
+                pointer: err.instance_path().to_string(),
+                rule: keyword_of(&err),
+                message: err.to_string(),
+            }),
+        })
+    }
+}
+
+fn keyword_of(err: &jsonschema::ValidationError<'_>) -> String {
+    // The schema path ends with the keyword that failed (`/properties/limit/minimum`).
+    err.schema_path()
+        .to_string()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}

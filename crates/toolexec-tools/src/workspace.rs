@@ -1,0 +1,3 @@
+//! The workspace jail (placeholder, being written).
+#[derive(Debug)]
+pub struct Workspace;

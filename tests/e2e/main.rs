@@ -1,1 +1,11 @@
+//! End-to-end tests: a real server on port 0 over a fresh Postgres database per test (and the
+//! embedded SQLite store), in-process router tests, the store suite on both backends, and the
+//! OpenAPI drift check.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api;
+mod openapi;
+mod problems;
+mod recording;
+mod store;
+mod tenancy;

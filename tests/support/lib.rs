@@ -1,1 +1,4 @@
 //! test support
+
+pub mod app;
+pub mod db;

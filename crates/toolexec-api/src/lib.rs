@@ -1,1 +1,119 @@
-//! placeholder
+//! The HTTP API of toolexec (SPEC §2): axum handlers that extract, call one engine function and
+//! map the result; auth in an extractor; problem+json errors; the OpenAPI document generated from
+//! the handlers, served at `/openapi.json` (with Swagger UI at `/docs`) and checked in.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod extract;
+mod openapi;
+pub mod problem;
+mod routes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, Request, StatusCode};
+use toolexec_engine::Engine;
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::trace::TraceLayer;
+
+pub use auth::{Auth, AuthMode, key_hash};
+pub use openapi::{openapi, openapi_json};
+use problem::ApiError;
+
+/// Default request body limit: a batch of calls with a few large `write_file` contents fits;
+/// anything bigger should be split.
+pub const DEFAULT_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    pub body_limit_bytes: usize,
+    /// How the sandbox for process tools is set up, for `/readyz`.
+    pub sandbox_mode: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+            sandbox_mode: "none: no process-running tools are installed".into(),
+        }
+    }
+}
+
+/// Everything a handler can reach.
+#[derive(Debug)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub auth: Auth,
+    pub config: ApiConfig,
+}
+
+pub(crate) type SharedState = Arc<AppState>;
+
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Request ids are UUIDv7 unless the gateway already set `x-request-id`, which is kept.
+#[derive(Clone, Copy, Debug)]
+struct MakeRequestIdV7;
+
+impl MakeRequestId for MakeRequestIdV7 {
+    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
+        uuid::Uuid::now_v7()
+            .to_string()
+            .parse()
+            .ok()
+            .map(RequestId::new)
+    }
+}
+
+/// The whole HTTP application.
+pub fn app(state: Arc<AppState>) -> Router {
+    let body_limit = state.config.body_limit_bytes;
+    let (router, api) = openapi::parts(state.engine.registry());
+    let docs = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api);
+    router
+        .merge(docs)
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_route",
+                "no such endpoint; see /docs for the API",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not accept that method; see /docs",
+            )
+        })
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                use axum::response::IntoResponse;
+                tracing::error!("handler panicked");
+                ApiError::internal().into_response()
+            },
+        ))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
+                let id = req
+                    .headers()
+                    .get(&X_REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-");
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            }),
+        )
+        .layer(PropagateRequestIdLayer::new(X_REQUEST_ID.clone()))
+        .layer(SetRequestIdLayer::new(X_REQUEST_ID.clone(), MakeRequestIdV7))
+}
+
+/// How long `/readyz` waits for the store before calling it down.
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,1 +1,274 @@
-fn main() {}
+//! `toolexec-bench`: measures recorded calls over HTTP against the Postgres store, next to a
+//! baseline measured in the same run on the same database: plain Postgres inserts of the rows a
+//! call records (one invocation, two events), one transaction per call.
+//!
+//! Run: `cargo run --release -p toolexec-bench -- calls` (Postgres on 127.0.0.1:5432, trust auth;
+//! override with `--admin-url`). It creates and drops its own database.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use sqlx::Connection;
+use sqlx::postgres::PgPoolOptions;
+
+#[derive(Parser)]
+#[command(name = "toolexec-bench")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// read_file calls over HTTP at several client counts, with the insert baseline.
+    Calls {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Client counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        clients: Vec<usize>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Calls {
+            admin_url,
+            seconds,
+            clients,
+        } => calls(&admin_url, Duration::from_secs(seconds), &clients).await,
+    }
+}
+
+struct Stats {
+    calls: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u64>,
+}
+
+impl Stats {
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+    fn pct(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let idx = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[idx] as f64 / 1000.0
+    }
+}
+
+/// Runs `clients` loops of `op` for `dur` and collects per-op latencies.
+async fn drive<F, Fut>(clients: usize, dur: Duration, op: F) -> anyhow::Result<Stats>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + dur;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let op = op.clone();
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                op(c, n).await?;
+                lat.push(t.elapsed().as_micros() as u64);
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    let mut latencies_us = Vec::new();
+    for t in tasks {
+        latencies_us.extend(t.await??);
+    }
+    let elapsed = start.elapsed();
+    latencies_us.sort_unstable();
+    Ok(Stats {
+        calls: latencies_us.len() as u64,
+        elapsed,
+        latencies_us,
+    })
+}
+
+async fn calls(admin_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow::Result<()> {
+    let db_name = format!("toolexec_bench_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(admin_url)
+        .await
+        .with_context(|| format!("connecting to {admin_url}"))?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+        .execute(&mut admin)
+        .await?;
+    let db_url = match admin_url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db_name}"),
+        None => anyhow::bail!("admin url has no database part"),
+    };
+    let result = run_all(&db_url, dur, client_counts).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {db_name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    result
+}
+
+async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow::Result<()> {
+    let data = tempdir()?;
+    let config = toolexec_server::Config {
+        bind: "127.0.0.1:0".into(),
+        database_url: Some(db_url.to_owned()),
+        data_dir: data.clone(),
+        log_format: "text".into(),
+        max_db_connections: 16,
+        ..Default::default()
+    };
+    let state = toolexec_server::build_state(&config).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolexec_server::serve(state, listener, async {
+        let _ = stop_rx.await;
+    }));
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let session: serde_json::Value = http
+        .post(format!("{base}/v1/sessions"))
+        .json(&json!({"files": {"src/main.rs": "fn main() {\n    println!(\"hello\");\n}\n".repeat(20)}}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let sid = session["id"].as_str().context("session id")?.to_owned();
+    let calls_url = Arc::new(format!("{base}/v1/sessions/{sid}/calls"));
+
+    let pool = PgPoolOptions::new()
+        .max_connections(40)
+        .connect(db_url)
+        .await?;
+    sqlx::query(
+        "CREATE TABLE bench_invocations (LIKE invocations INCLUDING ALL);
+         CREATE TABLE bench_events (LIKE events INCLUDING ALL);",
+    )
+    .execute(&pool)
+    .await
+    .ok();
+    let baseline_session = uuid::Uuid::now_v7();
+
+    println!(
+        "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row",
+        dur.as_secs()
+    );
+    println!(
+        "{:>7} | {:>12} {:>9} {:>9} | {:>14} {:>9} {:>9} | {:>8}",
+        "clients", "toolexec/s", "p50 ms", "p99 ms", "pg inserts/s", "p50 ms", "p99 ms", "ratio"
+    );
+    for &clients in client_counts {
+        // Baseline: the rows one call records, inserted plainly, one transaction per call.
+        let seq = Arc::new(AtomicU64::new(0));
+        let p = pool.clone();
+        let base_stats = drive(clients, dur, move |_c, _n| {
+            let p = p.clone();
+            let seq = seq.clone();
+            async move {
+                let s = seq.fetch_add(2, Ordering::Relaxed) as i64;
+                let id = uuid::Uuid::now_v7();
+                let mut tx = p.begin().await?;
+                sqlx::query(
+                    "INSERT INTO bench_invocations (id, session_id, call_id, name, arguments, arguments_sha256, read_only, capabilities, node, status, is_error, content, output_chars, started_at, finished_at, duration_ms, started_seq, finished_seq)
+                     VALUES ($1, $2, $3, 'read_file', '{\"file_path\":\"src/main.rs\"}', 'x', true, '[\"fs.read\"]', 'bench', 'ok', false, $4, 10, now(), now(), 0.1, $5, $6)",
+                )
+                .bind(id)
+                .bind(baseline_session)
+                .bind(id.to_string())
+                .bind("     1\tfn main() {")
+                .bind(s + 1)
+                .bind(s + 2)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO bench_events (session_id, seq, kind, invocation_id, data, created_at)
+                     VALUES ($1, $2, 'invocation.started', $3, '{}', now()), ($1, $4, 'invocation.finished', $3, '{}', now())",
+                )
+                .bind(baseline_session)
+                .bind(s + 1)
+                .bind(id)
+                .bind(s + 2)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+        })
+        .await?;
+
+        let http2 = http.clone();
+        let url = calls_url.clone();
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let svc_stats = drive(clients, dur, move |_c, n| {
+            let http = http2.clone();
+            let url = url.clone();
+            let id = format!("bench_{run}_{n}");
+            async move {
+                let resp = http
+                    .post(url.as_str())
+                    .json(&json!({"calls": [{"id": id, "name": "read_file", "arguments": {"file_path": "src/main.rs", "limit": 5}}]}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
+                let body: serde_json::Value = resp.json().await?;
+                anyhow::ensure!(body["results"][0]["status"] == "ok", "call failed: {body}");
+                Ok(())
+            }
+        })
+        .await?;
+        println!(
+            "{:>7} | {:>12.0} {:>9.2} {:>9.2} | {:>14.0} {:>9.2} {:>9.2} | {:>8.2}",
+            clients,
+            svc_stats.rate(),
+            svc_stats.pct(0.50),
+            svc_stats.pct(0.99),
+            base_stats.rate(),
+            base_stats.pct(0.50),
+            base_stats.pct(0.99),
+            svc_stats.rate() / base_stats.rate(),
+        );
+    }
+    println!(
+        "ratio = toolexec recorded calls/s ÷ plain-insert transactions/s (same rows, same database, same run)"
+    );
+    let _ = stop_tx.send(());
+    server.await??;
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
+fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+    let dir =
+        std::env::temp_dir().join(format!("toolexec-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

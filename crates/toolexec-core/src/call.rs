@@ -94,7 +94,10 @@ impl InvocationStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             InvocationStatus::Running => "running",
-            other => other.finished().map(CallStatus::as_str).unwrap_or("running"),
+            other => other
+                .finished()
+                .map(CallStatus::as_str)
+                .unwrap_or("running"),
         }
     }
 

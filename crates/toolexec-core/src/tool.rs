@@ -5,7 +5,9 @@ use utoipa::ToSchema;
 
 /// A capability a tool may exercise. Recorded on every invocation; policy decisions (such as the
 /// read-before-write exemption) are made from these, never from a tool's name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 pub enum Capability {
     #[serde(rename = "fs.read")]
     FsRead,

@@ -66,7 +66,11 @@ mod tests {
     #[test]
     fn head_tail_keeps_both_ends_and_says_how_much_was_cut() {
         let full = "0123456789";
-        let (t, cut) = truncate(full, OutputLimit::new(4, TruncationMode::HeadTail), "use read_output");
+        let (t, cut) = truncate(
+            full,
+            OutputLimit::new(4, TruncationMode::HeadTail),
+            "use read_output",
+        );
         assert!(t.starts_with("01\n"));
         assert!(t.ends_with("\n89"));
         assert!(t.contains("6 characters cut here — use read_output"));

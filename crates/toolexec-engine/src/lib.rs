@@ -1,1 +1,133 @@
-//! placeholder
+//! The call pipeline of toolexec, independent of HTTP: sessions and their workspaces, batches of
+//! calls (validation, policy, idempotency, scheduling), truncation, and recording through a
+//! group-committing [`recorder::Recorder`].
+//!
+//! The engine decides what runs and what gets recorded; it must not know about HTTP status codes
+//! (the API maps [`EngineError`]) nor about SQL (it speaks [`toolexec_store::Store`]).
+#![forbid(unsafe_code)]
+
+mod calls;
+mod canonical;
+mod config;
+mod log;
+pub mod recorder;
+mod sessions;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use toolexec_store::{Store, StoreError};
+use toolexec_tools::Registry;
+use uuid::Uuid;
+
+pub use calls::CallBatch;
+pub use canonical::arguments_sha256;
+pub use config::{EngineConfig, Limits};
+pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, OutputSlice};
+pub use sessions::SessionRuntime;
+
+/// Why the engine could not act on a request. A tool that fails is not an error here: it is a
+/// [`toolexec_core::CallResult`] with an error status.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Missing, or owned by another tenant (indistinguishable on purpose).
+    #[error("not found")]
+    NotFound,
+    /// The request conflicts with what is recorded (a call id reused with other arguments, a
+    /// closed session).
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    /// The request is well-formed JSON but not acceptable (unknown tool in an allow-list, a policy
+    /// above the operator's ceiling, an empty batch, …).
+    #[error("{detail}")]
+    Invalid { code: &'static str, detail: String },
+    /// The store (or the session's workspace) is unavailable; nothing was run. Retry later.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A bug or an unexpected environment failure. The detail is for logs, not clients.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => EngineError::NotFound,
+            StoreError::Unavailable(m) => EngineError::Unavailable(m),
+            StoreError::Migration(m) | StoreError::Corrupt(m) => EngineError::Internal(m),
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// The running engine. Cheap to share (`Arc`); one per process.
+pub struct Engine {
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    recorder: recorder::Recorder,
+    config: EngineConfig,
+    /// Per-session state of active sessions on this node (workspace handle, read-state, the
+    /// scheduling lock), created on first use.
+    runtimes: Mutex<HashMap<Uuid, Arc<SessionRuntime>>>,
+    /// Calls running on this node, by (session, call id): a retry of a running call waits here.
+    inflight: calls::Inflight,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.store.backend())
+            .field("node", &self.config.node)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Starts the engine: marks this node's invocations left `running` by a previous process as
+    /// `interrupted`, then starts the recorder.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        registry: Arc<Registry>,
+        config: EngineConfig,
+    ) -> Result<Arc<Self>> {
+        let interrupted = store
+            .interrupt_running(
+                &config.node,
+                "The service stopped while this call was running, so its result was not recorded. \
+                 Any files it changed are in the session's event log. Check the workspace state \
+                 (for example with read_file or list_dir) before retrying with a new call id.",
+            )
+            .await?;
+        if interrupted > 0 {
+            tracing::warn!(interrupted, node = %config.node, "marked invocations left running by a previous process as interrupted");
+        }
+        std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
+            EngineError::Internal(format!(
+                "cannot create workspace root {}: {e}",
+                config.workspace_root.display()
+            ))
+        })?;
+        let recorder = recorder::Recorder::start(store.clone(), config.recorder_writers);
+        Ok(Arc::new(Self {
+            store,
+            registry,
+            recorder,
+            config,
+            runtimes: Mutex::new(HashMap::new()),
+            inflight: calls::Inflight::default(),
+        }))
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+}

@@ -1,1 +1,112 @@
-//! placeholder
+//! The toolexec binary's library half: building the store, engine and HTTP app from a
+//! [`Config`], and serving on an injected listener with an injected shutdown future (so tests run
+//! the real server on port 0).
+#![forbid(unsafe_code)]
+
+pub mod config;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use toolexec_api::{ApiConfig, AppState, Auth, AuthMode};
+use toolexec_engine::{Engine, EngineConfig};
+use toolexec_store::Store;
+use toolexec_store::postgres::PgStore;
+use toolexec_store::sqlite::SqliteStore;
+use toolexec_tools::Registry;
+
+pub use config::Config;
+
+/// Opens the store the configuration names (Postgres or the embedded SQLite file).
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let store: Arc<dyn Store> = match config.database_url.as_deref() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Arc::new(
+                PgStore::connect(url, config.max_db_connections)
+                    .await
+                    .with_context(|| format!("connecting to {}", config::redact_url(url)))?,
+            )
+        }
+        Some(url) if url.starts_with("sqlite:") => {
+            let path = url
+                .trim_start_matches("sqlite://")
+                .trim_start_matches("sqlite:");
+            Arc::new(open_sqlite(std::path::Path::new(path)).await?)
+        }
+        Some(other) => anyhow::bail!(
+            "database_url '{}' is neither postgres://… nor sqlite:PATH",
+            config::redact_url(other)
+        ),
+        None => {
+            std::fs::create_dir_all(&config.data_dir)
+                .with_context(|| format!("creating {}", config.data_dir.display()))?;
+            Arc::new(open_sqlite(&config.data_dir.join("toolexec.db")).await?)
+        }
+    };
+    Ok(store)
+}
+
+async fn open_sqlite(path: &std::path::Path) -> anyhow::Result<SqliteStore> {
+    SqliteStore::open(path)
+        .await
+        .with_context(|| format!("opening SQLite store {}", path.display()))
+}
+
+/// Decides how requests are authenticated. Refuses a non-loopback bind with no auth.
+pub async fn auth_mode(config: &Config, store: &dyn Store) -> anyhow::Result<AuthMode> {
+    if let Some(h) = &config.trusted_identity_header {
+        return Ok(AuthMode::TrustedHeader(h.to_ascii_lowercase()));
+    }
+    if store.has_api_keys().await? {
+        return Ok(AuthMode::ApiKeys);
+    }
+    let addr = config.bind_addr()?;
+    if !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {addr} without authentication: create an API key with \
+             `toolexec keys create --tenant NAME`, configure trusted_identity_header for a \
+             gateway, or bind 127.0.0.1"
+        );
+    }
+    Ok(AuthMode::Local(store.ensure_tenant("local").await?))
+}
+
+/// Builds the application state from a configuration: store (migrated if configured), engine
+/// (which interrupts this node's leftovers from a previous run) and auth.
+pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
+    let store = open_store(config).await?;
+    if config.auto_migrate {
+        store.migrate().await.context("applying migrations")?;
+    }
+    let mode = auth_mode(config, store.as_ref()).await?;
+    let registry = Arc::new(Registry::builtin().context("building the tool registry")?);
+    let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
+    engine_config.limits = (&config.limits).into();
+    engine_config.recorder_writers = config.recorder_writers;
+    let engine = Engine::start(store, registry, engine_config)
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;
+    Ok(Arc::new(AppState {
+        engine,
+        auth: Auth::new(mode),
+        config: ApiConfig {
+            body_limit_bytes: config.body_limit_bytes,
+            ..ApiConfig::default()
+        },
+    }))
+}
+
+/// Serves the app on `listener` until `shutdown` resolves, then lets in-flight requests finish.
+pub async fn serve(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = toolexec_api::app(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")
+}

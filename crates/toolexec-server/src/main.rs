@@ -1,1 +1,154 @@
-fn main() {}
+//! `toolexec`: serve the API, apply migrations, create API keys, print the OpenAPI document.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use toolexec_server::{Config, build_state, open_store, serve};
+
+#[derive(Parser)]
+#[command(
+    name = "toolexec",
+    version,
+    about = "Runs tools for remote LLM agent loops, sandboxed and recorded"
+)]
+struct Cli {
+    /// Configuration file (TOML). Default: ./toolexec.toml if present. TOOLEXEC_* variables override it.
+    #[arg(long, global = true, env = "TOOLEXEC_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP service (the default).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage API keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Print the OpenAPI document (or write it to a file).
+    Openapi {
+        /// Write to this file instead of stdout (`openapi/openapi.json` is the checked-in copy).
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create an API key for a tenant (created if new). The key is printed once; only its hash is stored.
+    Create {
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "text" {
+        builder.init();
+    } else {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config = Config::load(cli.config.as_deref()).context("loading configuration")?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            init_tracing(&config.log_format);
+            tracing::info!(config = ?config, "starting");
+            let state = build_state(&config).await?;
+            let addr = config.bind_addr()?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            tracing::info!(
+                address = %listener.local_addr()?,
+                store = state.engine.store().backend(),
+                auth = state.auth.describe(),
+                "listening"
+            );
+            serve(state, listener, shutdown_signal()).await?;
+            tracing::info!("stopped");
+        }
+        Command::Migrate => {
+            init_tracing(&config.log_format);
+            let store = open_store(&config).await?;
+            store.migrate().await.context("applying migrations")?;
+            eprintln!("migrations applied ({})", store.backend());
+        }
+        Command::Keys {
+            command: KeysCommand::Create { tenant },
+        } => {
+            let tenant = tenant.trim();
+            anyhow::ensure!(
+                !tenant.is_empty() && tenant.len() <= 200,
+                "--tenant must be 1 to 200 characters"
+            );
+            let store = open_store(&config).await?;
+            store.migrate().await.context("applying migrations")?;
+            let t = store.ensure_tenant(tenant).await?;
+            let mut secret = [0u8; 32];
+            getrandom::fill(&mut secret).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            let key = format!("tx_{}", hex::encode(secret));
+            store
+                .create_api_key(t.id, &toolexec_api::key_hash(&key), &key[..11])
+                .await?;
+            eprintln!(
+                "API key for tenant '{}' (shown once; store it now). Restart the service if it was running without keys.",
+                t.name
+            );
+            println!("{key}");
+        }
+        Command::Openapi { write } => {
+            let registry = toolexec_tools::Registry::builtin()?;
+            let doc = toolexec_api::openapi_json(&registry);
+            match write {
+                Some(path) => {
+                    std::fs::write(&path, doc)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    eprintln!("wrote {}", path.display());
+                }
+                None => print!("{doc}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM: stop accepting, let in-flight calls finish and be recorded.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown requested; finishing in-flight requests");
+}

@@ -17,7 +17,10 @@ use toolexec_core::{
 };
 use uuid::Uuid;
 
+mod migrations;
+mod plan;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]

@@ -1,1 +1,631 @@
-//! Postgres backend (being written).
+//! Postgres backend: the production store, shared by every API replica.
+//!
+//! A commit is five round trips whatever the size of the batch: `BEGIN`; lock the sessions of the
+//! batch (`FOR UPDATE`, in id order so that concurrent batches cannot deadlock); read the
+//! invocations the batch refers to; one statement that writes everything (data-modifying CTEs
+//! over `UNNEST`ed arrays: blobs, invocations, finishes, events, `last_seq`); `COMMIT`.
+//! Per-write failures are decided between the reads and the write (see [`crate::plan`]), never by
+//! a constraint violation, which would abort the transaction and every other write of the batch.
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
+use toolexec_core::{Event, EventKind, Invocation, Session, SessionStatus, Tenant, new_id};
+use uuid::Uuid;
+
+use crate::plan::{self, Plan};
+use crate::rows::{
+    self, event_columns, existing_columns, invocation_columns, not_found_on_fk, session_columns,
+};
+use crate::{
+    Assigned, Blob, NewEvent, Outcome, Result, SessionPage, Store, StoreError, Write, WriteError,
+};
+
+/// How long a request waits for a pooled connection before the store counts as unavailable: a
+/// call is refused (503) rather than left hanging when the database is down or saturated.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects a pool of at most `max_connections` to `url` (`postgres://…`).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// Locks the sessions of a batch, in id order.
+async fn lock_sessions(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<plan::LockedSession>> {
+    sqlx::query(
+        "SELECT id, status, last_seq FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(rows::locked_session)
+    .collect()
+}
+
+/// The invocations a batch names by id or by `(session_id, call_id)`. Runs after the lock, so
+/// it sees everything committed before (each statement takes a fresh snapshot).
+async fn existing_invocations(
+    conn: &mut PgConnection,
+    batch: &[Write],
+) -> Result<Vec<plan::Existing>> {
+    let ids = plan::invocation_ids(batch);
+    let (call_sessions, call_ids) = plan::call_keys(batch);
+    sqlx::query(concat!(
+        "SELECT ",
+        existing_columns!(),
+        " FROM invocations i WHERE i.id = ANY($1) \
+         UNION ALL \
+         SELECT ",
+        existing_columns!(),
+        " FROM UNNEST($2::uuid[], $3::text[]) AS c(session_id, call_id) \
+         JOIN invocations i ON i.session_id = c.session_id AND i.call_id = c.call_id"
+    ))
+    .bind(ids)
+    .bind(call_sessions)
+    .bind(call_ids)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(rows::existing)
+    .collect()
+}
+
+/// Writes a plan in one statement. Every part is an array, empty when there is nothing of its
+/// kind; data-modifying CTEs all run to completion whether or not they are referenced.
+const WRITE_PLAN: &str = "\
+WITH new_blobs AS (
+    INSERT INTO blobs (sha256, size, data)
+    SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[])
+    ON CONFLICT (sha256) DO NOTHING
+),
+new_invocations AS (
+    INSERT INTO invocations (
+        id, session_id, call_id, name, arguments, arguments_sha256, read_only, capabilities,
+        node, status, is_error, content, truncated, output_chars, output_sha256,
+        started_at, finished_at, duration_ms, started_seq, finished_seq)
+    SELECT * FROM UNNEST(
+        $4::uuid[], $5::uuid[], $6::text[], $7::text[], $8::jsonb[], $9::text[], $10::bool[],
+        $11::jsonb[], $12::text[], $13::text[], $14::bool[], $15::text[], $16::jsonb[],
+        $17::bigint[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::float8[],
+        $22::bigint[], $23::bigint[])
+),
+finished AS (
+    UPDATE invocations AS i SET
+        status = f.status, is_error = f.is_error, content = f.content, truncated = f.truncated,
+        output_chars = f.output_chars, output_sha256 = f.output_sha256,
+        finished_at = f.finished_at, duration_ms = f.duration_ms, finished_seq = f.finished_seq
+    FROM UNNEST(
+        $24::uuid[], $25::text[], $26::bool[], $27::text[], $28::jsonb[], $29::bigint[],
+        $30::text[], $31::timestamptz[], $32::float8[], $33::bigint[])
+        AS f(id, status, is_error, content, truncated, output_chars, output_sha256,
+             finished_at, duration_ms, finished_seq)
+    WHERE i.id = f.id
+),
+new_events AS (
+    INSERT INTO events (session_id, seq, kind, invocation_id, data, created_at)
+    SELECT e.*, statement_timestamp()
+    FROM UNNEST($34::uuid[], $35::bigint[], $36::text[], $37::uuid[], $38::jsonb[]) AS e
+)
+UPDATE sessions AS s SET last_seq = l.last_seq
+FROM UNNEST($39::uuid[], $40::bigint[]) AS l(id, last_seq)
+WHERE s.id = l.id";
+
+/// The columns of the finishing part of an invocation row, in `WRITE_PLAN` order.
+#[derive(Default)]
+struct FinishColumns<'a> {
+    status: Vec<Option<&'static str>>,
+    is_error: Vec<bool>,
+    content: Vec<Option<&'a str>>,
+    truncated: Vec<Option<Json<&'a toolexec_core::Truncation>>>,
+    output_chars: Vec<Option<i64>>,
+    output_sha256: Vec<Option<&'a str>>,
+    finished_at: Vec<Option<chrono::DateTime<Utc>>>,
+    duration_ms: Vec<Option<f64>>,
+    finished_seq: Vec<Option<i64>>,
+}
+
+impl<'a> FinishColumns<'a> {
+    fn push(&mut self, finish: Option<&'a plan::FinishRow>) {
+        let outcome: Option<&'a Outcome> = finish.map(|f| &f.outcome);
+        self.status.push(outcome.map(|o| o.status.as_str()));
+        self.is_error
+            .push(outcome.is_some_and(|o| o.status.is_error()));
+        self.content.push(outcome.map(|o| o.content.as_str()));
+        self.truncated
+            .push(outcome.and_then(|o| o.truncated.as_ref()).map(Json));
+        self.output_chars.push(outcome.map(|o| o.output_chars));
+        self.output_sha256
+            .push(outcome.and_then(|o| o.output_sha256.as_deref()));
+        self.finished_at.push(outcome.map(|o| o.finished_at));
+        self.duration_ms.push(outcome.map(|o| o.duration_ms));
+        self.finished_seq.push(finish.map(|f| f.finished_seq));
+    }
+}
+
+async fn write_plan(conn: &mut PgConnection, plan: &Plan) -> Result<()> {
+    if plan.is_empty() {
+        return Ok(());
+    }
+    let blob_sha: Vec<&str> = plan.blobs.iter().map(|b| b.sha256.as_str()).collect();
+    let blob_size: Vec<i64> = plan.blobs.iter().map(blob_size).collect();
+    let blob_data: Vec<&[u8]> = plan.blobs.iter().map(|b| b.bytes.as_slice()).collect();
+
+    let invs = &plan.invocations;
+    let mut inv_finish = FinishColumns::default();
+    for row in invs {
+        inv_finish.push(row.finish.as_ref());
+    }
+    let i_id: Vec<Uuid> = invs.iter().map(|r| r.invocation.id).collect();
+    let i_session: Vec<Uuid> = invs.iter().map(|r| r.invocation.session_id).collect();
+    let i_call: Vec<&str> = invs.iter().map(|r| r.invocation.call_id.as_str()).collect();
+    let i_name: Vec<&str> = invs.iter().map(|r| r.invocation.name.as_str()).collect();
+    let i_args: Vec<Json<&serde_json::Value>> =
+        invs.iter().map(|r| Json(&r.invocation.arguments)).collect();
+    let i_args_sha: Vec<&str> = invs
+        .iter()
+        .map(|r| r.invocation.arguments_sha256.as_str())
+        .collect();
+    let i_read_only: Vec<bool> = invs.iter().map(|r| r.invocation.read_only).collect();
+    let i_caps: Vec<Json<&[toolexec_core::Capability]>> = invs
+        .iter()
+        .map(|r| Json(r.invocation.capabilities.as_slice()))
+        .collect();
+    let i_node: Vec<&str> = invs.iter().map(|r| r.invocation.node.as_str()).collect();
+    let i_status: Vec<&str> = inv_finish
+        .status
+        .iter()
+        .map(|s| s.unwrap_or("running"))
+        .collect();
+    let i_started_at: Vec<chrono::DateTime<Utc>> =
+        invs.iter().map(|r| r.invocation.started_at).collect();
+    let i_started_seq: Vec<i64> = invs.iter().map(|r| r.started_seq).collect();
+
+    let mut fin = FinishColumns::default();
+    for f in &plan.finishes {
+        fin.push(Some(f));
+    }
+    let f_id: Vec<Uuid> = plan.finishes.iter().map(|f| f.id).collect();
+    let f_status: Vec<&str> = fin.status.iter().map(|s| s.unwrap_or("running")).collect();
+
+    let ev = &plan.events;
+    let e_session: Vec<Uuid> = ev.iter().map(|e| e.session_id).collect();
+    let e_seq: Vec<i64> = ev.iter().map(|e| e.seq).collect();
+    let e_kind: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
+    let e_invocation: Vec<Option<Uuid>> = ev.iter().map(|e| e.invocation_id).collect();
+    let e_data: Vec<Json<&serde_json::Value>> = ev.iter().map(|e| Json(&e.data)).collect();
+
+    let (l_id, l_seq): (Vec<Uuid>, Vec<i64>) = plan.last_seqs.iter().copied().unzip();
+
+    sqlx::query(WRITE_PLAN)
+        .bind(blob_sha)
+        .bind(blob_size)
+        .bind(blob_data)
+        .bind(i_id)
+        .bind(i_session)
+        .bind(i_call)
+        .bind(i_name)
+        .bind(i_args)
+        .bind(i_args_sha)
+        .bind(i_read_only)
+        .bind(i_caps)
+        .bind(i_node)
+        .bind(i_status)
+        .bind(inv_finish.is_error)
+        .bind(inv_finish.content)
+        .bind(inv_finish.truncated)
+        .bind(inv_finish.output_chars)
+        .bind(inv_finish.output_sha256)
+        .bind(i_started_at)
+        .bind(inv_finish.finished_at)
+        .bind(inv_finish.duration_ms)
+        .bind(i_started_seq)
+        .bind(inv_finish.finished_seq)
+        .bind(f_id)
+        .bind(f_status)
+        .bind(fin.is_error)
+        .bind(fin.content)
+        .bind(fin.truncated)
+        .bind(fin.output_chars)
+        .bind(fin.output_sha256)
+        .bind(fin.finished_at)
+        .bind(fin.duration_ms)
+        .bind(fin.finished_seq)
+        .bind(e_session)
+        .bind(e_seq)
+        .bind(e_kind)
+        .bind(e_invocation)
+        .bind(e_data)
+        .bind(l_id)
+        .bind(l_seq)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn blob_size(blob: &Blob) -> i64 {
+    i64::try_from(blob.bytes.len()).unwrap_or(i64::MAX)
+}
+
+/// Locks, plans and writes a batch inside the caller's transaction.
+async fn apply(
+    conn: &mut PgConnection,
+    batch: Vec<Write>,
+) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sessions = lock_sessions(conn, &plan::session_ids(&batch)).await?;
+    let existing = existing_invocations(conn, &batch).await?;
+    let plan = plan::plan(batch, sessions, existing);
+    write_plan(conn, &plan).await?;
+    Ok(plan.results)
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        crate::migrations::migrator(crate::migrations::POSTGRES)
+            .run(&self.pool)
+            .await
+            .map_err(|e| StoreError::Migration(e.to_string()))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
+        // Two statements, not one: under READ COMMITTED the SELECT takes a fresh snapshot and
+        // so sees a row that a concurrent insert committed while ON CONFLICT waited for it.
+        sqlx::query("INSERT INTO tenants (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
+            .bind(new_id())
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query("SELECT id, name FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        rows::tenant(&row)
+    }
+
+    async fn create_api_key(&self, tenant_id: Uuid, key_sha256: &str, prefix: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, key_sha256, prefix) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(new_id())
+        .bind(tenant_id)
+        .bind(key_sha256)
+        .bind(prefix)
+        .execute(&self.pool)
+        .await
+        .map_err(not_found_on_fk)?;
+        Ok(())
+    }
+
+    async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>> {
+        sqlx::query(
+            "SELECT t.id, t.name FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+             WHERE k.key_sha256 = $1 AND k.revoked_at IS NULL",
+        )
+        .bind(key_sha256)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(rows::tenant)
+        .transpose()
+    }
+
+    async fn has_api_keys(&self) -> Result<bool> {
+        // Revoked keys count: once keys exist, auth is configured, and revoking every key must
+        // lock clients out rather than turn authentication off.
+        Ok(
+            sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM api_keys)")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn create_session(
+        &self,
+        session: &Session,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<Session> {
+        let mut tx = self.pool.begin().await?;
+        let last_seq = i64::try_from(events.len()).unwrap_or(i64::MAX);
+        let row = sqlx::query(concat!(
+            "INSERT INTO sessions AS s (id, tenant_id, status, tools, policy, env, metadata, \
+             last_seq, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8) RETURNING ",
+            session_columns!()
+        ))
+        .bind(session.id)
+        .bind(session.tenant_id)
+        .bind(session.tools.as_ref().map(Json))
+        .bind(Json(&session.policy))
+        .bind(Json(&session.env))
+        .bind(Json(&session.metadata))
+        .bind(last_seq)
+        .bind(session.created_at)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(not_found_on_fk)?;
+        let stored = rows::session(&row)?;
+        let plan = plan::initial_plan(session.id, events, blobs);
+        write_plan(&mut tx, &plan).await?;
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
+        ))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        rows::session(&row)
+    }
+
+    async fn list_sessions(
+        &self,
+        tenant_id: Uuid,
+        before: Option<Uuid>,
+        limit: u32,
+    ) -> Result<SessionPage> {
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions s WHERE s.tenant_id = $1 AND s.id < $2 ORDER BY s.id DESC LIMIT $3"
+        ))
+        .bind(tenant_id)
+        .bind(before.unwrap_or(Uuid::max()))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(rows::session)
+        .collect::<Result<Vec<_>>>()?;
+        Ok(rows::page(found, limit))
+    }
+
+    async fn close_session(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        data: serde_json::Value,
+    ) -> Result<Session> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2 FOR UPDATE"
+        ))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let session = rows::session(&row)?;
+        if session.status == SessionStatus::Closed {
+            return Ok(session);
+        }
+        let seq = session.last_seq + 1;
+        let row = sqlx::query(concat!(
+            "WITH closed AS (\
+                 INSERT INTO events (session_id, seq, kind, data, created_at) \
+                 VALUES ($1, $2, $3, $4, statement_timestamp())) \
+             UPDATE sessions AS s SET status = 'closed', closed_at = statement_timestamp(), \
+             last_seq = $2 WHERE s.id = $1 RETURNING ",
+            session_columns!()
+        ))
+        .bind(id)
+        .bind(seq)
+        .bind(EventKind::SessionClosed.as_str())
+        .bind(Json(&data))
+        .fetch_one(&mut *tx)
+        .await?;
+        let closed = rows::session(&row)?;
+        tx.commit().await?;
+        Ok(closed)
+    }
+
+    async fn lookup_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        call_ids: &[String],
+    ) -> Result<(Session, Vec<Invocation>)> {
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            ", ",
+            invocation_columns!(),
+            " FROM sessions s LEFT JOIN invocations i \
+             ON i.session_id = s.id AND i.call_id = ANY($3) \
+             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY i.started_seq"
+        ))
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(call_ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let first = found.first().ok_or(StoreError::NotFound)?;
+        let session = rows::session(first)?;
+        let mut invocations = Vec::new();
+        for row in &found {
+            if rows::Columns::opt_uuid(row, "i_id")?.is_some() {
+                invocations.push(rows::invocation(row)?);
+            }
+        }
+        Ok((session, invocations))
+    }
+
+    async fn commit(
+        &self,
+        batch: Vec<Write>,
+    ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let results = apply(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let running = sqlx::query(
+            "SELECT id, session_id, started_at FROM invocations \
+             WHERE node = $1 AND status = 'running'",
+        )
+        .bind(node)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = Utc::now();
+        let mut batch = Vec::with_capacity(running.len());
+        for row in &running {
+            use rows::Columns;
+            batch.push(plan::interrupted(
+                row.uuid("session_id")?,
+                row.uuid("id")?,
+                row.time("started_at")?,
+                now,
+                content,
+            ));
+        }
+        // Re-checked under the session locks: one that finished meanwhile comes back NotRunning.
+        let results = apply(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
+    }
+
+    async fn events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        // One round trip: the session row says whether the caller may read, the lateral join
+        // brings the page (no rows from it: a session with nothing after `after`).
+        let found = sqlx::query(concat!(
+            "SELECT s.id AS s_id, ",
+            event_columns!(),
+            " FROM sessions s LEFT JOIN LATERAL (\
+                 SELECT * FROM events WHERE session_id = s.id AND seq > $3 \
+                 ORDER BY seq LIMIT $4) e ON true \
+             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY e.seq"
+        ))
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        if found.is_empty() {
+            return Err(StoreError::NotFound);
+        }
+        let mut events = Vec::with_capacity(found.len());
+        for row in &found {
+            if rows::Columns::opt_int(row, "e_seq")?.is_some() {
+                events.push(rows::event(row)?);
+            }
+        }
+        Ok(events)
+    }
+
+    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            invocation_columns!(),
+            " FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2"
+        ))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let mut invocation = rows::invocation(&row)?;
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.invocation_id = $1 ORDER BY e.seq"
+        ))
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        invocation.side_effects = rows::side_effects(events);
+        Ok(invocation)
+    }
+
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
+        let row = sqlx::query(
+            "SELECT i.content, i.output_sha256, b.data FROM invocations i \
+             JOIN sessions s ON s.id = i.session_id \
+             LEFT JOIN blobs b ON b.sha256 = i.output_sha256 \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        use rows::Columns;
+        rows::output(
+            row.opt_text("content")?,
+            row.opt_text("output_sha256")?,
+            row.opt_bytes("data")?,
+        )
+    }
+
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        Ok(
+            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
+                .bind(sha256)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+}

@@ -1,1 +1,620 @@
-//! SQLite backend (being written).
+//! SQLite backend: the zero-configuration store of a single `toolexec serve`.
+//!
+//! One file in WAL mode with two pools: a writer pool of exactly one connection that every write
+//! goes through, so writes are serialised in-process and never meet `SQLITE_BUSY`, and a pool of
+//! `query_only` readers, which WAL lets read while the writer writes. The single writer is also
+//! what makes `seq` assignment safe here: the lock that Postgres takes per session row is, in
+//! SQLite, the one write transaction at a time. Row-by-row statements are fine: they are calls
+//! into a library, not round trips.
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::types::Json;
+use sqlx::{SqliteConnection, SqlitePool};
+use toolexec_core::{Event, EventKind, Invocation, Session, SessionStatus, Tenant, new_id};
+use uuid::Uuid;
+
+use crate::plan::{self, Plan};
+use crate::rows::{
+    self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
+    session_columns,
+};
+use crate::{Assigned, Blob, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError};
+
+/// How long a connection waits on a lock held by another process (a CLI next to the server)
+/// before giving up with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a request waits for a pooled connection before the store counts as unavailable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Readers: enough for concurrent API reads on a small machine; SQLite reads are cheap.
+const READERS: u32 = 4;
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    /// Exactly one connection: every write, in order.
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its folder if needed) the database file at `path`.
+    pub async fn open(path: &Path) -> Result<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
+        let base = SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true)
+            // FULL, not NORMAL: `invocation.started` must survive a power cut before the tool
+            // runs. Group commit amortises the fsync.
+            .synchronous(SqliteSynchronous::Full);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            // Keep the connection: reopening it costs more than holding a file handle.
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(
+                base.clone()
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal),
+            )
+            .await?;
+        // The writer has created the file and switched it to WAL (a setting of the file).
+        let reader = SqlitePoolOptions::new()
+            .max_connections(READERS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(base.pragma("query_only", "ON"))
+            .await?;
+        Ok(Self { writer, reader })
+    }
+
+    /// A private in-memory database (for tests): one connection kept open for the life of the
+    /// store, reading and writing. Call [`Store::migrate`] before use, as with [`Self::open`].
+    pub async fn memory() -> Result<Self> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await?;
+        Ok(Self {
+            writer: pool.clone(),
+            reader: pool,
+        })
+    }
+
+    /// Begins a write transaction. `IMMEDIATE` takes the file's write lock up front, so another
+    /// process holding it makes us wait (busy timeout) instead of failing mid-transaction.
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+async fn select_session(
+    conn: &mut SqliteConnection,
+    tenant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Session>> {
+    sqlx::query(concat!(
+        "SELECT ",
+        session_columns!(),
+        " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
+    ))
+    .bind(id)
+    .bind(tenant_id)
+    .fetch_optional(conn)
+    .await?
+    .as_ref()
+    .map(rows::session)
+    .transpose()
+}
+
+/// Reads what the planner needs. No locks: the single writer connection is the lock.
+async fn read_for_plan(
+    conn: &mut SqliteConnection,
+    batch: &[Write],
+) -> Result<(Vec<plan::LockedSession>, Vec<plan::Existing>)> {
+    let mut sessions = Vec::new();
+    for id in plan::session_ids(batch) {
+        let row = sqlx::query("SELECT id, status, last_seq FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = row {
+            sessions.push(rows::locked_session(&row)?);
+        }
+    }
+    let mut existing = Vec::new();
+    for write in batch {
+        let found = match write {
+            Write::Start { invocation } | Write::Record { invocation, .. } => {
+                sqlx::query(concat!(
+                    "SELECT ",
+                    existing_columns!(),
+                    " FROM invocations i \
+                     WHERE (i.session_id = $1 AND i.call_id = $2) OR i.id = $3"
+                ))
+                .bind(invocation.session_id)
+                .bind(&invocation.call_id)
+                .bind(invocation.id)
+                .fetch_all(&mut *conn)
+                .await?
+            }
+            Write::Finish { invocation_id, .. } => {
+                sqlx::query(concat!(
+                    "SELECT ",
+                    existing_columns!(),
+                    " FROM invocations i WHERE i.id = $1"
+                ))
+                .bind(invocation_id)
+                .fetch_all(&mut *conn)
+                .await?
+            }
+        };
+        for row in &found {
+            existing.push(rows::existing(row)?);
+        }
+    }
+    Ok((sessions, existing))
+}
+
+async fn write_plan(conn: &mut SqliteConnection, plan: &Plan) -> Result<()> {
+    let now = Utc::now();
+    for blob in &plan.blobs {
+        sqlx::query(
+            "INSERT INTO blobs (sha256, size, data, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (sha256) DO NOTHING",
+        )
+        .bind(&blob.sha256)
+        .bind(i64::try_from(blob.bytes.len()).unwrap_or(i64::MAX))
+        .bind(&blob.bytes)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for row in &plan.invocations {
+        let inv = &row.invocation;
+        let outcome = row.finish.as_ref().map(|f| &f.outcome);
+        sqlx::query(
+            "INSERT INTO invocations (id, session_id, call_id, name, arguments, arguments_sha256, \
+             read_only, capabilities, node, status, is_error, content, truncated, output_chars, \
+             output_sha256, started_at, finished_at, duration_ms, started_seq, finished_seq) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18, $19, $20)",
+        )
+        .bind(inv.id)
+        .bind(inv.session_id)
+        .bind(&inv.call_id)
+        .bind(&inv.name)
+        .bind(Json(&inv.arguments))
+        .bind(&inv.arguments_sha256)
+        .bind(inv.read_only)
+        .bind(Json(&inv.capabilities))
+        .bind(&inv.node)
+        .bind(outcome.map_or("running", |o| o.status.as_str()))
+        .bind(outcome.is_some_and(|o| o.status.is_error()))
+        .bind(outcome.map(|o| o.content.as_str()))
+        .bind(outcome.and_then(|o| o.truncated.as_ref()).map(Json))
+        .bind(outcome.map(|o| o.output_chars))
+        .bind(outcome.and_then(|o| o.output_sha256.as_deref()))
+        .bind(inv.started_at)
+        .bind(outcome.map(|o| o.finished_at))
+        .bind(outcome.map(|o| o.duration_ms))
+        .bind(row.started_seq)
+        .bind(row.finish.as_ref().map(|f| f.finished_seq))
+        .execute(&mut *conn)
+        .await?;
+    }
+    for finish in &plan.finishes {
+        let o = &finish.outcome;
+        sqlx::query(
+            "UPDATE invocations SET status = $2, is_error = $3, content = $4, truncated = $5, \
+             output_chars = $6, output_sha256 = $7, finished_at = $8, duration_ms = $9, \
+             finished_seq = $10 WHERE id = $1",
+        )
+        .bind(finish.id)
+        .bind(o.status.as_str())
+        .bind(o.status.is_error())
+        .bind(&o.content)
+        .bind(o.truncated.as_ref().map(Json))
+        .bind(o.output_chars)
+        .bind(o.output_sha256.as_deref())
+        .bind(o.finished_at)
+        .bind(o.duration_ms)
+        .bind(finish.finished_seq)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for event in &plan.events {
+        insert_event(
+            &mut *conn,
+            event.session_id,
+            event.seq,
+            event.kind,
+            event.invocation_id,
+            &event.data,
+            now,
+        )
+        .await?;
+    }
+    for (id, last_seq) in &plan.last_seqs {
+        sqlx::query("UPDATE sessions SET last_seq = $2 WHERE id = $1")
+            .bind(id)
+            .bind(last_seq)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn insert_event(
+    conn: &mut SqliteConnection,
+    session_id: Uuid,
+    seq: i64,
+    kind: EventKind,
+    invocation_id: Option<Uuid>,
+    data: &serde_json::Value,
+    created_at: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO events (session_id, seq, kind, invocation_id, data, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(session_id)
+    .bind(seq)
+    .bind(kind.as_str())
+    .bind(invocation_id)
+    .bind(Json(data))
+    .bind(created_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Plans and writes a batch inside the caller's (write) transaction.
+async fn apply(
+    conn: &mut SqliteConnection,
+    batch: Vec<Write>,
+) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (sessions, existing) = read_for_plan(conn, &batch).await?;
+    let plan = plan::plan(batch, sessions, existing);
+    write_plan(conn, &plan).await?;
+    Ok(plan.results)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        crate::migrations::migrator(crate::migrations::SQLITE)
+            .run(&self.writer)
+            .await
+            .map_err(|e| StoreError::Migration(e.to_string()))
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+
+    async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
+        sqlx::query(
+            "INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(new_id())
+        .bind(name)
+        .bind(Utc::now())
+        .execute(&self.writer)
+        .await?;
+        let row = sqlx::query("SELECT id, name FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.writer)
+            .await?;
+        rows::tenant(&row)
+    }
+
+    async fn create_api_key(&self, tenant_id: Uuid, key_sha256: &str, prefix: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, key_sha256, prefix, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(new_id())
+        .bind(tenant_id)
+        .bind(key_sha256)
+        .bind(prefix)
+        .bind(Utc::now())
+        .execute(&self.writer)
+        .await
+        .map_err(not_found_on_fk)?;
+        Ok(())
+    }
+
+    async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>> {
+        sqlx::query(
+            "SELECT t.id AS id, t.name AS name FROM api_keys k \
+             JOIN tenants t ON t.id = k.tenant_id \
+             WHERE k.key_sha256 = $1 AND k.revoked_at IS NULL",
+        )
+        .bind(key_sha256)
+        .fetch_optional(&self.reader)
+        .await?
+        .as_ref()
+        .map(rows::tenant)
+        .transpose()
+    }
+
+    async fn has_api_keys(&self) -> Result<bool> {
+        // Revoked keys count, as on Postgres: revoking every key must not turn auth off.
+        Ok(
+            sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM api_keys)")
+                .fetch_one(&self.reader)
+                .await?,
+        )
+    }
+
+    async fn create_session(
+        &self,
+        session: &Session,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<Session> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO sessions (id, tenant_id, status, tools, policy, env, metadata, last_seq, \
+             created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(session.id)
+        .bind(session.tenant_id)
+        .bind(session.tools.as_ref().map(Json))
+        .bind(Json(&session.policy))
+        .bind(Json(&session.env))
+        .bind(Json(&session.metadata))
+        .bind(i64::try_from(events.len()).unwrap_or(i64::MAX))
+        .bind(session.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(not_found_on_fk)?;
+        write_plan(&mut tx, &plan::initial_plan(session.id, events, blobs)).await?;
+        let stored = select_session(&mut tx, session.tenant_id, session.id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        let mut conn = self.reader.acquire().await?;
+        select_session(&mut conn, tenant_id, id)
+            .await?
+            .ok_or(StoreError::NotFound)
+    }
+
+    async fn list_sessions(
+        &self,
+        tenant_id: Uuid,
+        before: Option<Uuid>,
+        limit: u32,
+    ) -> Result<SessionPage> {
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            " FROM sessions s WHERE s.tenant_id = $1 AND s.id < $2 ORDER BY s.id DESC LIMIT $3"
+        ))
+        .bind(tenant_id)
+        .bind(before.unwrap_or(Uuid::max()))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.reader)
+        .await?
+        .iter()
+        .map(rows::session)
+        .collect::<Result<Vec<_>>>()?;
+        Ok(rows::page(found, limit))
+    }
+
+    async fn close_session(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        data: serde_json::Value,
+    ) -> Result<Session> {
+        let mut tx = self.begin().await?;
+        let session = select_session(&mut tx, tenant_id, id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        if session.status == SessionStatus::Closed {
+            return Ok(session);
+        }
+        let now = Utc::now();
+        let seq = session.last_seq + 1;
+        sqlx::query(
+            "UPDATE sessions SET status = 'closed', closed_at = $2, last_seq = $3 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now)
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?;
+        insert_event(&mut tx, id, seq, EventKind::SessionClosed, None, &data, now).await?;
+        let closed = select_session(&mut tx, tenant_id, id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        tx.commit().await?;
+        Ok(closed)
+    }
+
+    async fn lookup_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        call_ids: &[String],
+    ) -> Result<(Session, Vec<Invocation>)> {
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            session_columns!(),
+            ", ",
+            invocation_columns!(),
+            " FROM sessions s LEFT JOIN invocations i \
+             ON i.session_id = s.id AND i.call_id IN (SELECT value FROM json_each($3)) \
+             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY i.started_seq"
+        ))
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(Json(call_ids))
+        .fetch_all(&self.reader)
+        .await?;
+        let first = found.first().ok_or(StoreError::NotFound)?;
+        let session = rows::session(first)?;
+        let mut invocations = Vec::new();
+        for row in &found {
+            if row.opt_uuid("i_id")?.is_some() {
+                invocations.push(rows::invocation(row)?);
+            }
+        }
+        Ok((session, invocations))
+    }
+
+    async fn commit(
+        &self,
+        batch: Vec<Write>,
+    ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let results = apply(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+
+    async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let running = sqlx::query(
+            "SELECT id, session_id, started_at FROM invocations \
+             WHERE node = $1 AND status = 'running'",
+        )
+        .bind(node)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = Utc::now();
+        let mut batch = Vec::with_capacity(running.len());
+        for row in &running {
+            batch.push(plan::interrupted(
+                row.uuid("session_id")?,
+                row.uuid("id")?,
+                row.time("started_at")?,
+                now,
+                content,
+            ));
+        }
+        let results = apply(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
+    }
+
+    async fn events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        // One read transaction, so the check and the page see the same snapshot.
+        let mut tx = self.reader.begin().await?;
+        select_session(&mut tx, tenant_id, session_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3"
+        ))
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(events)
+    }
+
+    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+        let mut tx = self.reader.begin().await?;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            invocation_columns!(),
+            " FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2"
+        ))
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let mut invocation = rows::invocation(&row)?;
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.invocation_id = $1 ORDER BY e.seq"
+        ))
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        invocation.side_effects = rows::side_effects(events);
+        Ok(invocation)
+    }
+
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
+        let row = sqlx::query(
+            "SELECT i.content AS content, i.output_sha256 AS output_sha256, b.data AS data \
+             FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             LEFT JOIN blobs b ON b.sha256 = i.output_sha256 \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.reader)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        rows::output(
+            row.opt_text("content")?,
+            row.opt_text("output_sha256")?,
+            row.opt_bytes("data")?,
+        )
+    }
+
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        Ok(
+            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
+                .bind(sha256)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+}

@@ -70,7 +70,10 @@ impl Registry {
                 }
             })?;
             let name = spec.name.clone();
-            if map.insert(name.clone(), Entry { tool, validator }).is_some() {
+            if map
+                .insert(name.clone(), Entry { tool, validator })
+                .is_some()
+            {
                 return Err(RegistryError::Duplicate(name));
             }
         }

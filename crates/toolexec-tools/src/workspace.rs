@@ -1,3 +1,1162 @@
-//! The workspace jail (placeholder, being written).
+//! The workspace jail: every file access a tool makes, resolved by the kernel beneath one
+//! directory.
+//!
+//! A [`Workspace`] opens its root once, as a file descriptor, and resolves every path relative to
+//! that descriptor with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`. The
+//! kernel walks the path atomically, so `..`, absolute symlinks, symlinks that lead out,
+//! `/proc/*/root`-style magic links and mount crossings are refused at the moment of the open:
+//! there is no check-then-open gap for a swapped-in symlink to slip through. Symlinks that stay
+//! inside the workspace are followed.
+//!
+//! On top of the kernel's resolution this module adds what it does not give: a regular-file check
+//! (FIFOs, sockets and devices are never opened for reading), refusal of hard-linked files (a link
+//! to a file outside, planted by a shell command), a size cap, and writes that replace the target
+//! by `renameat` of a fresh temp file, so a write never goes through a symlink or into an inode
+//! that another path shares.
+//!
+//! This module must not build host paths from workspace paths and open them with `std::fs`: the
+//! only `std::fs` call is [`Workspace::create`]'s `mkdir -p` of the root itself.
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+use toolexec_core::sha256_hex;
+
+/// The largest file read whole, in bytes: big enough for any source file or log a model should
+/// page through, small enough that a planted multi-gigabyte (or sparse) file cannot exhaust memory.
+pub const MAX_READ_BYTES: u64 = 10 * 1024 * 1024;
+
+/// Longest accepted path, in bytes (Linux `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// Longest accepted path component, in bytes (Linux `NAME_MAX`).
+pub const MAX_COMPONENT_BYTES: usize = 255;
+
+/// The directory the model sees the workspace as. Absolute paths must lie under it.
+pub const VIRTUAL_ROOT: &str = "/workspace";
+
+/// How often an `openat2` that failed with `EAGAIN` is retried. The kernel returns `EAGAIN` for
+/// `RESOLVE_BENEATH` lookups that raced a rename or mount; a few retries ride that out.
+const EAGAIN_RETRIES: usize = 4;
+
+/// Permission bits of files the jail creates (before the umask).
+const NEW_FILE_MODE: u32 = 0o644;
+
+/// Permission bits of directories the jail creates (before the umask).
+const NEW_DIR_MODE: u32 = 0o755;
+
+/// The resolution every lookup uses: stay beneath the root, no `/proc` magic links, no mount
+/// crossings.
+const JAIL: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+
+/// For single components inside a directory the jail already holds (a created parent, a child
+/// while walking a tree, the target of a write): no symlinks at all.
+const JAIL_NO_SYMLINKS: ResolveFlags = JAIL.union(ResolveFlags::NO_SYMLINKS);
+
+/// Why a path was refused or an access failed. [`JailError::model_message`] is the sentence the
+/// model reads; `Display` is the short form for logs.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("{path:?} is outside the workspace")]
+    OutsideWorkspace { path: String },
+    #[error("{path:?} does not exist")]
+    NotFound { path: String },
+    #[error("{path:?} is {kind}, not a regular file")]
+    NotARegularFile { path: String, kind: &'static str },
+    #[error("{path:?} is a directory")]
+    IsADirectory { path: String },
+    #[error("{path:?}: not a directory")]
+    NotADirectory { path: String },
+    #[error("{path:?} has more than one hard link")]
+    HardLink { path: String },
+    #[error("{path:?} is {size} bytes, over the {limit}-byte read limit")]
+    TooLarge { path: String, size: u64, limit: u64 },
+    #[error("{path:?}: too many levels of symbolic links")]
+    SymlinkLoop { path: String },
+    #[error("invalid path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: String },
+    #[error("{op} {path:?}: {source}")]
+    Io {
+        path: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl JailError {
+    /// Whether this is a guardrail refusal (the path is off limits) rather than a plain failure.
+    /// Tools report guardrail refusals with the `denied` status.
+    pub fn is_guardrail(&self) -> bool {
+        matches!(
+            self,
+            JailError::OutsideWorkspace { .. } | JailError::HardLink { .. }
+        )
+    }
+
+    /// The sentence for the model: what went wrong and what to do instead.
+    pub fn model_message(&self) -> String {
+        match self {
+            JailError::OutsideWorkspace { path } => format!(
+                "Path '{path}' is outside the workspace (or leads out of it through '..' or a \
+                 symlink; absolute symlinks are never followed). Use a path under /workspace \
+                 (absolute, like /workspace/src/main.rs, or relative, like src/main.rs)."
+            ),
+            JailError::NotFound { path } => format!(
+                "'{path}' does not exist. Check the path with list_dir or glob and try again."
+            ),
+            JailError::NotARegularFile { path, kind } => format!(
+                "'{path}' is {kind}, not a regular file. The file tools only read and write \
+                 regular files; use the shell to inspect it if you must."
+            ),
+            JailError::IsADirectory { path } => format!(
+                "'{path}' is a directory, not a file. Use list_dir to see what it contains, \
+                 or give the path of a file inside it."
+            ),
+            JailError::NotADirectory { path } => format!(
+                "'{path}' is not a directory (or one of its parent components is a file). \
+                 Check the path with list_dir."
+            ),
+            JailError::HardLink { path } => format!(
+                "'{path}' has more than one hard link, so it may be a file from outside the \
+                 workspace; the file tools do not read such files. Replace it with a new file \
+                 (delete it with the shell, then write it) if you need to change it."
+            ),
+            JailError::TooLarge { path, size, limit } => format!(
+                "'{path}' is {} ({size} bytes), over the {} limit for reading a whole file. \
+                 Use grep to find the lines you need, or the shell to print part of it \
+                 (sed -n '100,200p' '{path}', head, tail).",
+                human_bytes(*size),
+                human_bytes(*limit)
+            ),
+            JailError::SymlinkLoop { path } => format!(
+                "'{path}' could not be resolved: too many levels of symbolic links (a symlink \
+                 loop, or a symlink where none is allowed). Use the path of the real file."
+            ),
+            JailError::InvalidPath { path, reason } => format!(
+                "Invalid path '{path}': {reason}. Use a path relative to /workspace, \
+                 like src/main.rs."
+            ),
+            JailError::Io { path, op, source } => {
+                format!("Could not {op} '{path}': {source}.")
+            }
+        }
+    }
+}
+
+/// A file read whole through the jail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileContents {
+    /// Where the file actually is: workspace-relative, `/`-separated, symlinks resolved.
+    pub path: String,
+    pub bytes: Vec<u8>,
+    /// Lowercase hex SHA-256 of `bytes`.
+    pub sha256: String,
+}
+
+/// What was at a write's target before the write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Before {
+    /// Nothing: the write creates the file.
+    Absent,
+    /// A regular file, read whole.
+    File {
+        sha256: String,
+        size: u64,
+        bytes: Vec<u8>,
+    },
+    /// A regular file the jail would not read: it has other hard links (it may be a file from
+    /// outside the workspace) or is over [`MAX_READ_BYTES`]. Its contents are unknown.
+    Unread { size: u64, reason: UnreadReason },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnreadReason {
+    HardLink,
+    TooLarge,
+}
+
+impl Before {
+    pub fn exists(&self) -> bool {
+        !matches!(self, Before::Absent)
+    }
+
+    pub fn sha256(&self) -> Option<&str> {
+        match self {
+            Before::File { sha256, .. } => Some(sha256),
+            _ => None,
+        }
+    }
+
+    pub fn size(&self) -> Option<u64> {
+        match self {
+            Before::Absent => None,
+            Before::File { size, .. } | Before::Unread { size, .. } => Some(*size),
+        }
+    }
+}
+
+/// The result of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Where the file actually is: workspace-relative, `/`-separated, symlinked parents resolved.
+    pub path: String,
+    pub before: Before,
+    /// SHA-256 and size of the new contents.
+    pub sha256: String,
+    pub size: u64,
+    /// False when the file already held exactly these bytes (nothing was written).
+    pub changed: bool,
+}
+
+/// What a directory entry is, as seen without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    /// FIFO, socket or device.
+    Other,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The name, lossily decoded if it is not UTF-8.
+    pub name: String,
+    pub kind: EntryKind,
+    raw: CString,
+}
+
+/// A directory inside the workspace, held open for listing and for walking down without
+/// following symlinks.
 #[derive(Debug)]
-pub struct Workspace;
+pub struct WorkspaceDir {
+    fd: OwnedFd,
+    path: String,
+}
+
+/// A jail over one directory. See the module docs.
+pub struct Workspace {
+    root: OwnedFd,
+    root_path: PathBuf,
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace")
+            .field("root_path", &self.root_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Workspace {
+    /// Creates the directory (and its parents) if needed, then opens it.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(path)?;
+        Self::open(path)
+    }
+
+    /// Opens an existing directory as a workspace root (not through a symlink: the last
+    /// component must be the directory itself). Fails if `openat2` with the jail's
+    /// resolve flags is unavailable (old kernel, or a seccomp filter that refuses it): the jail
+    /// fails closed rather than resolve paths in user space.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let root = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // Probe: the first real lookup must not be the one that discovers openat2 is missing.
+        openat2_retry(
+            root.as_fd(),
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL,
+        )
+        .map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("openat2 with RESOLVE_BENEATH is unavailable ({e}); the workspace jail needs Linux 5.6 or later"),
+            )
+        })?;
+        Ok(Self {
+            root,
+            root_path: path.to_path_buf(),
+        })
+    }
+
+    /// The host directory this workspace jails (as given to [`Workspace::open`]).
+    pub fn root_path(&self) -> &Path {
+        &self.root_path
+    }
+
+    /// Reads a regular file whole. Refuses anything that is not a regular file, hard-linked files
+    /// and files over [`MAX_READ_BYTES`].
+    pub fn read(&self, path: &str) -> Result<FileContents, JailError> {
+        let target = parse_path(path)?;
+        let shown = &target.display;
+        // Look before opening for reading: an O_PATH descriptor never opens the object itself, so
+        // a FIFO, socket or device is refused without side effects.
+        let probe = self.open_beneath_root(
+            &target.kernel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            shown,
+            "open",
+        )?;
+        check_readable(&fstat(&probe, shown)?, shown)?;
+        drop(probe);
+        // The path may have been swapped between the two opens; the checks are repeated on what
+        // was actually opened. O_NONBLOCK keeps a FIFO swapped in from hanging the open.
+        let fd = self.open_beneath_root(
+            &target.kernel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            shown,
+            "open",
+        )?;
+        check_readable(&fstat(&fd, shown)?, shown)?;
+        let resolved = self
+            .relative_path_of(fd.as_fd())
+            .unwrap_or_else(|| shown.clone());
+        let bytes = read_capped(fd, &resolved)?;
+        Ok(FileContents {
+            sha256: sha256_hex(&bytes),
+            path: resolved,
+            bytes,
+        })
+    }
+
+    /// Writes `contents` to `path` atomically, creating missing parent directories.
+    pub fn write(&self, path: &str, contents: &[u8]) -> Result<Written, JailError> {
+        match self.write_if(path, contents, |_, _| Ok::<(), Infallible>(()))? {
+            Ok(written) => Ok(written),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Like [`Workspace::write`], but first calls `check` with the resolved workspace-relative
+    /// path and what is there now; if `check` refuses, nothing is written (parent directories
+    /// may already have been created) and its error is returned.
+    ///
+    /// The target is replaced by renaming a fresh temp file over it, so a symlink or a hard link
+    /// at the target is never written through. A symlink at the target is refused outright;
+    /// an existing file's permission bits (and, where allowed, owner) are kept.
+    pub fn write_if<E>(
+        &self,
+        path: &str,
+        contents: &[u8],
+        check: impl FnOnce(&str, &Before) -> Result<(), E>,
+    ) -> Result<Result<Written, E>, JailError> {
+        let target = parse_path(path)?;
+        let shown = &target.display;
+        let (parent_kernel, name) = split_parent(&target)?;
+        let parent = self.open_or_create_parent(parent_kernel, shown)?;
+        let resolved = match self.relative_path_of(parent.as_fd()) {
+            Some(dir) if dir == "." => name.to_owned(),
+            Some(dir) => format!("{dir}/{name}"),
+            None => shown.clone(),
+        };
+
+        let (before, keep) = self.existing_target(&parent, name, &resolved)?;
+        if let Err(refused) = check(&resolved, &before) {
+            return Ok(Err(refused));
+        }
+        let sha256 = sha256_hex(contents);
+        let size = contents.len() as u64;
+        if before.sha256() == Some(sha256.as_str()) {
+            return Ok(Ok(Written {
+                path: resolved,
+                before,
+                sha256,
+                size,
+                changed: false,
+            }));
+        }
+        replace_file(&parent, name, contents, keep.as_ref(), &resolved)?;
+        Ok(Ok(Written {
+            path: resolved,
+            before,
+            sha256,
+            size,
+            changed: true,
+        }))
+    }
+
+    /// Opens a directory for listing. Symlinks on the way are followed (within the workspace);
+    /// walking further down with [`WorkspaceDir::open_child`] never follows symlinks.
+    pub fn open_dir(&self, path: &str) -> Result<WorkspaceDir, JailError> {
+        let target = parse_path(path)?;
+        let shown = &target.display;
+        let fd = self.open_beneath_root(
+            &target.kernel,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            shown,
+            "open directory",
+        )?;
+        let resolved = self
+            .relative_path_of(fd.as_fd())
+            .unwrap_or_else(|| shown.clone());
+        Ok(WorkspaceDir { fd, path: resolved })
+    }
+
+    /// The workspace-relative form of a path as the model gave it (`/workspace/src/./a.rs` →
+    /// `src/a.rs`), without touching the filesystem. `..` is folded lexically, so this is a
+    /// display form only: symlinks can make the kernel's answer differ, which is why the jail's
+    /// operations report the resolved path instead.
+    pub fn display_path(path: &str) -> Result<String, JailError> {
+        parse_path(path).map(|t| t.display)
+    }
+
+    fn open_beneath_root(
+        &self,
+        kernel_path: &str,
+        flags: OFlags,
+        shown: &str,
+        op: &'static str,
+    ) -> Result<OwnedFd, JailError> {
+        openat2_retry(self.root.as_fd(), kernel_path, flags, Mode::empty(), JAIL)
+            .map_err(|e| errno_to_jail(e, shown, op))
+    }
+
+    /// Opens the parent directory of a write target, creating missing components one at a time.
+    fn open_or_create_parent(&self, parent: &str, shown: &str) -> Result<OwnedFd, JailError> {
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        match openat2_retry(self.root.as_fd(), parent, dir_flags, Mode::empty(), JAIL) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(errno_to_jail(e, shown, "open the parent directory of")),
+        }
+        let components: Vec<&str> = parent
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect();
+        // The deepest prefix that exists, resolved from the root like any other lookup.
+        let mut current = self.open_beneath_root(".", dir_flags, shown, "open")?;
+        let mut existing = 0;
+        while existing < components.len() {
+            let prefix = components[..=existing].join("/");
+            match openat2_retry(self.root.as_fd(), &prefix, dir_flags, Mode::empty(), JAIL) {
+                Ok(fd) => {
+                    current = fd;
+                    existing += 1;
+                }
+                Err(Errno::NOENT) => break,
+                Err(e) => return Err(errno_to_jail(e, shown, "open the parent directory of")),
+            }
+        }
+        let missing = &components[existing..];
+        if missing.contains(&"..") {
+            return Err(JailError::InvalidPath {
+                path: shown.to_owned(),
+                reason: "'..' follows a directory that does not exist".to_owned(),
+            });
+        }
+        for component in missing {
+            match rustix::fs::mkdirat(&current, *component, Mode::from_raw_mode(NEW_DIR_MODE)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(errno_to_jail(e, shown, "create a parent directory of")),
+            }
+            // Something raced into the name we just created: NO_SYMLINKS refuses a symlink.
+            current = openat2_retry(
+                current.as_fd(),
+                *component,
+                dir_flags | OFlags::NOFOLLOW,
+                Mode::empty(),
+                JAIL_NO_SYMLINKS,
+            )
+            .map_err(|e| errno_to_jail(e, shown, "open a parent directory of"))?;
+        }
+        Ok(current)
+    }
+
+    /// What is at `name` in `parent` now, without following a symlink there, and the metadata to
+    /// carry over to the replacement.
+    fn existing_target(
+        &self,
+        parent: &OwnedFd,
+        name: &str,
+        shown: &str,
+    ) -> Result<(Before, Option<Stat>), JailError> {
+        let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return Ok((Before::Absent, None)),
+            Err(e) => return Err(errno_to_jail(e, shown, "inspect")),
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Directory => {
+                return Err(JailError::IsADirectory {
+                    path: shown.to_owned(),
+                });
+            }
+            other => {
+                return Err(JailError::NotARegularFile {
+                    path: shown.to_owned(),
+                    kind: describe(other),
+                });
+            }
+        }
+        let size = file_size(&st);
+        if st.st_nlink > 1 {
+            let reason = UnreadReason::HardLink;
+            return Ok((Before::Unread { size, reason }, Some(st)));
+        }
+        if size > MAX_READ_BYTES {
+            let reason = UnreadReason::TooLarge;
+            return Ok((Before::Unread { size, reason }, Some(st)));
+        }
+        let fd = openat2_retry(
+            parent.as_fd(),
+            name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL_NO_SYMLINKS,
+        )
+        .map_err(|e| errno_to_jail(e, shown, "open"))?;
+        let opened = fstat(&fd, shown)?;
+        if FileType::from_raw_mode(opened.st_mode) != FileType::RegularFile || opened.st_nlink > 1 {
+            // Swapped between the stat and the open; let the caller retry from the top.
+            return Err(JailError::Io {
+                path: shown.to_owned(),
+                op: "write",
+                source: io::Error::other("the file changed while it was being replaced; try again"),
+            });
+        }
+        let bytes = read_capped(fd, shown)?;
+        let before = Before::File {
+            sha256: sha256_hex(&bytes),
+            size: bytes.len() as u64,
+            bytes,
+        };
+        Ok((before, Some(opened)))
+    }
+
+    /// The workspace-relative path of an open descriptor, from the kernel's own record of it
+    /// (`/proc/self/fd`). `None` if /proc is unavailable or the descriptor is not under the root.
+    fn relative_path_of(&self, fd: BorrowedFd<'_>) -> Option<String> {
+        let root = proc_fd_path(self.root.as_fd())?;
+        let path = proc_fd_path(fd)?;
+        if path == root {
+            return Some(".".to_owned());
+        }
+        let prefix = if root.ends_with('/') {
+            root
+        } else {
+            format!("{root}/")
+        };
+        path.strip_prefix(&prefix).map(str::to_owned)
+    }
+}
+
+impl WorkspaceDir {
+    /// Workspace-relative path of this directory (`.` for the root).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The entries, sorted by name, without `.` and `..`.
+    pub fn entries(&self) -> Result<Vec<Entry>, JailError> {
+        let io_err = |e: Errno| errno_to_jail(e, &self.path, "list");
+        let dir = Dir::read_from(&self.fd).map_err(io_err)?;
+        let mut entries = Vec::new();
+        for entry in dir {
+            let entry = entry.map_err(io_err)?;
+            let raw = entry.file_name();
+            if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
+                continue;
+            }
+            let file_type = match entry.file_type() {
+                FileType::Unknown => rustix::fs::statat(&self.fd, raw, AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| FileType::from_raw_mode(st.st_mode))
+                    .unwrap_or(FileType::Unknown),
+                known => known,
+            };
+            let kind = match file_type {
+                FileType::RegularFile => EntryKind::File,
+                FileType::Directory => EntryKind::Dir,
+                FileType::Symlink => EntryKind::Symlink,
+                _ => EntryKind::Other,
+            };
+            entries.push(Entry {
+                name: raw.to_string_lossy().into_owned(),
+                kind,
+                raw: raw.to_owned(),
+            });
+        }
+        entries.sort_by(|a, b| a.raw.cmp(&b.raw));
+        Ok(entries)
+    }
+
+    /// Opens a subdirectory. Refuses symlinks (and mount points): a walk never leaves the tree
+    /// it started in.
+    pub fn open_child(&self, entry: &Entry) -> Result<WorkspaceDir, JailError> {
+        let path = self.child_path(entry);
+        let fd = openat2_retry(
+            self.fd.as_fd(),
+            entry.raw.as_c_str(),
+            OFlags::RDONLY
+                | OFlags::DIRECTORY
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL_NO_SYMLINKS,
+        )
+        .map_err(|e| errno_to_jail(e, &path, "open directory"))?;
+        Ok(WorkspaceDir { fd, path })
+    }
+
+    /// The target text of a symlink entry (not followed).
+    pub fn read_link(&self, entry: &Entry) -> Option<String> {
+        rustix::fs::readlinkat(&self.fd, entry.raw.as_c_str(), Vec::new())
+            .ok()
+            .map(|target| target.to_string_lossy().into_owned())
+    }
+
+    fn child_path(&self, entry: &Entry) -> String {
+        if self.path == "." {
+            entry.name.clone()
+        } else {
+            format!("{}/{}", self.path, entry.name)
+        }
+    }
+}
+
+/// A path as the model gave it, checked and split into what the kernel resolves and what the
+/// model is shown.
+struct Target {
+    /// Relative to the root, as given (the kernel folds `..` and symlinks).
+    kernel: String,
+    /// Lexically normalised, for messages.
+    display: String,
+}
+
+fn parse_path(input: &str) -> Result<Target, JailError> {
+    let invalid = |reason: String| JailError::InvalidPath {
+        path: shorten(&input.replace('\0', "\\0")),
+        reason,
+    };
+    if input.is_empty() {
+        return Err(invalid("the path is empty".to_owned()));
+    }
+    if input.contains('\0') {
+        return Err(invalid("it contains a NUL byte".to_owned()));
+    }
+    if input.len() > MAX_PATH_BYTES {
+        return Err(invalid(format!(
+            "it is {} bytes long; the limit is {MAX_PATH_BYTES}",
+            input.len()
+        )));
+    }
+    let relative = match input.strip_prefix('/') {
+        None => input,
+        Some(rest) => match rest.strip_prefix(VIRTUAL_ROOT.trim_start_matches('/')) {
+            Some("") => ".",
+            Some(under) if under.starts_with('/') => match under.trim_start_matches('/') {
+                "" => ".",
+                r => r,
+            },
+            _ => {
+                return Err(JailError::OutsideWorkspace {
+                    path: shorten(input),
+                });
+            }
+        },
+    };
+    if let Some(long) = relative.split('/').find(|c| c.len() > MAX_COMPONENT_BYTES) {
+        return Err(invalid(format!(
+            "a component is {} bytes long; the limit is {MAX_COMPONENT_BYTES}",
+            long.len()
+        )));
+    }
+    Ok(Target {
+        kernel: relative.to_owned(),
+        display: normalize(relative),
+    })
+}
+
+/// `a/./b//c/../d` → `a/b/d`; `.` for the root. Leading `..` stay (the kernel refuses them).
+fn normalize(relative: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for component in relative.split('/') {
+        match component {
+            "" | "." => {}
+            ".." if parts.last().is_some_and(|p| *p != "..") => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    if parts.is_empty() {
+        ".".to_owned()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// Splits a write target into its parent (as the kernel resolves it) and its final name.
+fn split_parent(target: &Target) -> Result<(&str, &str), JailError> {
+    let kernel = target.kernel.as_str();
+    let (parent, name) = match kernel.rsplit_once('/') {
+        Some((parent, name)) => (if parent.is_empty() { "." } else { parent }, name),
+        None => (".", kernel),
+    };
+    match name {
+        "" => Err(JailError::InvalidPath {
+            path: shorten(&target.display),
+            reason: "it ends with '/'; give the path of a file".to_owned(),
+        }),
+        "." | ".." => Err(JailError::IsADirectory {
+            path: target.display.clone(),
+        }),
+        _ => Ok((parent, name)),
+    }
+}
+
+fn openat2_retry(
+    dir: BorrowedFd<'_>,
+    path: impl rustix::path::Arg + Copy,
+    flags: OFlags,
+    mode: Mode,
+    resolve: ResolveFlags,
+) -> Result<OwnedFd, Errno> {
+    let mut attempt = 0;
+    loop {
+        match rustix::fs::openat2(dir, path, flags, mode, resolve) {
+            Err(Errno::AGAIN | Errno::INTR) if attempt < EAGAIN_RETRIES => attempt += 1,
+            result => return result,
+        }
+    }
+}
+
+fn errno_to_jail(e: Errno, path: &str, op: &'static str) -> JailError {
+    let path = path.to_owned();
+    match e {
+        Errno::XDEV => JailError::OutsideWorkspace { path },
+        Errno::NOENT => JailError::NotFound { path },
+        Errno::NOTDIR => JailError::NotADirectory { path },
+        Errno::ISDIR => JailError::IsADirectory { path },
+        Errno::LOOP => JailError::SymlinkLoop { path },
+        Errno::NXIO => JailError::NotARegularFile {
+            path,
+            kind: "a socket or device",
+        },
+        Errno::NAMETOOLONG => JailError::InvalidPath {
+            path: shorten(&path),
+            reason: "it is too long".to_owned(),
+        },
+        other => JailError::Io {
+            path,
+            op,
+            source: other.into(),
+        },
+    }
+}
+
+fn fstat(fd: &OwnedFd, shown: &str) -> Result<Stat, JailError> {
+    rustix::fs::fstat(fd).map_err(|e| errno_to_jail(e, shown, "inspect"))
+}
+
+fn check_readable(st: &Stat, shown: &str) -> Result<(), JailError> {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {}
+        FileType::Directory => {
+            return Err(JailError::IsADirectory {
+                path: shown.to_owned(),
+            });
+        }
+        other => {
+            return Err(JailError::NotARegularFile {
+                path: shown.to_owned(),
+                kind: describe(other),
+            });
+        }
+    }
+    if st.st_nlink > 1 {
+        return Err(JailError::HardLink {
+            path: shown.to_owned(),
+        });
+    }
+    let size = file_size(st);
+    if size > MAX_READ_BYTES {
+        return Err(JailError::TooLarge {
+            path: shown.to_owned(),
+            size,
+            limit: MAX_READ_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Reads at most [`MAX_READ_BYTES`]; a file that grew past it since the `fstat` is refused too.
+fn read_capped(fd: OwnedFd, shown: &str) -> Result<Vec<u8>, JailError> {
+    let mut bytes = Vec::new();
+    File::from(fd)
+        .take(MAX_READ_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| JailError::Io {
+            path: shown.to_owned(),
+            op: "read",
+            source,
+        })?;
+    if bytes.len() as u64 > MAX_READ_BYTES {
+        return Err(JailError::TooLarge {
+            path: shown.to_owned(),
+            size: bytes.len() as u64,
+            limit: MAX_READ_BYTES,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Writes a temp file next to the target and renames it over the target.
+fn replace_file(
+    parent: &OwnedFd,
+    name: &str,
+    contents: &[u8],
+    keep: Option<&Stat>,
+    shown: &str,
+) -> Result<(), JailError> {
+    let io_err = |op: &'static str| {
+        move |source: io::Error| JailError::Io {
+            path: shown.to_owned(),
+            op,
+            source,
+        }
+    };
+    let temp = temp_name(name);
+    let mode = keep.map_or(NEW_FILE_MODE, |st| st.st_mode & 0o777);
+    let fd = openat2_retry(
+        parent.as_fd(),
+        temp.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+        JAIL_NO_SYMLINKS,
+    )
+    .map_err(|e| errno_to_jail(e, shown, "create a temp file for"))?;
+    let result = (|| {
+        if let Some(st) = keep {
+            // Best effort: only a privileged service can give the file back to its owner.
+            let _ = rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+            );
+            // The umask applied to the create; the old bits are restored exactly.
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+                .map_err(|e| io_err("set permissions of")(e.into()))?;
+        }
+        let mut file = File::from(fd);
+        file.write_all(contents).map_err(io_err("write"))?;
+        file.sync_all().map_err(io_err("sync"))?;
+        rustix::fs::renameat(parent, temp.as_str(), parent, name)
+            .map_err(|e| errno_to_jail(e, shown, "replace"))
+    })();
+    if result.is_err() {
+        let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
+        return result;
+    }
+    // Make the rename itself durable; a failure here loses nothing already visible.
+    if let Ok(dir) = openat2_retry(
+        parent.as_fd(),
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        JAIL,
+    ) {
+        let _ = rustix::fs::fsync(&dir);
+    }
+    Ok(())
+}
+
+/// `.<name>.toolexec-<random>.tmp`, kept within `NAME_MAX`.
+fn temp_name(name: &str) -> String {
+    let mut stem_len = name.len().min(MAX_COMPONENT_BYTES - 40);
+    while !name.is_char_boundary(stem_len) {
+        stem_len -= 1;
+    }
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!(".{}.toolexec-{}.tmp", &name[..stem_len], &random[..16])
+}
+
+fn proc_fd_path(fd: BorrowedFd<'_>) -> Option<String> {
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::readlinkat(CWD, link.as_str(), Vec::new())
+        .ok()?
+        .into_string()
+        .ok()
+}
+
+fn file_size(st: &Stat) -> u64 {
+    u64::try_from(st.st_size).unwrap_or(0)
+}
+
+fn describe(file_type: FileType) -> &'static str {
+    match file_type {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO (named pipe)",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        _ => "a special file",
+    }
+}
+
+fn shorten(path: &str) -> String {
+    const SHOWN_CHARS: usize = 200;
+    if path.chars().count() <= SHOWN_CHARS {
+        path.to_owned()
+    } else {
+        let head: String = path.chars().take(SHOWN_CHARS).collect();
+        format!("{head}…")
+    }
+}
+
+/// `10 MiB`, `1.5 KiB`, `12 bytes`.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workspace() -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        (dir, ws)
+    }
+
+    #[test]
+    fn virtual_root_paths_are_stripped_to_workspace_relative_ones() {
+        let cases = [
+            ("/workspace/src/a.rs", "src/a.rs"),
+            ("/workspace", "."),
+            ("/workspace/", "."),
+            ("src/./a.rs", "src/a.rs"),
+            ("src//lib/../a.rs", "src/a.rs"),
+            ("./", "."),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(Workspace::display_path(input).unwrap(), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn other_absolute_paths_are_outside_the_workspace() {
+        for input in [
+            "/etc/passwd",
+            "/workspaces/x",
+            "/work",
+            "//workspace/x",
+            "/proc/self/root",
+        ] {
+            assert!(
+                matches!(
+                    Workspace::display_path(input),
+                    Err(JailError::OutsideWorkspace { .. })
+                ),
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_nul_and_over_long_paths_are_invalid() {
+        let long_component = "a".repeat(MAX_COMPONENT_BYTES + 1);
+        let long_path = "a/".repeat(MAX_PATH_BYTES / 2 + 1);
+        for input in ["", "a\0b", &long_component, &long_path] {
+            assert!(
+                matches!(
+                    Workspace::display_path(input),
+                    Err(JailError::InvalidPath { .. })
+                ),
+                "{input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_written_file_reads_back_with_its_hash() {
+        let (_dir, ws) = workspace();
+        let written = ws.write("/workspace/a/b/c.txt", b"hello\n").unwrap();
+        assert_eq!(written.path, "a/b/c.txt");
+        assert_eq!(written.before, Before::Absent);
+        assert!(written.changed);
+        let read = ws.read("a/b/c.txt").unwrap();
+        assert_eq!(read.bytes, b"hello\n");
+        assert_eq!(read.sha256, written.sha256);
+        assert_eq!(read.path, "a/b/c.txt");
+    }
+
+    #[test]
+    fn overwriting_reports_the_before_state_and_keeps_the_permission_bits() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, ws) = workspace();
+        std::fs::write(dir.path().join("run.sh"), "old").unwrap();
+        std::fs::set_permissions(
+            dir.path().join("run.sh"),
+            std::fs::Permissions::from_mode(0o750),
+        )
+        .unwrap();
+        let written = ws.write("run.sh", b"new").unwrap();
+        assert_eq!(written.before.sha256(), Some(sha256_hex(b"old").as_str()));
+        assert_eq!(written.before.size(), Some(3));
+        let mode = std::fs::metadata(dir.path().join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o750);
+        assert_eq!(std::fs::read(dir.path().join("run.sh")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn writing_identical_contents_changes_nothing() {
+        let (_dir, ws) = workspace();
+        ws.write("a.txt", b"same").unwrap();
+        let again = ws.write("a.txt", b"same").unwrap();
+        assert!(!again.changed);
+    }
+
+    #[test]
+    fn a_refused_check_writes_nothing() {
+        let (dir, ws) = workspace();
+        std::fs::write(dir.path().join("a.txt"), "keep").unwrap();
+        let outcome = ws
+            .write_if("a.txt", b"clobber", |path, before| {
+                assert_eq!(path, "a.txt");
+                assert!(before.exists());
+                Err("no")
+            })
+            .unwrap();
+        assert_eq!(outcome, Err("no"));
+        assert_eq!(std::fs::read(dir.path().join("a.txt")).unwrap(), b"keep");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp file is left behind");
+    }
+
+    #[test]
+    fn a_path_through_a_symlinked_directory_reports_where_the_file_really_is() {
+        let (dir, ws) = workspace();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("alias")).unwrap();
+        let written = ws.write("alias/f.txt", b"x").unwrap();
+        assert_eq!(written.path, "real/f.txt");
+        assert_eq!(ws.read("alias/f.txt").unwrap().path, "real/f.txt");
+    }
+
+    #[test]
+    fn writing_a_directory_or_a_trailing_slash_is_refused() {
+        let (dir, ws) = workspace();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        assert!(matches!(
+            ws.write("d", b""),
+            Err(JailError::IsADirectory { .. })
+        ));
+        assert!(matches!(
+            ws.write(".", b""),
+            Err(JailError::IsADirectory { .. })
+        ));
+        assert!(matches!(
+            ws.write("e/", b""),
+            Err(JailError::InvalidPath { .. })
+        ));
+    }
+
+    #[test]
+    fn a_file_in_the_way_of_a_parent_directory_is_reported() {
+        let (dir, ws) = workspace();
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        assert!(matches!(
+            ws.write("f/g.txt", b""),
+            Err(JailError::NotADirectory { .. })
+        ));
+    }
+
+    #[test]
+    fn dot_dot_after_a_missing_directory_is_refused_before_anything_is_created() {
+        let (dir, ws) = workspace();
+        assert!(matches!(
+            ws.write("new/../x.txt", b""),
+            Err(JailError::InvalidPath { .. })
+        ));
+        assert!(!dir.path().join("new").exists());
+    }
+
+    #[test]
+    fn entries_are_sorted_and_typed_without_following_symlinks() {
+        let (dir, ws) = workspace();
+        std::fs::create_dir(dir.path().join("b")).unwrap();
+        std::fs::write(dir.path().join("a"), "").unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("c")).unwrap();
+        let root = ws.open_dir(".").unwrap();
+        let entries = root.entries().unwrap();
+        let seen: Vec<_> = entries.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("a", EntryKind::File),
+                ("b", EntryKind::Dir),
+                ("c", EntryKind::Symlink)
+            ]
+        );
+        assert_eq!(root.read_link(&entries[2]).as_deref(), Some("b"));
+        assert!(matches!(
+            root.open_child(&entries[2]),
+            Err(JailError::SymlinkLoop { .. } | JailError::NotADirectory { .. })
+        ));
+        assert_eq!(root.open_child(&entries[1]).unwrap().path(), "b");
+    }
+
+    #[test]
+    fn model_messages_say_what_to_do() {
+        let e = JailError::OutsideWorkspace {
+            path: "/etc/passwd".into(),
+        };
+        assert_eq!(
+            e.model_message(),
+            "Path '/etc/passwd' is outside the workspace (or leads out of it through '..' or \
+             a symlink; absolute symlinks are never followed). Use a path under /workspace \
+             (absolute, like /workspace/src/main.rs, or relative, like src/main.rs)."
+        );
+        let e = JailError::TooLarge {
+            path: "big.log".into(),
+            size: 20 * 1024 * 1024,
+            limit: MAX_READ_BYTES,
+        };
+        assert!(e.model_message().contains("20 MiB"));
+        assert!(e.model_message().contains("grep"));
+    }
+
+    #[test]
+    fn sizes_are_shown_in_binary_units() {
+        assert_eq!(human_bytes(12), "12 bytes");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(MAX_READ_BYTES), "10 MiB");
+    }
+}

@@ -1,0 +1,171 @@
+//! The OpenAPI document: paths from the handlers' `#[utoipa::path]`, plus the error responses
+//! every endpoint shares, added in one place so none can be forgotten.
+use toolexec_tools::Registry;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, ResponseBuilder, Schema};
+use utoipa::{Modify, OpenApi as _};
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::SharedState;
+use crate::problem::PROBLEM_JSON;
+use crate::routes;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "toolexec",
+        description = "Runs tools for remote LLM agent loops: sessions (a sandboxed workspace plus a policy), batches of tool calls validated against each tool's JSON Schema, and an append-only log of every invocation and side effect.\n\nErrors are `application/problem+json` with a stable `code`. A tool that fails is not an HTTP error: it is a result with `is_error: true` and a `content` the model can act on.",
+        license(name = "Apache-2.0"),
+    ),
+    modifiers(&Common),
+    tags(
+        (name = "health", description = "Liveness and readiness"),
+        (name = "tools", description = "The tool catalog"),
+        (name = "sessions", description = "Sessions: a workspace, a policy and a tool set"),
+        (name = "calls", description = "Running tool calls"),
+        (name = "log", description = "The recorded log: events, invocations, outputs"),
+    )
+)]
+struct ApiDoc;
+
+/// The router with every documented route.
+pub(crate) fn router() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(routes::health::router())
+        .merge(routes::tools::router())
+        .merge(routes::sessions::router())
+        .merge(routes::calls::router())
+        .merge(routes::log::router())
+}
+
+/// The router and its finished document: shared errors and the tool catalog's schemas added.
+pub(crate) fn parts(registry: &Registry) -> (axum::Router<SharedState>, OpenApi) {
+    let (router, mut api) = router().split_for_parts();
+    add_common_errors(&mut api);
+    add_tool_schemas(&mut api, registry);
+    (router, api)
+}
+
+/// The OpenAPI document the server serves and `openapi/openapi.json` holds.
+pub fn openapi(registry: &Registry) -> OpenApi {
+    parts(registry).1
+}
+
+/// The document as checked in: pretty JSON with a trailing newline.
+pub fn openapi_json(registry: &Registry) -> String {
+    let mut s = openapi(registry).to_pretty_json().unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Each tool's argument schema as a component (`tool.<name>.arguments`), so the docs show what
+/// every tool accepts. The schemas are JSON Schema 2020-12, which OpenAPI 3.1 embeds as is.
+fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
+    let components = api.components.get_or_insert_with(Default::default);
+    for spec in registry.specs() {
+        let mut schema = spec.input_schema.clone();
+        if let Some(obj) = schema.as_object_mut() {
+            obj.entry("title")
+                .or_insert_with(|| format!("{} arguments", spec.name).into());
+            obj.entry("description")
+                .or_insert_with(|| spec.description.clone().into());
+        }
+        match serde_json::from_value::<RefOr<Schema>>(schema) {
+            Ok(s) => {
+                components
+                    .schemas
+                    .insert(format!("tool.{}.arguments", spec.name), s);
+            }
+            Err(e) => {
+                tracing::warn!(tool = %spec.name, error = %e, "tool schema not representable in OpenAPI")
+            }
+        }
+    }
+}
+
+struct Common;
+
+/// Errors any endpoint can return: (status, code examples, description).
+const COMMON: &[(&str, &str, bool)] = &[
+    (
+        "400",
+        "Malformed request: `malformed_json`, `invalid_query`.",
+        true,
+    ),
+    ("401", "Missing or unknown API key (`unauthorized`).", true),
+    (
+        "413",
+        "Body over the server's limit (`body_too_large`).",
+        false,
+    ),
+    (
+        "415",
+        "Body is not `application/json` (`unsupported_media_type`).",
+        false,
+    ),
+    (
+        "500",
+        "Internal error (`internal`); details are in the server log under the request id.",
+        true,
+    ),
+    (
+        "503",
+        "Store or sandbox unavailable (`unavailable`); nothing ran. Retry after `Retry-After` seconds.",
+        true,
+    ),
+];
+
+impl Modify for Common {
+    fn modify(&self, api: &mut OpenApi) {
+        let components = api.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("An API key from `toolexec keys create --tenant NAME`. Not needed in local single-tenant mode."))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Adds the shared problem responses to every operation. Runs after all paths are merged.
+fn add_common_errors(api: &mut OpenApi) {
+    for (path, item) in api.paths.paths.iter_mut() {
+        let is_v1 = path.starts_with("/v1/");
+        let ops: [&mut Option<Operation>; 4] = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+        ];
+        for op in ops.into_iter().flatten() {
+            let has_body = op.request_body.is_some();
+            for (status, desc, always) in COMMON {
+                if (!always && !has_body) || (*status == "401" && !is_v1) {
+                    continue;
+                }
+                op.responses
+                    .responses
+                    .entry((*status).to_owned())
+                    .or_insert_with(|| problem_response(desc));
+            }
+        }
+    }
+}
+
+pub(crate) fn problem_response(desc: &str) -> RefOr<utoipa::openapi::Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(desc)
+            .content(
+                PROBLEM_JSON,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build(),
+    )
+}

@@ -1,0 +1,63 @@
+//! Running a batch of tool calls.
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use toolexec_core::{Call, CallResult};
+use toolexec_engine::CallBatch;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::SharedState;
+use crate::auth::AuthTenant;
+use crate::extract::{ApiJson, parse_id};
+use crate::problem::{ApiError, Problem, or_not_found};
+
+pub fn router() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new().routes(routes!(run_calls))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallsRequest {
+    /// The model's tool calls, in the order it emitted them. Each tool's argument schema is in
+    /// the components as `tool.<name>.arguments` and at `GET /v1/tools`.
+    pub calls: Vec<Call>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CallsResponse {
+    /// One result per call, in request order.
+    pub results: Vec<CallResult>,
+}
+
+/// Run a batch of tool calls.
+///
+/// Read-only calls of a batch run concurrently; a mutating call waits for everything before it
+/// and holds back everything after it. A call id already recorded in this session returns the
+/// recorded result without running again (a retry of a still-running call waits for it); the same
+/// id with other arguments is a 409. A failing tool is not an HTTP error: its result has
+/// `is_error: true` and a `content` telling the model what went wrong and how to recover.
+#[utoipa::path(post, path = "/v1/sessions/{id}/calls", tag = "calls", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body = CallsRequest,
+    responses(
+        (status = 200, description = "One result per call, in request order", body = CallsResponse),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A call id reused with other arguments (`call_id_reused`), or the session is closed (`session_closed`); nothing ran", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad envelope: empty or too large batch, bad call id (`empty_batch`, `batch_too_large`, `invalid_call_id`, `invalid_request`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn run_calls(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<CallsRequest>,
+) -> Result<Json<CallsResponse>, ApiError> {
+    let id = parse_id(&id, "session")?;
+    let results = state
+        .engine
+        .run_calls(tenant.id, id, CallBatch { calls: req.calls })
+        .await
+        .map_err(or_not_found("session"))?;
+    Ok(Json(CallsResponse { results }))
+}

@@ -1,0 +1,139 @@
+//! The recorded log: a session's events, one invocation with its side effects, its full output.
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use toolexec_core::{Event, Invocation};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::SharedState;
+use crate::auth::AuthTenant;
+use crate::extract::{ApiQuery, parse_id};
+use crate::problem::{ApiError, Problem, or_not_found};
+
+pub fn router() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_events))
+        .routes(routes!(get_invocation))
+        .routes(routes!(get_output))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Return events with `seq` greater than this (default 0: from the start).
+    pub after: Option<i64>,
+    /// Page size (1–1000, default 100).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    /// In `seq` order.
+    pub events: Vec<Event>,
+    /// Pass as `after` for the next page; `null` when this page reached the end of the log so far.
+    pub next_after: Option<i64>,
+}
+
+/// A session's log, in order. Event kinds: `session.created`, `session.closed`,
+/// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`.
+#[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "log", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id"), EventsQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventPage),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn list_events(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Json<EventPage>, ApiError> {
+    let id = parse_id(&id, "session")?;
+    let limit = q
+        .limit
+        .unwrap_or(toolexec_engine::DEFAULT_EVENTS_PAGE)
+        .clamp(1, toolexec_engine::MAX_EVENTS_PAGE);
+    let events = state
+        .engine
+        .events(tenant.id, id, q.after.unwrap_or(0), Some(limit))
+        .await
+        .map_err(or_not_found("session"))?;
+    let next_after = (events.len() == limit as usize)
+        .then(|| events.last().map(|e| e.seq))
+        .flatten();
+    Ok(Json(EventPage { events, next_after }))
+}
+
+/// One invocation: its call, status, what the model was shown, timings, the capabilities it
+/// claimed and its side effects.
+#[utoipa::path(get, path = "/v1/invocations/{id}", tag = "log", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Invocation id")),
+    responses(
+        (status = 200, description = "The invocation", body = Invocation),
+        (status = 404, description = "No such invocation for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn get_invocation(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Invocation>, ApiError> {
+    let id = parse_id(&id, "invocation")?;
+    Ok(Json(
+        state
+            .engine
+            .invocation(tenant.id, id)
+            .await
+            .map_err(or_not_found("invocation"))?,
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutputQuery {
+    /// First character to return (default 0).
+    pub offset: Option<usize>,
+    /// Characters to return (default 50,000, at most 1,000,000).
+    pub limit: Option<usize>,
+}
+
+/// A slice of an invocation's full, untruncated output.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutputSlice {
+    pub invocation_id: Uuid,
+    pub offset: usize,
+    pub total_chars: usize,
+    /// Where the next slice starts; `null` at the end.
+    pub next_offset: Option<usize>,
+    pub content: String,
+}
+
+/// The full output of an invocation (what the model saw may have been truncated).
+#[utoipa::path(get, path = "/v1/invocations/{id}/output", tag = "log", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Invocation id"), OutputQuery),
+    responses(
+        (status = 200, description = "A slice of the full output", body = OutputSlice),
+        (status = 404, description = "No such invocation for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn get_output(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
+) -> Result<Json<OutputSlice>, ApiError> {
+    let id = parse_id(&id, "invocation")?;
+    let s = state
+        .engine
+        .invocation_output(tenant.id, id, q.offset, q.limit)
+        .await
+        .map_err(or_not_found("invocation"))?;
+    Ok(Json(OutputSlice {
+        invocation_id: s.invocation_id,
+        offset: s.offset,
+        total_chars: s.total_chars,
+        next_offset: s.next_offset,
+        content: s.content,
+    }))
+}

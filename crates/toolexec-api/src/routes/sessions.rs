@@ -1,0 +1,130 @@
+//! Sessions: create, list, show, close.
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use toolexec_core::{NewSession, Session};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::SharedState;
+use crate::auth::AuthTenant;
+use crate::extract::{ApiJson, ApiQuery, parse_id};
+use crate::problem::{ApiError, Problem, or_not_found};
+
+pub fn router() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, close_session))
+}
+
+/// Default page size of `GET /v1/sessions`.
+const DEFAULT_PAGE: u32 = 50;
+
+/// Create a session: a fresh workspace (optionally seeded with `files`), a policy and a tool set.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
+    request_body = NewSession,
+    responses(
+        (status = 201, description = "Created", body = Session),
+        (status = 422, description = "Unknown tool in `tools`, a policy above the operator's ceiling, a bad seed path or env name (`unknown_tool`, `policy_above_ceiling`, `invalid_seed_file`, `invalid_env`, `invalid_request`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn create_session(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    ApiJson(new): ApiJson<NewSession>,
+) -> Result<(StatusCode, Json<Session>), ApiError> {
+    let session = state.engine.create_session(tenant.id, new).await?;
+    Ok((StatusCode::CREATED, Json(session)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size (1–200, default 50).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Newest first.
+    pub sessions: Vec<Session>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The caller's sessions, newest first, cursor-paginated.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
+    params(ListQuery),
+    responses((status = 200, description = "A page of sessions", body = SessionList)))]
+async fn list_sessions(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<SessionList>, ApiError> {
+    let before = match q.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(Uuid::parse_str(c).map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                "cursor: pass the next_cursor of a previous page",
+            )
+        })?),
+    };
+    let page = state
+        .engine
+        .list_sessions(tenant.id, before, q.limit.unwrap_or(DEFAULT_PAGE))
+        .await?;
+    Ok(Json(SessionList {
+        sessions: page.sessions,
+        next_cursor: page.next_before.map(|id| id.to_string()),
+    }))
+}
+
+/// One session.
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = Session),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn get_session(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Session>, ApiError> {
+    let id = parse_id(&id, "session")?;
+    Ok(Json(
+        state
+            .engine
+            .get_session(tenant.id, id)
+            .await
+            .map_err(or_not_found("session"))?,
+    ))
+}
+
+/// Close a session: its workspace is removed; its log stays readable. Closing twice is fine.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The closed session", body = Session),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn close_session(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+) -> Result<Json<Session>, ApiError> {
+    let id = parse_id(&id, "session")?;
+    Ok(Json(
+        state
+            .engine
+            .close_session(tenant.id, id)
+            .await
+            .map_err(or_not_found("session"))?,
+    ))
+}

@@ -1,0 +1,624 @@
+//! Running a batch of calls: envelope checks, idempotency by call id, scheduling (read-only calls
+//! of a batch run together, a mutating call runs alone and in order), truncation and recording.
+//!
+//! Recording rules: a mutating call's `invocation.started` is durable before the tool runs
+//! (`Write::Start`), its side effects and `invocation.finished` after (`Write::Finish`). A
+//! read-only call has no side effect to guard, so it is recorded in one write after it ran
+//! (`Write::Record`) — and in every case no result reaches the client before it is durable.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tokio::sync::watch;
+use toolexec_core::{
+    Call, CallResult, CallStatus, Invocation, Session, SessionStatus, new_id, truncate,
+};
+use toolexec_store::{Assigned, Blob, NewInvocation, Outcome, Write, WriteError};
+use toolexec_tools::ToolOutput;
+use uuid::Uuid;
+
+use crate::canonical::arguments_sha256;
+use crate::sessions::{SessionRuntime, invalid};
+use crate::{Engine, EngineError, Result};
+
+/// How long a request waits for a finish record that could not be written at once (store blip)
+/// before answering 503; the write keeps being retried in the background.
+const FINISH_GRACE: Duration = Duration::from_secs(10);
+/// How long a retry waits for a call that another instance is still running.
+const FOREIGN_WAIT: Duration = Duration::from_secs(900);
+/// Longest call id accepted: model tool-call ids are short; this bounds index keys.
+pub const MAX_CALL_ID_BYTES: usize = 256;
+
+/// A batch as the API hands it over.
+#[derive(Debug, Clone)]
+pub struct CallBatch {
+    pub calls: Vec<Call>,
+}
+
+type Slot = watch::Receiver<Option<CallResult>>;
+
+/// Calls running on this node, so that a concurrent retry of the same call id waits for the
+/// result instead of running it again.
+#[derive(Default)]
+pub(crate) struct Inflight {
+    map: Arc<Mutex<HashMap<(Uuid, String), Slot>>>,
+}
+
+enum Claim {
+    Mine(InflightGuard),
+    Wait(Slot),
+}
+
+/// Owned by the task that runs a call; publishing the result wakes every waiter. Dropping it
+/// without a result (the call could not be recorded) wakes them with an error.
+pub(crate) struct InflightGuard {
+    key: (Uuid, String),
+    tx: watch::Sender<Option<CallResult>>,
+    map: Arc<Mutex<HashMap<(Uuid, String), Slot>>>,
+}
+
+impl InflightGuard {
+    fn publish(&self, result: &CallResult) {
+        let _ = self.tx.send(Some(result.clone()));
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.map.lock() {
+            m.remove(&self.key);
+        }
+    }
+}
+
+impl Inflight {
+    fn claim(&self, session: Uuid, call_id: &str) -> Result<Claim> {
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| EngineError::Internal("inflight map poisoned".into()))?;
+        let key = (session, call_id.to_owned());
+        if let Some(rx) = m.get(&key) {
+            return Ok(Claim::Wait(rx.clone()));
+        }
+        let (tx, rx) = watch::channel(None);
+        m.insert(key.clone(), rx);
+        Ok(Claim::Mine(InflightGuard {
+            key,
+            tx,
+            map: self.map.clone(),
+        }))
+    }
+}
+
+async fn wait_slot(mut rx: Slot) -> Result<CallResult> {
+    match rx.wait_for(Option::is_some).await {
+        Ok(v) => v
+            .clone()
+            .ok_or_else(|| EngineError::Internal("empty slot".into())),
+        Err(_) => Err(EngineError::Unavailable(
+            "the earlier attempt of this call could not be recorded; retry the same call".into(),
+        )),
+    }
+}
+
+/// How each call of a batch is handled.
+enum Plan {
+    /// Already recorded (or running elsewhere): return what the record says.
+    Recorded(Box<Invocation>),
+    /// Same id as an earlier call of this batch (same arguments): mirror its result.
+    Alias(usize),
+    /// Run it. `mutating` decides the scheduling.
+    Run { mutating: bool },
+}
+
+impl Engine {
+    /// Runs a batch of calls for a session and returns one result per call, in request order.
+    pub async fn run_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        batch: CallBatch,
+    ) -> Result<Vec<CallResult>> {
+        let calls = batch.calls;
+        let limits = &self.config.limits;
+        if calls.is_empty() {
+            return Err(invalid(
+                "empty_batch",
+                "calls: send at least one call".into(),
+            ));
+        }
+        if calls.len() > limits.max_calls_per_batch {
+            return Err(invalid(
+                "batch_too_large",
+                format!(
+                    "calls: at most {} calls per request; split the batch",
+                    limits.max_calls_per_batch
+                ),
+            ));
+        }
+        for (i, c) in calls.iter().enumerate() {
+            if c.id.is_empty() || c.id.len() > MAX_CALL_ID_BYTES {
+                return Err(invalid(
+                    "invalid_call_id",
+                    format!("calls/{i}/id: must be 1 to {MAX_CALL_ID_BYTES} bytes"),
+                ));
+            }
+        }
+        let hashes: Vec<String> = calls
+            .iter()
+            .map(|c| arguments_sha256(&c.arguments))
+            .collect();
+
+        // Same id twice in one batch: fine if it is the same call, a conflict otherwise.
+        let mut first: HashMap<&str, usize> = HashMap::new();
+        let mut plans: Vec<Option<Plan>> = Vec::with_capacity(calls.len());
+        for (i, c) in calls.iter().enumerate() {
+            match first.get(c.id.as_str()) {
+                Some(&j) => {
+                    if hashes[i] != hashes[j] || calls[j].name != c.name {
+                        return Err(reused(&c.id));
+                    }
+                    plans.push(Some(Plan::Alias(j)));
+                }
+                None => {
+                    first.insert(&c.id, i);
+                    plans.push(None);
+                }
+            }
+        }
+        let ids: Vec<String> = first.keys().map(|s| (*s).to_owned()).collect();
+        let (session, existing) = self.store.lookup_calls(tenant_id, session_id, &ids).await?;
+        let mut existing: HashMap<String, Invocation> = existing
+            .into_iter()
+            .map(|inv| (inv.call_id.clone(), inv))
+            .collect();
+
+        let mut needs_run = false;
+        for (i, c) in calls.iter().enumerate() {
+            if plans[i].is_some() {
+                continue;
+            }
+            if let Some(inv) = existing.remove(&c.id) {
+                if inv.name != c.name || arguments_sha256(&inv.arguments) != hashes[i] {
+                    return Err(reused(&c.id));
+                }
+                plans[i] = Some(Plan::Recorded(Box::new(inv)));
+            } else {
+                needs_run = true;
+                let mutating = self
+                    .registry
+                    .get(&c.name)
+                    .is_some_and(|t| !t.spec().read_only);
+                plans[i] = Some(Plan::Run { mutating });
+            }
+        }
+        let rt = if needs_run {
+            if session.status != SessionStatus::Active {
+                return Err(EngineError::Conflict {
+                    code: "session_closed",
+                    detail: format!(
+                        "session {session_id} is closed; create a new session (or fork this one) to run more calls"
+                    ),
+                });
+            }
+            Some(self.runtime(&session)?)
+        } else {
+            None
+        };
+
+        let plans: Vec<Plan> = plans.into_iter().flatten().collect();
+        let mut results: Vec<Option<CallResult>> = vec![None; calls.len()];
+        let mut i = 0;
+        while i < calls.len() {
+            // A run of calls that do not mutate goes together; a mutating call goes alone.
+            let mut j = i + 1;
+            if !matches!(plans[i], Plan::Run { mutating: true }) {
+                while j < calls.len() && !matches!(plans[j], Plan::Run { mutating: true }) {
+                    j += 1;
+                }
+            }
+            let group = (i..j).filter(|k| !matches!(plans[*k], Plan::Alias(_)));
+            let futures = group.map(|k| {
+                let rt = rt.clone();
+                let session = &session;
+                let call = &calls[k];
+                let plan = &plans[k];
+                let hash = &hashes[k];
+                async move {
+                    let r = match plan {
+                        Plan::Recorded(inv) => self.recorded_result(session.tenant_id, inv).await,
+                        Plan::Run { .. } => match rt {
+                            Some(rt) => self.run_one(session, &rt, call, hash).await,
+                            None => Err(EngineError::Internal("no runtime".into())),
+                        },
+                        Plan::Alias(_) => Err(EngineError::Internal("alias scheduled".into())),
+                    };
+                    (k, r)
+                }
+            });
+            for (k, r) in join_all(futures).await {
+                results[k] = Some(r?);
+            }
+            for k in i..j {
+                if let Plan::Alias(src) = plans[k] {
+                    results[k] = results[src].clone();
+                }
+            }
+            i = j;
+        }
+        results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| EngineError::Internal("missing result".into())))
+            .collect()
+    }
+
+    /// The result of an invocation that is already recorded, waiting if it is still running.
+    async fn recorded_result(&self, tenant_id: Uuid, inv: &Invocation) -> Result<CallResult> {
+        if let Some(r) = result_of(inv) {
+            return Ok(r);
+        }
+        if let Ok(Claim::Wait(rx)) = self.peek_inflight(inv.session_id, &inv.call_id) {
+            return wait_slot(rx).await;
+        }
+        self.poll_until_finished(tenant_id, inv.id).await
+    }
+
+    fn peek_inflight(&self, session: Uuid, call_id: &str) -> Result<Claim> {
+        let m = self
+            .inflight
+            .map
+            .lock()
+            .map_err(|_| EngineError::Internal("inflight map poisoned".into()))?;
+        match m.get(&(session, call_id.to_owned())) {
+            Some(rx) => Ok(Claim::Wait(rx.clone())),
+            None => Err(EngineError::NotFound),
+        }
+    }
+
+    /// Waits for an invocation that another instance runs (or ran) to finish.
+    async fn poll_until_finished(&self, tenant_id: Uuid, id: Uuid) -> Result<CallResult> {
+        let deadline = Instant::now() + FOREIGN_WAIT;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            let inv = self.store.invocation(tenant_id, id).await?;
+            if let Some(r) = result_of(&inv) {
+                return Ok(r);
+            }
+            if Instant::now() > deadline {
+                return Err(EngineError::Unavailable(
+                    "the call is still running elsewhere; retry the same call id later".into(),
+                ));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn run_one(
+        &self,
+        session: &Session,
+        rt: &Arc<SessionRuntime>,
+        call: &Call,
+        args_hash: &str,
+    ) -> Result<CallResult> {
+        let guard = match self.inflight.claim(session.id, &call.id)? {
+            Claim::Wait(rx) => return wait_slot(rx).await,
+            Claim::Mine(g) => g,
+        };
+        let t0 = Instant::now();
+        let started_at = chrono::Utc::now();
+        let tool = self.registry.get(&call.name).cloned();
+        let invocation = NewInvocation {
+            id: new_id(),
+            session_id: session.id,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            arguments_sha256: args_hash.to_owned(),
+            read_only: tool.as_ref().is_none_or(|t| t.spec().read_only),
+            capabilities: tool
+                .as_ref()
+                .map(|t| t.spec().capabilities.clone())
+                .unwrap_or_default(),
+            node: self.config.node.clone(),
+            started_at,
+        };
+
+        // Refusals before anything runs are recorded like any call, in one write.
+        let refusal = match &tool {
+            None => Some((
+                CallStatus::UnknownTool,
+                format!(
+                    "Unknown tool '{}'. Available tools: {}.",
+                    call.name,
+                    self.tools_for(session).join(", ")
+                ),
+            )),
+            Some(_) if !session.allows_tool(&call.name) => Some((
+                CallStatus::Denied,
+                format!(
+                    "Tool '{}' is not enabled for this session. Enabled tools: {}.",
+                    call.name,
+                    self.tools_for(session).join(", ")
+                ),
+            )),
+            Some(_) => match self.registry.validate(&call.name, &call.arguments) {
+                Some(Err(e)) => Some((CallStatus::InvalidArguments, e.to_model_text(&call.name))),
+                _ => None,
+            },
+        };
+        let tool = match (tool, refusal) {
+            (Some(tool), None) => tool,
+            (_, Some((status, content))) => {
+                let out = ToolOutput {
+                    status,
+                    content,
+                    changes: Vec::new(),
+                };
+                let recorded = self.outcome(session, &invocation, out, t0);
+                return self.commit_record(guard, invocation, recorded).await;
+            }
+            (None, None) => return Err(EngineError::Internal("unreachable".into())),
+        };
+        let ctx = self.tool_context(session, rt);
+        if tool.spec().read_only {
+            let out = {
+                let _shared = rt.schedule.read().await;
+                tool.run(&ctx, call.arguments.clone()).await
+            };
+            let recorded = self.outcome(session, &invocation, out, t0);
+            self.commit_record(guard, invocation, recorded).await
+        } else {
+            let _alone = rt.schedule.write().await;
+            let invocation_id = invocation.id;
+            match self.recorder.write(Write::Start { invocation }).await {
+                Err(e) => return Err(e.into()),
+                Ok(Err(WriteError::DuplicateCall(other))) => {
+                    drop(guard);
+                    return self.poll_until_finished(session.tenant_id, other).await;
+                }
+                Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
+                Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
+                Ok(Ok(_)) => {}
+            }
+            let out = tool.run(&ctx, call.arguments.clone()).await;
+            let stub = NewInvocationRef {
+                id: invocation_id,
+                call_id: &call.id,
+                name: &call.name,
+            };
+            let recorded = self.outcome_for(session, stub, out, t0);
+            self.commit_finish(guard, session.id, invocation_id, recorded)
+                .await
+        }
+    }
+
+    fn tools_for(&self, session: &Session) -> Vec<String> {
+        self.registry
+            .names()
+            .filter(|n| session.allows_tool(n))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn outcome(
+        &self,
+        session: &Session,
+        inv: &NewInvocation,
+        out: ToolOutput,
+        t0: Instant,
+    ) -> Recorded {
+        self.outcome_for(
+            session,
+            NewInvocationRef {
+                id: inv.id,
+                call_id: &inv.call_id,
+                name: &inv.name,
+            },
+            out,
+            t0,
+        )
+    }
+
+    /// Truncates the output for the model, keeps the full output as a blob when cut, and turns
+    /// file changes into side-effect events with their blobs.
+    fn outcome_for(
+        &self,
+        session: &Session,
+        inv: NewInvocationRef<'_>,
+        out: ToolOutput,
+        t0: Instant,
+    ) -> Recorded {
+        let mut limit = self
+            .registry
+            .get(inv.name)
+            .map(|t| t.spec().output_limit)
+            .unwrap_or(toolexec_core::OutputLimit::new(
+                50_000,
+                toolexec_core::TruncationMode::HeadTail,
+            ));
+        if let Some(chars) = session.policy.output_limits.get(inv.name) {
+            limit.max_chars = *chars;
+        }
+        let hint = format!(
+            "call read_output with invocation_id \"{}\" to page through the full output",
+            inv.id
+        );
+        let (content, truncated) = truncate(&out.content, limit, &hint);
+        let mut blobs = Vec::new();
+        let output_sha256 = truncated.as_ref().map(|_| {
+            let blob = Blob::new(out.content.clone().into_bytes());
+            let sha = blob.sha256.clone();
+            blobs.push(blob);
+            sha
+        });
+        let mut side_effects = Vec::new();
+        for change in out.changes {
+            let (event, blob) = self.change_event(change);
+            side_effects.push(event);
+            blobs.extend(blob);
+        }
+        let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let output_chars = truncated
+            .as_ref()
+            .map_or_else(|| content.chars().count(), |t| t.total_chars);
+        Recorded {
+            tenant_id: session.tenant_id,
+            result: CallResult {
+                call_id: inv.call_id.to_owned(),
+                invocation_id: inv.id,
+                name: inv.name.to_owned(),
+                status: out.status,
+                is_error: out.status.is_error(),
+                content: content.clone(),
+                truncated: truncated.clone(),
+                duration_ms,
+                seq: 0,
+            },
+            outcome: Outcome {
+                status: out.status,
+                content,
+                truncated,
+                output_chars: i64::try_from(output_chars).unwrap_or(i64::MAX),
+                output_sha256,
+                finished_at: chrono::Utc::now(),
+                duration_ms,
+            },
+            side_effects,
+            blobs,
+        }
+    }
+
+    /// Records a call that started and finished here in one write.
+    async fn commit_record(
+        &self,
+        guard: InflightGuard,
+        invocation: NewInvocation,
+        rec: Recorded,
+    ) -> Result<CallResult> {
+        let session_id = invocation.session_id;
+        let tenant_id = rec.tenant_id;
+        let write = Write::Record {
+            invocation,
+            outcome: rec.outcome,
+            side_effects: rec.side_effects,
+            blobs: rec.blobs,
+        };
+        match self.recorder.write(write).await {
+            // Nothing with a side effect ran yet: the client retries and it runs again.
+            Err(e) => Err(e.into()),
+            Ok(Ok(a)) => Ok(finish(guard, rec.result, a)),
+            Ok(Err(WriteError::DuplicateCall(other))) => {
+                drop(guard);
+                self.poll_until_finished(tenant_id, other).await
+            }
+            Ok(Err(WriteError::SessionNotActive)) => Err(closed(session_id)),
+            Ok(Err(e)) => Err(EngineError::Internal(e.to_string())),
+        }
+    }
+
+    /// Records the end of a mutating call. Its effects already happened, so a store failure here
+    /// is retried in the background until it is recorded; a retry of the call meanwhile waits.
+    async fn commit_finish(
+        &self,
+        guard: InflightGuard,
+        session_id: Uuid,
+        invocation_id: Uuid,
+        rec: Recorded,
+    ) -> Result<CallResult> {
+        let write = Write::Finish {
+            session_id,
+            invocation_id,
+            outcome: rec.outcome,
+            side_effects: rec.side_effects,
+            blobs: rec.blobs,
+        };
+        match self.recorder.write(write.clone()).await {
+            Ok(Ok(a)) => return Ok(finish(guard, rec.result, a)),
+            Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
+            Err(e) => {
+                tracing::warn!(error = %e, %invocation_id, "finish not recorded yet; retrying in the background")
+            }
+        }
+        let recorder = self.recorder.clone();
+        let result = rec.result;
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(delay).await;
+                match recorder.write(write.clone()).await {
+                    Ok(Ok(a)) => {
+                        let _ = done_tx.send(finish(guard, result, a));
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, %invocation_id, "finish refused by the store");
+                        return;
+                    }
+                    Err(_) => delay = (delay * 2).min(Duration::from_secs(5)),
+                }
+            }
+        });
+        match tokio::time::timeout(FINISH_GRACE, done_rx).await {
+            Ok(Ok(r)) => Ok(r),
+            _ => Err(EngineError::Unavailable(
+                "the call ran but its result is not recorded yet (store unavailable); retry the same call id to get it".into(),
+            )),
+        }
+    }
+}
+
+/// The parts of an invocation needed to build its result.
+struct NewInvocationRef<'a> {
+    id: Uuid,
+    call_id: &'a str,
+    name: &'a str,
+}
+
+struct Recorded {
+    tenant_id: Uuid,
+    result: CallResult,
+    outcome: Outcome,
+    side_effects: Vec<toolexec_store::NewEvent>,
+    blobs: Vec<Blob>,
+}
+
+fn finish(guard: InflightGuard, mut result: CallResult, a: Assigned) -> CallResult {
+    result.seq = a.finished_seq.unwrap_or(a.started_seq);
+    guard.publish(&result);
+    result
+}
+
+fn result_of(inv: &Invocation) -> Option<CallResult> {
+    let status = inv.status.finished()?;
+    Some(CallResult {
+        call_id: inv.call_id.clone(),
+        invocation_id: inv.id,
+        name: inv.name.clone(),
+        status,
+        is_error: status.is_error(),
+        content: inv.content.clone().unwrap_or_default(),
+        truncated: inv.truncated.clone(),
+        duration_ms: inv.duration_ms.unwrap_or(0.0),
+        seq: inv.finished_seq.unwrap_or(inv.started_seq),
+    })
+}
+
+fn reused(call_id: &str) -> EngineError {
+    EngineError::Conflict {
+        code: "call_id_reused",
+        detail: format!(
+            "call id '{call_id}' was already used in this session with other arguments; use a new id for a new call"
+        ),
+    }
+}
+
+fn closed(session_id: Uuid) -> EngineError {
+    EngineError::Conflict {
+        code: "session_closed",
+        detail: format!("session {session_id} is closed"),
+    }
+}

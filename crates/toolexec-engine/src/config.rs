@@ -1,0 +1,53 @@
+//! What the operator decides for the engine: where workspaces live, ceilings sessions cannot
+//! exceed, and how the recorder batches.
+use std::path::PathBuf;
+
+/// Operator ceilings. A session's policy may only tighten these.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most calls accepted in one batch: bounds the work one request can queue.
+    pub max_calls_per_batch: usize,
+    /// Largest per-tool output limit a session may ask for, in characters.
+    pub max_output_chars: usize,
+    /// Longest default timeout a session may set, in milliseconds (SPEC: shell caps at 600 s).
+    pub max_timeout_ms: u64,
+    /// File contents larger than this (bytes) are recorded by hash only, not stored as a blob.
+    pub max_blob_bytes: usize,
+    /// Most seed files in `POST /v1/sessions`.
+    pub max_seed_files: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_calls_per_batch: 64,
+            max_output_chars: 200_000,
+            max_timeout_ms: 600_000,
+            max_blob_bytes: 10 * 1024 * 1024,
+            max_seed_files: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// This instance's name; it marks the invocations it runs so that at start-up it interrupts
+    /// only its own leftovers, never another replica's running calls.
+    pub node: String,
+    /// Parent directory of the session workspaces (`<root>/<session id>`).
+    pub workspace_root: PathBuf,
+    pub limits: Limits,
+    /// Concurrent group-commit loops. Two keep one transaction filling while another commits.
+    pub recorder_writers: usize,
+}
+
+impl EngineConfig {
+    pub fn new(node: impl Into<String>, workspace_root: impl Into<PathBuf>) -> Self {
+        Self {
+            node: node.into(),
+            workspace_root: workspace_root.into(),
+            limits: Limits::default(),
+            recorder_writers: 2,
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Reading the record: a session's events, one invocation, and an invocation's full output.
+use serde::Serialize;
+use toolexec_core::{Event, Invocation};
+use uuid::Uuid;
+
+use crate::{Engine, Result};
+
+/// Default and largest page of events.
+pub const DEFAULT_EVENTS_PAGE: u32 = 100;
+pub const MAX_EVENTS_PAGE: u32 = 1_000;
+/// Default and largest slice of an output, in characters.
+pub const DEFAULT_OUTPUT_SLICE: usize = 50_000;
+pub const MAX_OUTPUT_SLICE: usize = 1_000_000;
+
+/// A slice of an invocation's full output, by character offsets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutputSlice {
+    pub invocation_id: Uuid,
+    pub offset: usize,
+    pub total_chars: usize,
+    /// Where the next slice starts; `None` at the end.
+    pub next_offset: Option<usize>,
+    pub content: String,
+}
+
+impl Engine {
+    pub async fn events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: Option<u32>,
+    ) -> Result<Vec<Event>> {
+        let limit = limit
+            .unwrap_or(DEFAULT_EVENTS_PAGE)
+            .clamp(1, MAX_EVENTS_PAGE);
+        Ok(self
+            .store
+            .events(tenant_id, session_id, after.max(0), limit)
+            .await?)
+    }
+
+    pub async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+        Ok(self.store.invocation(tenant_id, id).await?)
+    }
+
+    pub async fn invocation_output(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        offset: Option<usize>,
+        limit: Option<usize>,
+    ) -> Result<OutputSlice> {
+        let full = self.store.invocation_output(tenant_id, id).await?;
+        let offset = offset.unwrap_or(0);
+        let limit = limit
+            .unwrap_or(DEFAULT_OUTPUT_SLICE)
+            .clamp(1, MAX_OUTPUT_SLICE);
+        let total_chars = full.chars().count();
+        let content: String = full.chars().skip(offset).take(limit).collect();
+        let end = offset.saturating_add(limit);
+        Ok(OutputSlice {
+            invocation_id: id,
+            offset,
+            total_chars,
+            next_offset: (end < total_chars).then_some(end),
+            content,
+        })
+    }
+}

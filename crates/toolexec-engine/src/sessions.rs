@@ -1,0 +1,327 @@
+//! Sessions: creation (workspace + seed files + the first events), listing, closing, and the
+//! per-session runtime state kept on the node that holds the workspace.
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::json;
+use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
+use toolexec_store::{Blob, NewEvent, SessionPage};
+use toolexec_tools::{ReadTracker, ToolContext, Workspace};
+use uuid::Uuid;
+
+use crate::{Engine, EngineError, Result};
+
+/// What a node keeps for an active session it serves.
+pub struct SessionRuntime {
+    pub workspace: Arc<Workspace>,
+    pub reads: Arc<ReadTracker>,
+    /// Read-only calls share it; a mutating call holds it alone, so it never overlaps another
+    /// call of the same session — also across concurrent requests.
+    pub schedule: tokio::sync::RwLock<()>,
+}
+
+/// Most sessions in one page of `list_sessions`.
+pub const MAX_PAGE: u32 = 200;
+
+impl Engine {
+    fn workspace_dir(&self, id: Uuid) -> PathBuf {
+        self.config.workspace_root.join(id.to_string())
+    }
+
+    /// The runtime of an active session, opening its workspace on first use.
+    pub(crate) fn runtime(&self, session: &Session) -> Result<Arc<SessionRuntime>> {
+        let mut map = self
+            .runtimes
+            .lock()
+            .map_err(|_| EngineError::Internal("runtime map poisoned".into()))?;
+        if let Some(rt) = map.get(&session.id) {
+            return Ok(rt.clone());
+        }
+        let dir = self.workspace_dir(session.id);
+        let workspace = Workspace::open(&dir).map_err(|e| {
+            EngineError::Unavailable(format!(
+                "the workspace of session {} is not on this node ({e}); route a session's requests to the node that created it",
+                session.id
+            ))
+        })?;
+        let rt = Arc::new(SessionRuntime {
+            workspace: Arc::new(workspace),
+            reads: Arc::new(ReadTracker::default()),
+            schedule: tokio::sync::RwLock::new(()),
+        });
+        map.insert(session.id, rt.clone());
+        Ok(rt)
+    }
+
+    pub(crate) fn tool_context(&self, session: &Session, rt: &SessionRuntime) -> ToolContext {
+        ToolContext {
+            session_id: session.id,
+            workspace: rt.workspace.clone(),
+            reads: rt.reads.clone(),
+            policy: session.policy.clone(),
+            env: session.env.clone(),
+        }
+    }
+
+    fn check_new_session(&self, new: &NewSession) -> Result<()> {
+        let limits = &self.config.limits;
+        if let Some(tools) = &new.tools {
+            let unknown: Vec<&str> = tools
+                .iter()
+                .map(String::as_str)
+                .filter(|t| self.registry.get(t).is_none())
+                .collect();
+            if !unknown.is_empty() {
+                return Err(invalid(
+                    "unknown_tool",
+                    format!(
+                        "tools: unknown tool(s) {}; GET /v1/tools lists the catalog",
+                        unknown.join(", ")
+                    ),
+                ));
+            }
+        }
+        if let Some(policy) = &new.policy {
+            check_policy(policy, limits)?;
+            for tool in policy.output_limits.keys() {
+                if self.registry.get(tool).is_none() {
+                    return Err(invalid(
+                        "unknown_tool",
+                        format!("policy.output_limits: unknown tool '{tool}'"),
+                    ));
+                }
+            }
+        }
+        if let Some(env) = &new.env {
+            for key in env.keys() {
+                let ok = !key.is_empty()
+                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !key.starts_with(|c: char| c.is_ascii_digit());
+                if !ok {
+                    return Err(invalid(
+                        "invalid_env",
+                        format!(
+                            "env: '{key}' is not a valid variable name (letters, digits, '_'; not starting with a digit)"
+                        ),
+                    ));
+                }
+            }
+            if env.values().any(|v| v.contains('\0')) {
+                return Err(invalid(
+                    "invalid_env",
+                    "env: values must not contain NUL bytes".into(),
+                ));
+            }
+        }
+        if new
+            .files
+            .as_ref()
+            .is_some_and(|f| f.len() > limits.max_seed_files)
+        {
+            return Err(invalid(
+                "too_many_files",
+                format!("files: at most {} seed files", limits.max_seed_files),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates a session: its workspace with the seed files, then the session row and its first
+    /// events (`session.created`, one `file.created` per seed file) in one transaction.
+    pub async fn create_session(&self, tenant_id: Uuid, new: NewSession) -> Result<Session> {
+        self.check_new_session(&new)?;
+        let id = new_id();
+        let now = chrono::Utc::now();
+        let session = Session {
+            id,
+            tenant_id,
+            status: SessionStatus::Active,
+            tools: new.tools,
+            policy: new.policy.unwrap_or_default(),
+            env: new.env.unwrap_or_default(),
+            metadata: new.metadata.unwrap_or_else(|| json!({})),
+            created_at: now,
+            closed_at: None,
+            last_seq: 0,
+        };
+        let dir = self.workspace_dir(id);
+        let workspace = Workspace::create(&dir)
+            .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?;
+        let rt = Arc::new(SessionRuntime {
+            workspace: Arc::new(workspace),
+            reads: Arc::new(ReadTracker::default()),
+            schedule: tokio::sync::RwLock::new(()),
+        });
+
+        let mut events = vec![NewEvent {
+            kind: EventKind::SessionCreated,
+            data: json!({
+                "tools": session.tools,
+                "policy": session.policy,
+                "env_keys": session.env.keys().collect::<Vec<_>>(),
+                "metadata": session.metadata,
+                "node": self.config.node,
+            }),
+        }];
+        let mut blobs = Vec::new();
+        let seeded = self
+            .seed_files(&session, &rt, new.files.unwrap_or_default())
+            .await;
+        let changes = match seeded {
+            Ok(c) => c,
+            Err(e) => {
+                remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        for change in changes {
+            let (event, blob) = self.change_event(change);
+            events.push(event);
+            blobs.extend(blob);
+        }
+        match self.store.create_session(&session, events, blobs).await {
+            Ok(stored) => {
+                if let Ok(mut map) = self.runtimes.lock() {
+                    map.insert(id, rt);
+                }
+                Ok(stored)
+            }
+            Err(e) => {
+                remove_dir(&dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn seed_files(
+        &self,
+        session: &Session,
+        rt: &SessionRuntime,
+        files: std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<toolexec_tools::RecordedChange>> {
+        if files.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Seeding goes through write_file itself, so seed paths obey exactly the jail rules the
+        // model's writes do.
+        let writer = self
+            .registry
+            .get("write_file")
+            .ok_or_else(|| EngineError::Internal("write_file tool missing".into()))?
+            .clone();
+        let ctx = self.tool_context(session, rt);
+        let mut changes = Vec::new();
+        for (path, content) in files {
+            let out = writer
+                .run(&ctx, json!({"file_path": path, "content": content}))
+                .await;
+            if out.status.is_error() {
+                return Err(invalid(
+                    "invalid_seed_file",
+                    format!("files['{path}']: {}", out.content),
+                ));
+            }
+            changes.extend(out.changes);
+        }
+        // The model has not read the seed files: read-before-write still applies to them.
+        for c in &changes {
+            rt.reads.forget(&c.change.path);
+        }
+        Ok(changes)
+    }
+
+    /// A file change as a log event, with its contents as a blob unless over the size limit.
+    pub(crate) fn change_event(
+        &self,
+        change: toolexec_tools::RecordedChange,
+    ) -> (NewEvent, Option<Blob>) {
+        let mut fc = change.change;
+        let blob = match change.after {
+            Some(bytes) if bytes.len() <= self.config.limits.max_blob_bytes => {
+                Some(Blob::new(bytes))
+            }
+            _ => {
+                fc.after_stored = false;
+                None
+            }
+        };
+        (
+            NewEvent {
+                kind: fc.kind.event_kind(),
+                data: serde_json::to_value(&fc).unwrap_or_default(),
+            },
+            blob,
+        )
+    }
+
+    pub async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        Ok(self.store.get_session(tenant_id, id).await?)
+    }
+
+    pub async fn list_sessions(
+        &self,
+        tenant_id: Uuid,
+        before: Option<Uuid>,
+        limit: u32,
+    ) -> Result<SessionPage> {
+        Ok(self
+            .store
+            .list_sessions(tenant_id, before, limit.clamp(1, MAX_PAGE))
+            .await?)
+    }
+
+    /// Closes a session: records `session.closed`, then removes its workspace. The log stays.
+    pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        let session = self
+            .store
+            .close_session(tenant_id, id, json!({"node": self.config.node}))
+            .await?;
+        let rt = self.runtimes.lock().ok().and_then(|mut m| m.remove(&id));
+        // Wait for running calls of the session to finish before the workspace goes away.
+        if let Some(rt) = rt {
+            let _guard = rt.schedule.write().await;
+        }
+        let dir = self.workspace_dir(id);
+        if dir.exists() {
+            remove_dir(&dir);
+        }
+        Ok(session)
+    }
+}
+
+fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
+    if let Some(t) = policy.default_timeout_ms
+        && (t == 0 || t > limits.max_timeout_ms)
+    {
+        return Err(invalid(
+            "policy_above_ceiling",
+            format!(
+                "policy.default_timeout_ms: must be between 1 and the operator's ceiling of {} ms",
+                limits.max_timeout_ms
+            ),
+        ));
+    }
+    for (tool, chars) in &policy.output_limits {
+        if *chars == 0 || *chars > limits.max_output_chars {
+            return Err(invalid(
+                "policy_above_ceiling",
+                format!(
+                    "policy.output_limits.{tool}: must be between 1 and the operator's ceiling of {} characters",
+                    limits.max_output_chars
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn invalid(code: &'static str, detail: String) -> EngineError {
+    EngineError::Invalid { code, detail }
+}
+
+fn remove_dir(dir: &std::path::Path) {
+    // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658 fixed in 1.58.1).
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
+    }
+}

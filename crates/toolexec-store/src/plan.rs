@@ -1,0 +1,548 @@
+//! Turning a batch of writes into rows: the one place that decides seqs and per-write errors,
+//! shared by both backends.
+//!
+//! A backend locks the sessions of the batch, reads the invocations the batch refers to, hands
+//! both to [`plan`], and inserts what comes back, all in one transaction. Planning does no I/O and
+//! cannot fail as a whole: a write that cannot be applied gets its [`WriteError`] and adds no rows,
+//! so no constraint of the database is ever hit on purpose (on Postgres that would abort the
+//! transaction and with it every other write of the batch).
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use toolexec_core::{CallStatus, EventKind, InvocationStatus, SessionStatus};
+use uuid::Uuid;
+
+use crate::{Assigned, Blob, NewEvent, NewInvocation, Outcome, Write, WriteError};
+
+/// A session of the batch, read under its row lock.
+#[derive(Debug, Clone)]
+pub(crate) struct LockedSession {
+    pub id: Uuid,
+    pub status: SessionStatus,
+    pub last_seq: i64,
+}
+
+/// An invocation already in the store that a write of the batch refers to, by id or call id.
+#[derive(Debug, Clone)]
+pub(crate) struct Existing {
+    pub id: Uuid,
+    pub session_id: Uuid,
+    pub call_id: String,
+    pub name: String,
+    pub status: InvocationStatus,
+    pub started_seq: i64,
+}
+
+/// One event to insert.
+#[derive(Debug, Clone)]
+pub(crate) struct EventRow {
+    pub session_id: Uuid,
+    pub seq: i64,
+    pub kind: EventKind,
+    pub invocation_id: Option<Uuid>,
+    pub data: serde_json::Value,
+}
+
+/// One invocation to insert; `finish` is set when it also ends in this batch.
+#[derive(Debug, Clone)]
+pub(crate) struct InvocationRow {
+    pub invocation: NewInvocation,
+    pub started_seq: i64,
+    pub finish: Option<FinishRow>,
+}
+
+/// The end of an invocation: for one inserted earlier, an update of its row.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishRow {
+    pub id: Uuid,
+    pub outcome: Outcome,
+    pub finished_seq: i64,
+}
+
+/// Everything a batch writes, and what each write was given.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub results: Vec<Result<Assigned, WriteError>>,
+    pub invocations: Vec<InvocationRow>,
+    pub finishes: Vec<FinishRow>,
+    pub events: Vec<EventRow>,
+    /// Distinct by hash and sorted by it, so that concurrent batches take their locks on shared
+    /// blobs in the same order.
+    pub blobs: Vec<Blob>,
+    /// The new `last_seq` of every session that got events.
+    pub last_seqs: Vec<(Uuid, i64)>,
+}
+
+impl Plan {
+    /// Nothing to write: every write of the batch failed.
+    pub fn is_empty(&self) -> bool {
+        self.invocations.is_empty()
+            && self.finishes.is_empty()
+            && self.events.is_empty()
+            && self.blobs.is_empty()
+            && self.last_seqs.is_empty()
+    }
+}
+
+/// The sessions a batch writes to, sorted (the lock order) and distinct.
+pub(crate) fn session_ids(batch: &[Write]) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = batch.iter().map(Write::session_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The invocation ids a batch names: new ones (to catch a reused id) and the ones it finishes.
+pub(crate) fn invocation_ids(batch: &[Write]) -> Vec<Uuid> {
+    batch
+        .iter()
+        .map(|w| match w {
+            Write::Start { invocation } | Write::Record { invocation, .. } => invocation.id,
+            Write::Finish { invocation_id, .. } => *invocation_id,
+        })
+        .collect()
+}
+
+/// The `(session_id, call_id)` pairs a batch starts, as two parallel columns.
+pub(crate) fn call_keys(batch: &[Write]) -> (Vec<Uuid>, Vec<&str>) {
+    batch
+        .iter()
+        .filter_map(|w| match w {
+            Write::Start { invocation } | Write::Record { invocation, .. } => {
+                Some((invocation.session_id, invocation.call_id.as_str()))
+            }
+            Write::Finish { .. } => None,
+        })
+        .unzip()
+}
+
+/// The data of an `invocation.started` event.
+pub(crate) fn started_data(invocation: &NewInvocation) -> serde_json::Value {
+    json!({
+        "call_id": invocation.call_id,
+        "name": invocation.name,
+        "arguments": invocation.arguments,
+        "read_only": invocation.read_only,
+        "capabilities": invocation.capabilities,
+    })
+}
+
+/// The data of an `invocation.finished` event.
+pub(crate) fn finished_data(call_id: &str, name: &str, outcome: &Outcome) -> serde_json::Value {
+    json!({
+        "call_id": call_id,
+        "name": name,
+        "status": outcome.status,
+        "is_error": outcome.status.is_error(),
+        "duration_ms": outcome.duration_ms,
+        "truncated": outcome.truncated,
+        "output_chars": outcome.output_chars,
+        "output_sha256": outcome.output_sha256,
+    })
+}
+
+/// Plans `batch` against the locked `sessions` and the `existing` invocations it refers to.
+/// Writes are applied in order, so a write sees the effects of the earlier ones of the batch.
+pub(crate) fn plan(
+    batch: Vec<Write>,
+    sessions: Vec<LockedSession>,
+    existing: Vec<Existing>,
+) -> Plan {
+    let mut planner = Planner {
+        sessions: sessions
+            .into_iter()
+            .map(|s| {
+                (
+                    s.id,
+                    SessionState {
+                        status: s.status,
+                        last_seq: s.last_seq,
+                        changed: false,
+                    },
+                )
+            })
+            .collect(),
+        by_call: HashMap::with_capacity(existing.len() + batch.len()),
+        by_id: HashMap::with_capacity(existing.len() + batch.len()),
+        plan: Plan::default(),
+    };
+    for e in existing {
+        planner
+            .by_call
+            .insert((e.session_id, e.call_id.clone()), e.id);
+        planner.by_id.insert(
+            e.id,
+            Known {
+                session_id: e.session_id,
+                call_id: e.call_id,
+                name: e.name,
+                status: e.status,
+                started_seq: e.started_seq,
+                row: None,
+            },
+        );
+    }
+    for write in batch {
+        let result = match write {
+            Write::Start { invocation } => planner.start(invocation, None),
+            Write::Record {
+                invocation,
+                outcome,
+                side_effects,
+                blobs,
+            } => planner.start(
+                invocation,
+                Some(Ending {
+                    outcome,
+                    side_effects,
+                    blobs,
+                }),
+            ),
+            Write::Finish {
+                session_id,
+                invocation_id,
+                outcome,
+                side_effects,
+                blobs,
+            } => planner.finish(
+                session_id,
+                invocation_id,
+                Ending {
+                    outcome,
+                    side_effects,
+                    blobs,
+                },
+            ),
+        };
+        planner.plan.results.push(result);
+    }
+    planner.into_plan()
+}
+
+struct SessionState {
+    status: SessionStatus,
+    last_seq: i64,
+    changed: bool,
+}
+
+impl SessionState {
+    fn next_seq(&mut self) -> i64 {
+        self.last_seq += 1;
+        self.changed = true;
+        self.last_seq
+    }
+}
+
+/// An invocation as the batch has left it so far.
+struct Known {
+    session_id: Uuid,
+    call_id: String,
+    name: String,
+    status: InvocationStatus,
+    started_seq: i64,
+    /// Index into `Plan::invocations` when it is inserted by this batch.
+    row: Option<usize>,
+}
+
+struct Ending {
+    outcome: Outcome,
+    side_effects: Vec<NewEvent>,
+    blobs: Vec<Blob>,
+}
+
+struct Planner {
+    sessions: HashMap<Uuid, SessionState>,
+    by_call: HashMap<(Uuid, String), Uuid>,
+    by_id: HashMap<Uuid, Known>,
+    plan: Plan,
+}
+
+impl Planner {
+    fn start(
+        &mut self,
+        invocation: NewInvocation,
+        ending: Option<Ending>,
+    ) -> Result<Assigned, WriteError> {
+        let key = (invocation.session_id, invocation.call_id.clone());
+        // A known call id wins over a closed session: a client retrying a recorded call must get
+        // the recorded result back, even after the session was closed.
+        if let Some(&id) = self.by_call.get(&key) {
+            return Err(WriteError::DuplicateCall(id));
+        }
+        // The same invocation id twice (a resubmitted write): refused like a repeated call.
+        if self.by_id.contains_key(&invocation.id) {
+            return Err(WriteError::DuplicateCall(invocation.id));
+        }
+        let session_id = invocation.session_id;
+        let Some(session) = self
+            .sessions
+            .get_mut(&session_id)
+            .filter(|s| s.status == SessionStatus::Active)
+        else {
+            return Err(WriteError::SessionNotActive);
+        };
+        let started_seq = session.next_seq();
+        self.plan.events.push(EventRow {
+            session_id,
+            seq: started_seq,
+            kind: EventKind::InvocationStarted,
+            invocation_id: Some(invocation.id),
+            data: started_data(&invocation),
+        });
+        let id = invocation.id;
+        self.by_call.insert(key, id);
+        self.by_id.insert(
+            id,
+            Known {
+                session_id,
+                call_id: invocation.call_id.clone(),
+                name: invocation.name.clone(),
+                status: InvocationStatus::Running,
+                started_seq,
+                row: Some(self.plan.invocations.len()),
+            },
+        );
+        self.plan.invocations.push(InvocationRow {
+            invocation,
+            started_seq,
+            finish: None,
+        });
+        match ending {
+            None => Ok(Assigned {
+                started_seq,
+                finished_seq: None,
+            }),
+            Some(ending) => self.finish(session_id, id, ending),
+        }
+    }
+
+    fn finish(
+        &mut self,
+        session_id: Uuid,
+        invocation_id: Uuid,
+        ending: Ending,
+    ) -> Result<Assigned, WriteError> {
+        let Some(known) = self
+            .by_id
+            .get_mut(&invocation_id)
+            .filter(|k| k.session_id == session_id && k.status == InvocationStatus::Running)
+        else {
+            return Err(WriteError::NotRunning);
+        };
+        // The session of a known invocation was locked with the batch; a finish is recorded
+        // even when the session has been closed since the invocation started.
+        let Some(session) = self.sessions.get_mut(&session_id) else {
+            return Err(WriteError::NotRunning);
+        };
+        for effect in ending.side_effects {
+            self.plan.events.push(EventRow {
+                session_id,
+                seq: session.next_seq(),
+                kind: effect.kind,
+                invocation_id: Some(invocation_id),
+                data: effect.data,
+            });
+        }
+        let finished_seq = session.next_seq();
+        self.plan.events.push(EventRow {
+            session_id,
+            seq: finished_seq,
+            kind: EventKind::InvocationFinished,
+            invocation_id: Some(invocation_id),
+            data: finished_data(&known.call_id, &known.name, &ending.outcome),
+        });
+        known.status = ending.outcome.status.into();
+        let finish = FinishRow {
+            id: invocation_id,
+            outcome: ending.outcome,
+            finished_seq,
+        };
+        match known.row.and_then(|i| self.plan.invocations.get_mut(i)) {
+            Some(row) => row.finish = Some(finish),
+            None => self.plan.finishes.push(finish),
+        }
+        self.plan.blobs.extend(ending.blobs);
+        Ok(Assigned {
+            started_seq: known.started_seq,
+            finished_seq: Some(finished_seq),
+        })
+    }
+
+    fn into_plan(mut self) -> Plan {
+        self.plan
+            .blobs
+            .sort_unstable_by(|a, b| a.sha256.cmp(&b.sha256));
+        self.plan.blobs.dedup_by(|a, b| a.sha256 == b.sha256);
+        let mut last_seqs: Vec<(Uuid, i64)> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.changed)
+            .map(|(id, s)| (*id, s.last_seq))
+            .collect();
+        last_seqs.sort_unstable();
+        self.plan.last_seqs = last_seqs;
+        self.plan
+    }
+}
+
+/// The first events of a new session, numbered from 1.
+pub(crate) fn initial_plan(session_id: Uuid, events: Vec<NewEvent>, blobs: Vec<Blob>) -> Plan {
+    let mut plan = Plan {
+        events: events
+            .into_iter()
+            .zip(1..)
+            .map(|(e, seq)| EventRow {
+                session_id,
+                seq,
+                kind: e.kind,
+                invocation_id: None,
+                data: e.data,
+            })
+            .collect(),
+        blobs,
+        ..Plan::default()
+    };
+    plan.blobs.sort_unstable_by(|a, b| a.sha256.cmp(&b.sha256));
+    plan.blobs.dedup_by(|a, b| a.sha256 == b.sha256);
+    plan
+}
+
+/// The finish written for an invocation that was running when its node stopped.
+pub(crate) fn interrupted(
+    session_id: Uuid,
+    invocation_id: Uuid,
+    started_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+    content: &str,
+) -> Write {
+    let duration_ms = (now - started_at)
+        .to_std()
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0);
+    Write::Finish {
+        session_id,
+        invocation_id,
+        outcome: Outcome {
+            status: CallStatus::Interrupted,
+            content: content.to_owned(),
+            truncated: None,
+            output_chars: i64::try_from(content.chars().count()).unwrap_or(i64::MAX),
+            output_sha256: None,
+            finished_at: now,
+            duration_ms,
+        },
+        side_effects: Vec::new(),
+        blobs: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: Uuid, status: SessionStatus, last_seq: i64) -> LockedSession {
+        LockedSession {
+            id,
+            status,
+            last_seq,
+        }
+    }
+
+    fn start(session_id: Uuid, call_id: &str) -> NewInvocation {
+        NewInvocation {
+            id: Uuid::now_v7(),
+            session_id,
+            call_id: call_id.to_owned(),
+            name: "read_file".to_owned(),
+            arguments: json!({}),
+            arguments_sha256: String::new(),
+            read_only: true,
+            capabilities: vec![],
+            node: "n".to_owned(),
+            started_at: Utc::now(),
+        }
+    }
+
+    fn ok() -> Outcome {
+        Outcome {
+            status: CallStatus::Ok,
+            content: "done".to_owned(),
+            truncated: None,
+            output_chars: 4,
+            output_sha256: None,
+            finished_at: Utc::now(),
+            duration_ms: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_start_finished_in_the_same_batch_is_inserted_finished() {
+        let s = Uuid::now_v7();
+        let inv = start(s, "a");
+        let id = inv.id;
+        let plan = plan(
+            vec![
+                Write::Start { invocation: inv },
+                Write::Finish {
+                    session_id: s,
+                    invocation_id: id,
+                    outcome: ok(),
+                    side_effects: vec![],
+                    blobs: vec![],
+                },
+            ],
+            vec![session(s, SessionStatus::Active, 3)],
+            vec![],
+        );
+        assert_eq!(
+            plan.results,
+            vec![
+                Ok(Assigned {
+                    started_seq: 4,
+                    finished_seq: None
+                }),
+                Ok(Assigned {
+                    started_seq: 4,
+                    finished_seq: Some(5)
+                }),
+            ]
+        );
+        assert!(plan.finishes.is_empty());
+        assert_eq!(plan.invocations.len(), 1);
+        assert_eq!(
+            plan.invocations[0].finish.as_ref().map(|f| f.finished_seq),
+            Some(5)
+        );
+        assert_eq!(plan.last_seqs, vec![(s, 5)]);
+    }
+
+    #[test]
+    fn failed_writes_add_no_rows_and_no_seqs() {
+        let s = Uuid::now_v7();
+        let plan = plan(
+            vec![
+                Write::Start {
+                    invocation: start(s, "a"),
+                },
+                Write::Start {
+                    invocation: start(s, "a"),
+                },
+                Write::Finish {
+                    session_id: s,
+                    invocation_id: Uuid::now_v7(),
+                    outcome: ok(),
+                    side_effects: vec![],
+                    blobs: vec![Blob::new(b"x".to_vec())],
+                },
+            ],
+            vec![session(s, SessionStatus::Active, 0)],
+            vec![],
+        );
+        assert!(matches!(plan.results[1], Err(WriteError::DuplicateCall(_))));
+        assert_eq!(plan.results[2], Err(WriteError::NotRunning));
+        assert_eq!(plan.events.len(), 1);
+        assert!(plan.blobs.is_empty());
+        assert_eq!(plan.last_seqs, vec![(s, 1)]);
+    }
+}

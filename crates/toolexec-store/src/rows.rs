@@ -1,0 +1,260 @@
+//! Reading domain types out of rows, written once for both backends.
+//!
+//! Queries select columns under fixed prefixed names (`s_` sessions, `i_` invocations, `e_`
+//! events, see the `*_columns!` macros) so that the same decoder reads a table on its own or
+//! joined to another. A value this binary cannot read is [`StoreError::Corrupt`].
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use sqlx::Row;
+use sqlx::types::Json;
+use toolexec_core::{
+    Event, EventKind, Invocation, InvocationStatus, Session, SessionStatus, Tenant,
+};
+
+use uuid::Uuid;
+
+use crate::plan::{Existing, LockedSession};
+use crate::{Result, SessionPage, StoreError};
+
+/// The session columns, for `FROM sessions s`.
+macro_rules! session_columns {
+    () => {
+        "s.id AS s_id, s.tenant_id AS s_tenant_id, s.status AS s_status, s.tools AS s_tools, \
+         s.policy AS s_policy, s.env AS s_env, s.metadata AS s_metadata, \
+         s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at"
+    };
+}
+
+/// The invocation columns, for `FROM invocations i`.
+macro_rules! invocation_columns {
+    () => {
+        "i.id AS i_id, i.session_id AS i_session_id, i.call_id AS i_call_id, i.name AS i_name, \
+         i.arguments AS i_arguments, i.status AS i_status, i.is_error AS i_is_error, \
+         i.content AS i_content, i.truncated AS i_truncated, i.output_chars AS i_output_chars, \
+         i.read_only AS i_read_only, i.capabilities AS i_capabilities, \
+         i.started_at AS i_started_at, i.finished_at AS i_finished_at, \
+         i.duration_ms AS i_duration_ms, i.started_seq AS i_started_seq, \
+         i.finished_seq AS i_finished_seq"
+    };
+}
+
+/// What the planner needs to know of an existing invocation, for `FROM invocations i`.
+macro_rules! existing_columns {
+    () => {
+        "i.id AS i_id, i.session_id AS i_session_id, i.call_id AS i_call_id, i.name AS i_name, \
+         i.status AS i_status, i.started_seq AS i_started_seq"
+    };
+}
+
+/// The event columns, for `FROM events e`.
+macro_rules! event_columns {
+    () => {
+        "e.session_id AS e_session_id, e.seq AS e_seq, e.kind AS e_kind, \
+         e.invocation_id AS e_invocation_id, e.data AS e_data, e.created_at AS e_created_at"
+    };
+}
+
+pub(crate) use {event_columns, existing_columns, invocation_columns, session_columns};
+
+/// Typed column access, implemented alike for each backend's row type.
+pub(crate) trait Columns {
+    fn uuid(&self, col: &str) -> Result<Uuid>;
+    fn opt_uuid(&self, col: &str) -> Result<Option<Uuid>>;
+    fn text(&self, col: &str) -> Result<String>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>>;
+    fn int(&self, col: &str) -> Result<i64>;
+    fn opt_int(&self, col: &str) -> Result<Option<i64>>;
+    fn boolean(&self, col: &str) -> Result<bool>;
+    fn opt_float(&self, col: &str) -> Result<Option<f64>>;
+    fn time(&self, col: &str) -> Result<DateTime<Utc>>;
+    fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>>;
+    fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>>;
+    fn json<T: DeserializeOwned>(&self, col: &str) -> Result<T>;
+    fn opt_json<T: DeserializeOwned>(&self, col: &str) -> Result<Option<T>>;
+}
+
+macro_rules! impl_columns {
+    ($row:ty) => {
+        impl Columns for $row {
+            fn uuid(&self, col: &str) -> Result<Uuid> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_uuid(&self, col: &str) -> Result<Option<Uuid>> {
+                Ok(self.try_get(col)?)
+            }
+            fn text(&self, col: &str) -> Result<String> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_text(&self, col: &str) -> Result<Option<String>> {
+                Ok(self.try_get(col)?)
+            }
+            fn int(&self, col: &str) -> Result<i64> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_int(&self, col: &str) -> Result<Option<i64>> {
+                Ok(self.try_get(col)?)
+            }
+            fn boolean(&self, col: &str) -> Result<bool> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_float(&self, col: &str) -> Result<Option<f64>> {
+                Ok(self.try_get(col)?)
+            }
+            fn time(&self, col: &str) -> Result<DateTime<Utc>> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_time(&self, col: &str) -> Result<Option<DateTime<Utc>>> {
+                Ok(self.try_get(col)?)
+            }
+            fn opt_bytes(&self, col: &str) -> Result<Option<Vec<u8>>> {
+                Ok(self.try_get(col)?)
+            }
+            fn json<T: DeserializeOwned>(&self, col: &str) -> Result<T> {
+                Ok(self.try_get::<Json<T>, _>(col)?.0)
+            }
+            fn opt_json<T: DeserializeOwned>(&self, col: &str) -> Result<Option<T>> {
+                Ok(self.try_get::<Option<Json<T>>, _>(col)?.map(|j| j.0))
+            }
+        }
+    };
+}
+
+impl_columns!(sqlx::postgres::PgRow);
+impl_columns!(sqlx::sqlite::SqliteRow);
+
+fn corrupt(what: &str, value: &str) -> StoreError {
+    StoreError::Corrupt(format!("unknown {what} {value:?}"))
+}
+
+pub(crate) fn session_status(s: &str) -> Result<SessionStatus> {
+    SessionStatus::parse(s).ok_or_else(|| corrupt("session status", s))
+}
+
+pub(crate) fn invocation_status(s: &str) -> Result<InvocationStatus> {
+    InvocationStatus::parse(s).ok_or_else(|| corrupt("invocation status", s))
+}
+
+pub(crate) fn event_kind(s: &str) -> Result<EventKind> {
+    EventKind::parse(s).ok_or_else(|| corrupt("event kind", s))
+}
+
+pub(crate) fn tenant(row: &impl Columns) -> Result<Tenant> {
+    Ok(Tenant {
+        id: row.uuid("id")?,
+        name: row.text("name")?,
+    })
+}
+
+pub(crate) fn session(row: &impl Columns) -> Result<Session> {
+    Ok(Session {
+        id: row.uuid("s_id")?,
+        tenant_id: row.uuid("s_tenant_id")?,
+        status: session_status(&row.text("s_status")?)?,
+        tools: row.opt_json("s_tools")?,
+        policy: row.json("s_policy")?,
+        env: row.json("s_env")?,
+        metadata: row.json("s_metadata")?,
+        created_at: row.time("s_created_at")?,
+        closed_at: row.opt_time("s_closed_at")?,
+        last_seq: row.int("s_last_seq")?,
+    })
+}
+
+/// An invocation without its side effects.
+pub(crate) fn invocation(row: &impl Columns) -> Result<Invocation> {
+    Ok(Invocation {
+        id: row.uuid("i_id")?,
+        session_id: row.uuid("i_session_id")?,
+        call_id: row.text("i_call_id")?,
+        name: row.text("i_name")?,
+        arguments: row.json("i_arguments")?,
+        status: invocation_status(&row.text("i_status")?)?,
+        is_error: row.boolean("i_is_error")?,
+        content: row.opt_text("i_content")?,
+        truncated: row.opt_json("i_truncated")?,
+        output_chars: row.opt_int("i_output_chars")?,
+        read_only: row.boolean("i_read_only")?,
+        capabilities: row.json("i_capabilities")?,
+        started_at: row.time("i_started_at")?,
+        finished_at: row.opt_time("i_finished_at")?,
+        duration_ms: row.opt_float("i_duration_ms")?,
+        started_seq: row.int("i_started_seq")?,
+        finished_seq: row.opt_int("i_finished_seq")?,
+        side_effects: Vec::new(),
+    })
+}
+
+pub(crate) fn existing(row: &impl Columns) -> Result<Existing> {
+    Ok(Existing {
+        id: row.uuid("i_id")?,
+        session_id: row.uuid("i_session_id")?,
+        call_id: row.text("i_call_id")?,
+        name: row.text("i_name")?,
+        status: invocation_status(&row.text("i_status")?)?,
+        started_seq: row.int("i_started_seq")?,
+    })
+}
+
+/// Columns `id`, `status`, `last_seq` of a session read under its lock.
+pub(crate) fn locked_session(row: &impl Columns) -> Result<LockedSession> {
+    Ok(LockedSession {
+        id: row.uuid("id")?,
+        status: session_status(&row.text("status")?)?,
+        last_seq: row.int("last_seq")?,
+    })
+}
+
+pub(crate) fn event(row: &impl Columns) -> Result<Event> {
+    Ok(Event {
+        session_id: row.uuid("e_session_id")?,
+        seq: row.int("e_seq")?,
+        kind: event_kind(&row.text("e_kind")?)?,
+        invocation_id: row.opt_uuid("e_invocation_id")?,
+        data: row.json("e_data")?,
+        created_at: row.time("e_created_at")?,
+    })
+}
+
+/// `Event`s of an invocation, keeping its side effects only (already in seq order).
+pub(crate) fn side_effects(events: Vec<Event>) -> Vec<Event> {
+    events
+        .into_iter()
+        .filter(|e| e.kind.is_side_effect())
+        .collect()
+}
+
+/// The full output of an invocation from its `content`, `output_sha256` and the blob's bytes.
+pub(crate) fn output(
+    content: Option<String>,
+    output_sha256: Option<String>,
+    blob: Option<Vec<u8>>,
+) -> Result<String> {
+    match (output_sha256, blob) {
+        (None, _) => Ok(content.unwrap_or_default()),
+        (Some(_), Some(bytes)) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        (Some(sha), None) => Err(StoreError::Corrupt(format!("output blob {sha} is missing"))),
+    }
+}
+
+/// Maps a foreign-key violation to `NotFound` (the row referred to does not exist).
+pub(crate) fn not_found_on_fk(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) if db.is_foreign_key_violation() => StoreError::NotFound,
+        _ => e.into(),
+    }
+}
+
+/// A page of `limit` sessions out of `found` (fetched with one extra row to know if more exist).
+pub(crate) fn page(mut found: Vec<Session>, limit: u32) -> SessionPage {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let more = found.len() > limit;
+    found.truncate(limit);
+    SessionPage {
+        next_before: if more {
+            found.last().map(|s| s.id)
+        } else {
+            None
+        },
+        sessions: found,
+    }
+}

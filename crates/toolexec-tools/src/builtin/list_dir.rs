@@ -1,0 +1,357 @@
+//! `list_dir`: a directory's tree, a few levels deep, without following symlinks.
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
+
+use super::{blocking, jail_failure};
+use crate::workspace::{Entry, EntryKind, JailError, Workspace, WorkspaceDir};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
+
+/// Deepest listing a call may ask for: deeper trees are better explored a directory at a time.
+pub const MAX_DEPTH: u64 = 10;
+
+/// Entries shown before the listing stops: about 40,000 characters at typical name lengths,
+/// inside the tool's 50,000-character output limit.
+pub const MAX_ENTRIES: usize = 1000;
+
+/// Longest single-child chain folded into one entry (`a/b/c/…`); bounds the look-ahead below the
+/// requested depth.
+const MAX_CHAIN: usize = 32;
+
+/// Directories listed but not expanded unless they are the requested path: dependencies, build
+/// output and VCS internals, which bury the project's own files.
+pub const NOT_EXPANDED: [&str; 7] = [
+    ".git",
+    "node_modules",
+    "target",
+    ".venv",
+    "__pycache__",
+    "dist",
+    "build",
+];
+
+const DESCRIPTION: &str = "\
+Lists a directory of the workspace as an indented tree. Directories end with `/`; symlinks are \
+shown as `name -> target` and never followed.
+
+Use it to get your bearings in a project or to see what a directory holds. To find files by name \
+pattern across the tree use glob; to find files by content use grep.
+
+`depth` is how many levels to show (default 1: only the directory's own entries; at most 10). A \
+chain of directories that each contain only one directory is shown as one entry (`src/main/java/`). \
+Dependency, build and VCS directories (.git, node_modules, target, .venv, __pycache__, dist, \
+build) are listed but not expanded; list one by its path to see inside.
+
+Example: {\"path\": \"src\", \"depth\": 2} lists src/ and the contents of each directory in it.
+
+Limits: at most 1000 entries are shown; a note says when the listing stopped early. Paths are \
+relative to /workspace or absolute under it.";
+
+pub struct ListDir {
+    spec: ToolSpec,
+}
+
+impl Default for ListDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ListDir {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "list_dir".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {
+                            "type": "string",
+                            "minLength": 1,
+                            "default": ".",
+                            "description": "The directory to list: relative to /workspace or absolute under it. Default: the workspace root."
+                        },
+                        "depth": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_DEPTH,
+                            "default": 1,
+                            "description": "How many levels to show. Default 1."
+                        }
+                    },
+                    "required": [],
+                    "additionalProperties": false
+                }),
+                read_only: true,
+                capabilities: vec![Capability::FsRead],
+                output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    path: Option<String>,
+    depth: Option<u64>,
+}
+
+#[async_trait]
+impl Tool for ListDir {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let path = args.path.unwrap_or_else(|| ".".to_owned());
+        let depth = args.depth.unwrap_or(1).clamp(1, MAX_DEPTH) as usize;
+        let workspace = ctx.workspace.clone();
+        match blocking(move || list(&workspace, &path, depth)).await {
+            Ok(Ok(text)) => ToolOutput::ok(text),
+            Ok(Err(jail)) => jail_failure(&jail),
+            Err(output) => output,
+        }
+    }
+}
+
+fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, JailError> {
+    let root = workspace.open_dir(path)?;
+    let entries = root.entries()?;
+    let mut listing = Listing::default();
+    let header = if root.path() == "." {
+        "./".to_owned()
+    } else {
+        format!("{}/", root.path())
+    };
+    listing.out.push_str(&header);
+    listing.out.push('\n');
+    if entries.is_empty() {
+        listing.out.push_str("  (empty directory)\n");
+    }
+    listing.walk(&root, entries, depth, 1);
+    Ok(listing.finish(depth))
+}
+
+#[derive(Default)]
+struct Listing {
+    out: String,
+    shown: usize,
+    stopped: bool,
+    collapsed: bool,
+    not_expanded: bool,
+    depth_reached: bool,
+}
+
+impl Listing {
+    fn walk(&mut self, dir: &WorkspaceDir, entries: Vec<Entry>, depth_left: usize, level: usize) {
+        for entry in entries {
+            if self.shown >= MAX_ENTRIES {
+                self.stopped = true;
+                return;
+            }
+            self.shown += 1;
+            let indent = "  ".repeat(level);
+            match entry.kind {
+                EntryKind::File => self.line(&indent, &entry.name, ""),
+                EntryKind::Other => self.line(&indent, &entry.name, "  [special file]"),
+                EntryKind::Symlink => {
+                    let target = dir.read_link(&entry).unwrap_or_else(|| "?".to_owned());
+                    self.line(&indent, &entry.name, &format!(" -> {target}"));
+                }
+                EntryKind::Dir if NOT_EXPANDED.contains(&entry.name.as_str()) => {
+                    self.not_expanded = true;
+                    self.line(&indent, &format!("{}/", entry.name), "  [not expanded]");
+                }
+                EntryKind::Dir => self.directory(dir, &entry, &indent, depth_left, level),
+            }
+        }
+    }
+
+    fn directory(
+        &mut self,
+        parent: &WorkspaceDir,
+        entry: &Entry,
+        indent: &str,
+        depth_left: usize,
+        level: usize,
+    ) {
+        let Ok(mut dir) = parent.open_child(entry) else {
+            self.line(indent, &format!("{}/", entry.name), "  [cannot be opened]");
+            return;
+        };
+        let mut label = entry.name.clone();
+        let Ok(mut entries) = dir.entries() else {
+            self.line(indent, &format!("{label}/"), "  [cannot be read]");
+            return;
+        };
+        // Fold a chain of single-directory directories into one entry, looking past the
+        // requested depth: `src/main/java/com/example/` is one place, not five.
+        for _ in 0..MAX_CHAIN {
+            let [only] = entries.as_slice() else { break };
+            if only.kind != EntryKind::Dir || NOT_EXPANDED.contains(&only.name.as_str()) {
+                break;
+            }
+            let Ok(child) = dir.open_child(only) else {
+                break;
+            };
+            let Ok(child_entries) = child.entries() else {
+                break;
+            };
+            label = format!("{label}/{}", only.name);
+            dir = child;
+            entries = child_entries;
+            self.collapsed = true;
+        }
+        self.line(indent, &format!("{label}/"), "");
+        if depth_left > 1 {
+            self.walk(&dir, entries, depth_left - 1, level + 1);
+        } else if !entries.is_empty() {
+            self.depth_reached = true;
+        }
+    }
+
+    fn line(&mut self, indent: &str, name: &str, suffix: &str) {
+        self.out.push_str(indent);
+        self.out.push_str(name);
+        self.out.push_str(suffix);
+        self.out.push('\n');
+    }
+
+    fn finish(mut self, depth: usize) -> String {
+        let mut notes = Vec::new();
+        if self.stopped {
+            notes.push(format!(
+                "The listing stopped after {MAX_ENTRIES} entries. List a subdirectory, or use a \
+                 smaller depth, to see the rest."
+            ));
+        }
+        if self.collapsed {
+            notes.push(
+                "An entry like a/b/c/ is a chain of directories that each contain only the next \
+                 one."
+                    .to_owned(),
+            );
+        }
+        if self.not_expanded {
+            notes.push(
+                "Directories marked [not expanded] hold dependencies, build output or VCS data; \
+                 call list_dir with one's path to see inside."
+                    .to_owned(),
+            );
+        }
+        if self.depth_reached && !self.stopped {
+            notes.push(format!(
+                "Directories deeper than depth {depth} are not expanded; call list_dir with a \
+                 larger depth or on a subdirectory."
+            ));
+        }
+        if !notes.is_empty() {
+            self.out.push('\n');
+            self.out.push_str(&notes.join("\n"));
+            self.out.push('\n');
+        }
+        self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    fn tree(files: &[&str]) -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        for file in files {
+            let path = dir.path().join(file);
+            if file.ends_with('/') {
+                fs::create_dir_all(path).unwrap();
+            } else {
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                fs::write(path, "x").unwrap();
+            }
+        }
+        let ws = Workspace::open(dir.path()).unwrap();
+        (dir, ws)
+    }
+
+    #[test]
+    fn directories_end_with_a_slash_and_entries_are_sorted() {
+        let (_dir, ws) = tree(&["b.txt", "a/x", "a/y", "c/"]);
+        let text = list(&ws, ".", 1).unwrap();
+        assert!(text.starts_with("./\n  a/\n  b.txt\n  c/\n"), "{text}");
+        assert!(text.contains("deeper than depth 1"), "{text}");
+    }
+
+    #[test]
+    fn single_child_chains_collapse_into_one_entry() {
+        let (_dir, ws) = tree(&[
+            "src/main/java/App.java",
+            "src/main/java/Util.java",
+            "README",
+        ]);
+        let text = list(&ws, ".", 2).unwrap();
+        assert!(
+            text.starts_with("./\n  README\n  src/main/java/\n    App.java\n    Util.java\n"),
+            "{text}"
+        );
+        assert!(text.contains("chain of directories"), "{text}");
+    }
+
+    #[test]
+    fn dependency_directories_are_listed_but_not_expanded() {
+        let (_dir, ws) = tree(&["node_modules/left-pad/index.js", "src/a.js"]);
+        let text = list(&ws, ".", 3).unwrap();
+        assert!(text.contains("  node_modules/  [not expanded]\n"), "{text}");
+        assert!(!text.contains("left-pad"), "{text}");
+        let inside = list(&ws, "node_modules", 1).unwrap();
+        assert!(inside.contains("left-pad/"), "{inside}");
+    }
+
+    #[test]
+    fn symlinks_are_shown_and_not_followed() {
+        let (dir, ws) = tree(&["real/inner.txt"]);
+        std::os::unix::fs::symlink("real", dir.path().join("alias")).unwrap();
+        let text = list(&ws, ".", 3).unwrap();
+        assert!(text.contains("  alias -> real\n"), "{text}");
+        assert_eq!(text.matches("inner.txt").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn an_empty_directory_says_so() {
+        let (_dir, ws) = tree(&["empty/"]);
+        assert_eq!(
+            list(&ws, "empty", 1).unwrap(),
+            "empty/\n  (empty directory)\n"
+        );
+    }
+
+    #[test]
+    fn a_big_directory_stops_at_the_entry_cap_with_a_note() {
+        let names: Vec<String> = (0..MAX_ENTRIES + 5).map(|n| format!("f{n:05}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (_dir, ws) = tree(&refs);
+        let text = list(&ws, ".", 1).unwrap();
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("  f")).count(),
+            MAX_ENTRIES
+        );
+        assert!(text.contains("stopped after 1000 entries"), "{text}");
+    }
+
+    #[test]
+    fn listing_a_file_is_refused() {
+        let (_dir, ws) = tree(&["a.txt"]);
+        assert!(matches!(
+            list(&ws, "a.txt", 1),
+            Err(JailError::NotADirectory { .. })
+        ));
+    }
+}

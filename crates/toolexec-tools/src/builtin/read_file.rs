@@ -1,0 +1,306 @@
+//! `read_file`: a text file's lines, numbered, a window at a time.
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
+
+use super::{blocking, jail_failure, plural};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
+
+/// Lines shown when the call gives no `limit`: most source files fit whole, and 2000 numbered
+/// lines stay within the model-facing output limit for typical line lengths.
+pub const DEFAULT_LINE_LIMIT: usize = 2000;
+
+/// Characters of one line shown before it is cut: minified bundles and data dumps have lines of
+/// megabytes that would drown the rest of the window.
+pub const MAX_LINE_CHARS: usize = 2000;
+
+/// How much of the start of a file is scanned for a NUL byte to call it binary (the heuristic
+/// git and grep use).
+pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+const DESCRIPTION: &str = "\
+Reads a text file from the workspace and returns its lines numbered like `cat -n` (right-aligned \
+line number, a tab, the line).
+
+Use it to look at a file before changing it, or to inspect code, configuration or logs. Reading a \
+file also satisfies the read-before-write rule: write_file (and the other tools that change files) \
+refuse to overwrite an existing file this session has not read, or one that changed since it was \
+read.
+
+Do not use it to find which file contains something (use grep), to list files (list_dir or glob), \
+or for binary files (they are refused; use the shell).
+
+Paths are relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs); \
+anything outside the workspace is refused.
+
+By default the first 2000 lines are returned. For longer files, page with `offset` (the 1-based \
+line to start at) and `limit` (how many lines); when lines remain, the output ends with a note \
+giving the offset to continue from.
+
+Example: {\"file_path\": \"src/main.rs\", \"offset\": 120, \"limit\": 40} returns lines 120 to 159.
+
+Limits: files over 10 MiB are refused (use grep, or the shell to print a range); lines longer than \
+2000 characters are cut with a marker; a file with a NUL byte in its first 8 KiB is treated as \
+binary and refused; bytes that are not valid UTF-8 are shown as U+FFFD.";
+
+pub struct ReadFile {
+    spec: ToolSpec,
+}
+
+impl Default for ReadFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReadFile {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "read_file".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "file_path": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The file to read: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs)."
+                        },
+                        "offset": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "1-based line number to start reading at. Default 1."
+                        },
+                        "limit": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "Maximum number of lines to return. Default 2000."
+                        }
+                    },
+                    "required": ["file_path"],
+                    "additionalProperties": false
+                }),
+                read_only: true,
+                capabilities: vec![Capability::FsRead],
+                output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    file_path: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+#[async_trait]
+impl Tool for ReadFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let workspace = ctx.workspace.clone();
+        let path = args.file_path.clone();
+        let file = match blocking(move || workspace.read(&path)).await {
+            Ok(Ok(file)) => file,
+            Ok(Err(jail)) => return jail_failure(&jail),
+            Err(output) => return output,
+        };
+        let window = Window {
+            offset: args.offset.unwrap_or(1).max(1),
+            limit: args.limit.unwrap_or(DEFAULT_LINE_LIMIT).max(1),
+        };
+        match render(&file.path, &file.bytes, window) {
+            Ok(text) => {
+                ctx.reads.record(&file.path, &file.sha256);
+                ToolOutput::ok(text)
+            }
+            Err(text) => ToolOutput::error(text),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    offset: usize,
+    limit: usize,
+}
+
+/// The model-facing text for a file's bytes, or the error text when nothing can be shown.
+fn render(path: &str, bytes: &[u8], window: Window) -> Result<String, String> {
+    if bytes.is_empty() {
+        return Ok(format!("(File '{path}' is empty: 0 bytes.)"));
+    }
+    if bytes[..bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+        return Err(format!(
+            "Cannot show '{path}': it looks like a binary file ({} bytes, with NUL bytes near \
+             the start). read_file shows text only; inspect it with the shell instead \
+             (file '{path}', or xxd '{path}' | head).",
+            bytes.len()
+        ));
+    }
+    let (text, lossy) = match std::str::from_utf8(bytes) {
+        Ok(text) => (std::borrow::Cow::Borrowed(text), false),
+        Err(_) => (String::from_utf8_lossy(bytes), true),
+    };
+    let body = text.strip_suffix('\n').unwrap_or(&text);
+    let lines: Vec<&str> = body.split('\n').collect();
+    let total = lines.len();
+    if window.offset > total {
+        return Err(format!(
+            "'{path}' has {}; offset {} is past the end. Use an offset from 1 to {total}.",
+            plural(total, "line", "lines"),
+            window.offset
+        ));
+    }
+    let start = window.offset - 1;
+    let end = start.saturating_add(window.limit).min(total);
+    let mut out = String::new();
+    let mut crlf = false;
+    for (index, line) in lines[start..end].iter().enumerate() {
+        let line = match line.strip_suffix('\r') {
+            Some(stripped) => {
+                crlf = true;
+                stripped
+            }
+            None => line,
+        };
+        let number = start + index + 1;
+        out.push_str(&format!("{number:>6}\t{}\n", cut_line(line)));
+    }
+    let mut notes = Vec::new();
+    if end < total {
+        notes.push(format!(
+            "… {} more {}; call read_file with offset={} to continue.",
+            total - end,
+            if total - end == 1 { "line" } else { "lines" },
+            end + 1
+        ));
+    }
+    if lossy {
+        notes
+            .push("(The file is not valid UTF-8; invalid bytes are shown as \u{FFFD}.)".to_owned());
+    }
+    if crlf {
+        notes.push("(The file has CRLF line endings; the \\r is not shown.)".to_owned());
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+        out.push_str(&notes.join("\n"));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
+    match line.char_indices().nth(MAX_LINE_CHARS) {
+        None => line.into(),
+        Some((cut, _)) => {
+            let rest = line[cut..].chars().count();
+            format!("{}… [line cut: {rest} more characters]", &line[..cut]).into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_lines() -> Window {
+        Window {
+            offset: 1,
+            limit: DEFAULT_LINE_LIMIT,
+        }
+    }
+
+    #[test]
+    fn lines_are_numbered_like_cat_n() {
+        let text = render("a.rs", b"fn main() {\n}\n", all_lines()).unwrap();
+        assert_eq!(text, "     1\tfn main() {\n     2\t}\n");
+    }
+
+    #[test]
+    fn a_last_line_without_a_newline_is_shown() {
+        let text = render("a", b"x\ny", all_lines()).unwrap();
+        assert_eq!(text, "     1\tx\n     2\ty\n");
+    }
+
+    #[test]
+    fn a_window_ends_with_the_offset_to_continue_from() {
+        let file: String = (1..=10).map(|n| format!("line {n}\n")).collect();
+        let text = render(
+            "a",
+            file.as_bytes(),
+            Window {
+                offset: 3,
+                limit: 4,
+            },
+        )
+        .unwrap();
+        assert!(text.starts_with("     3\tline 3\n"));
+        assert!(text.contains("     6\tline 6\n"));
+        assert!(!text.contains("line 7"));
+        assert!(text.ends_with("… 4 more lines; call read_file with offset=7 to continue.\n"));
+    }
+
+    #[test]
+    fn an_offset_past_the_end_says_how_long_the_file_is() {
+        let error = render(
+            "a",
+            b"1\n2\n",
+            Window {
+                offset: 5,
+                limit: 1,
+            },
+        )
+        .unwrap_err();
+        assert!(error.contains("has 2 lines"), "{error}");
+        assert!(error.contains("from 1 to 2"), "{error}");
+    }
+
+    #[test]
+    fn binary_files_are_refused() {
+        let error = render("img.png", b"\x89PNG\r\n\x1a\n\0\0\0", all_lines()).unwrap_err();
+        assert!(error.contains("binary"), "{error}");
+    }
+
+    #[test]
+    fn an_empty_file_says_so() {
+        assert_eq!(
+            render("e", b"", all_lines()).unwrap(),
+            "(File 'e' is empty: 0 bytes.)"
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_shown_lossily_with_a_note() {
+        let text = render("l", b"caf\xe9\n", all_lines()).unwrap();
+        assert!(text.starts_with("     1\tcaf\u{FFFD}\n"));
+        assert!(text.contains("not valid UTF-8"));
+    }
+
+    #[test]
+    fn long_lines_are_cut_with_a_marker() {
+        let line = "é".repeat(MAX_LINE_CHARS + 5);
+        let text = render("m", line.as_bytes(), all_lines()).unwrap();
+        assert!(text.contains("… [line cut: 5 more characters]"));
+        assert_eq!(text.matches('é').count(), MAX_LINE_CHARS);
+    }
+
+    #[test]
+    fn crlf_endings_are_not_shown_but_mentioned() {
+        let text = render("w", b"a\r\nb\r\n", all_lines()).unwrap();
+        assert!(text.starts_with("     1\ta\n     2\tb\n"));
+        assert!(text.contains("CRLF"));
+    }
+}

@@ -1,0 +1,192 @@
+//! `write_file`: create a file or replace one the session has read.
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{
+    Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
+};
+
+use super::{blocking, jail_failure, plural};
+use crate::reads::WriteCheck;
+use crate::workspace::{Before, UnreadReason, human_bytes};
+use crate::{RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+
+const DESCRIPTION: &str = "\
+Writes a file in the workspace: creates it (and any missing parent directories) or replaces its \
+whole contents.
+
+Use it to create a new file, or to rewrite a file completely. To change part of an existing file, \
+prefer edit_file (or apply_patch): it sends only the change, and cannot drop lines by accident.
+
+Read-before-write: replacing an existing file requires that this session has read it with \
+read_file (or seen it in grep results) and that it has not changed since; otherwise the call is \
+refused and nothing is written. Read the file, then write again. New files are always allowed.
+
+Paths are relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs); \
+anything outside the workspace is refused, and so is writing to a symlink.
+
+Example: {\"file_path\": \"src/util/strings.rs\", \"content\": \"pub fn shout(s: &str) -> String {\\n    s.to_uppercase()\\n}\\n\"} \
+creates src/util/ if needed and writes the file.
+
+Limits: `content` is written exactly as given (UTF-8, no newline added). The file is replaced \
+atomically: readers see the old or the new contents, never a mix. An existing file keeps its \
+permission bits.";
+
+pub struct WriteFile {
+    spec: ToolSpec,
+}
+
+impl Default for WriteFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WriteFile {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "write_file".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "file_path": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The file to write: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs)."
+                        },
+                        "content": {
+                            "type": "string",
+                            "description": "The complete new contents of the file."
+                        }
+                    },
+                    "required": ["file_path", "content"],
+                    "additionalProperties": false
+                }),
+                read_only: false,
+                capabilities: vec![Capability::FsWrite],
+                output_limit: OutputLimit::new(1_000, TruncationMode::Tail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    file_path: String,
+    content: String,
+}
+
+#[async_trait]
+impl Tool for WriteFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let workspace = ctx.workspace.clone();
+        let reads = ctx.reads.clone();
+        let Args { file_path, content } = args;
+        let outcome = blocking(move || {
+            let written = workspace.write_if(&file_path, content.as_bytes(), |path, before| {
+                read_before_write(&reads, path, before)
+            });
+            (written, content)
+        })
+        .await;
+        let (written, content) = match outcome {
+            Ok(pair) => pair,
+            Err(output) => return output,
+        };
+        let written = match written {
+            Err(jail) => return jail_failure(&jail),
+            Ok(Err(refusal)) => return ToolOutput::denied(refusal),
+            Ok(Ok(written)) => written,
+        };
+        // The session wrote these bytes, so it knows the file as it is now.
+        ctx.reads.record(&written.path, &written.sha256);
+
+        let lines = plural(content.lines().count(), "line", "lines");
+        let size = plural(content.len(), "byte", "bytes");
+        if !written.changed {
+            return ToolOutput::ok(format!(
+                "{} already holds exactly this content ({lines}, {size}); nothing was written.",
+                written.path
+            ));
+        }
+        let (kind, how) = match &written.before {
+            Before::Absent => (FileChangeKind::Created, "created".to_owned()),
+            before => (
+                FileChangeKind::Modified,
+                format!(
+                    "replaced the previous {}",
+                    before
+                        .size()
+                        .map_or_else(|| "contents".to_owned(), human_bytes)
+                ),
+            ),
+        };
+        let change = FileChange {
+            kind,
+            path: written.path.clone(),
+            before_sha256: written.before.sha256().map(str::to_owned),
+            after_sha256: Some(written.sha256.clone()),
+            before_size: written.before.size(),
+            after_size: Some(written.size),
+            after_stored: true,
+            capability: Capability::FsWrite,
+        };
+        ToolOutput::ok(format!(
+            "Wrote {lines} ({size}) to {} ({how}).",
+            written.path
+        ))
+        .with_change(RecordedChange {
+            change,
+            after: Some(content.into_bytes()),
+        })
+    }
+}
+
+/// The read-before-write guardrail, checked against exactly what is about to be replaced.
+fn read_before_write(
+    reads: &crate::ReadTracker,
+    path: &str,
+    before: &Before,
+) -> Result<(), String> {
+    match before {
+        Before::Absent => Ok(()),
+        Before::File { sha256, .. } => match reads.check(path, sha256) {
+            WriteCheck::Allowed => Ok(()),
+            WriteCheck::NeverRead => Err(format!(
+                "Cannot write to '{path}': file exists but has not been read. Use read_file to \
+                 read it first, then write it again (or use a new path to create a new file)."
+            )),
+            WriteCheck::Stale => Err(format!(
+                "Cannot write to '{path}': the file has changed since you read it (something \
+                 else modified it). Use read_file to read its current contents, then write again."
+            )),
+        },
+        Before::Unread {
+            reason: UnreadReason::HardLink,
+            ..
+        } => Err(format!(
+            "Cannot write to '{path}': it has more than one hard link, so it may be a file from \
+             outside the workspace and cannot be read first. Delete it with the shell \
+             (rm '{path}'), then write it again."
+        )),
+        Before::Unread {
+            reason: UnreadReason::TooLarge,
+            size,
+        } => Err(format!(
+            "Cannot write to '{path}': the existing file is {} and too large to have been read \
+             with read_file. Delete or move it with the shell first, or write to a new path.",
+            human_bytes(*size)
+        )),
+    }
+}

@@ -1,0 +1,1161 @@
+//! The store suite: the same test bodies against Postgres and SQLite, each test on a fresh
+//! database. `store_suite!` turns every listed body into `store::postgres::<name>` and
+//! `store::sqlite::<name>`.
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+use sqlx::types::chrono::Utc;
+use toolexec_core::{
+    CallStatus, Capability, EventKind, InvocationStatus, Policy, Session, SessionStatus, Tenant,
+    Truncation, TruncationMode, new_id, sha256_hex,
+};
+use toolexec_store::{
+    Assigned, Blob, NewEvent, NewInvocation, Outcome, StoreError, Write, WriteError,
+};
+use toolexec_tests::db::TestStore;
+use uuid::Uuid;
+
+macro_rules! store_suite {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    let db = toolexec_tests::db::TestStore::postgres().await;
+                    super::$test(&db).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    let db = toolexec_tests::db::TestStore::sqlite().await;
+                    super::$test(&db).await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    migrating_again_changes_nothing_and_the_store_answers_pings,
+    ensuring_a_tenant_twice_returns_the_same_tenant,
+    api_keys_resolve_to_their_tenant_until_revoked,
+    a_created_session_is_stored_active_with_its_first_events,
+    sessions_are_listed_newest_first_one_page_at_a_time,
+    another_tenants_session_is_not_found_anywhere,
+    closing_a_session_appends_session_closed_once,
+    a_started_then_finished_call_gets_consecutive_seqs_and_records_its_events,
+    a_record_writes_start_side_effects_and_finish_in_one_go,
+    one_batch_can_start_and_finish_a_call_across_several_sessions,
+    a_call_id_recorded_in_an_earlier_batch_is_a_duplicate,
+    a_duplicate_call_id_in_one_batch_does_not_abort_the_others,
+    a_closed_or_missing_session_refuses_new_calls_but_running_ones_can_finish,
+    finishing_an_invocation_that_is_not_running_is_refused,
+    concurrent_committers_get_gapless_ordered_seqs,
+    a_blob_is_stored_once_and_readable,
+    an_invocation_lists_its_side_effects_in_log_order,
+    the_output_is_the_blob_when_truncated_and_the_content_otherwise,
+    interrupting_a_node_finishes_only_its_own_running_calls,
+    events_are_paged_by_after_and_limit,
+    lookup_calls_returns_the_session_and_the_calls_it_already_has,
+    the_event_log_refuses_updates_and_deletes,
+);
+
+// --- helpers ---
+
+const NODE: &str = "node-a";
+
+async fn tenant(db: &TestStore, name: &str) -> Tenant {
+    db.store.ensure_tenant(name).await.unwrap()
+}
+
+fn new_session(tenant: &Tenant) -> Session {
+    Session {
+        id: new_id(),
+        tenant_id: tenant.id,
+        status: SessionStatus::Active,
+        tools: None,
+        policy: Policy::default(),
+        env: BTreeMap::new(),
+        metadata: json!({}),
+        created_at: Utc::now(),
+        closed_at: None,
+        last_seq: 0,
+    }
+}
+
+/// An active session whose log holds `session.created` at seq 1.
+async fn session(db: &TestStore, tenant: &Tenant) -> Session {
+    db.store
+        .create_session(
+            &new_session(tenant),
+            vec![NewEvent {
+                kind: EventKind::SessionCreated,
+                data: json!({"files": 0}),
+            }],
+            vec![],
+        )
+        .await
+        .unwrap()
+}
+
+fn call(session_id: Uuid, call_id: &str) -> NewInvocation {
+    call_on(session_id, call_id, NODE)
+}
+
+fn call_on(session_id: Uuid, call_id: &str, node: &str) -> NewInvocation {
+    let arguments = json!({"file_path": format!("{call_id}.txt")});
+    NewInvocation {
+        id: new_id(),
+        session_id,
+        call_id: call_id.to_owned(),
+        name: "write_file".to_owned(),
+        arguments_sha256: sha256_hex(arguments.to_string().as_bytes()),
+        arguments,
+        read_only: false,
+        capabilities: vec![Capability::FsRead, Capability::FsWrite],
+        node: node.to_owned(),
+        started_at: Utc::now(),
+    }
+}
+
+fn ok(content: &str) -> Outcome {
+    Outcome {
+        status: CallStatus::Ok,
+        content: content.to_owned(),
+        truncated: None,
+        output_chars: content.chars().count() as i64,
+        output_sha256: None,
+        finished_at: Utc::now(),
+        duration_ms: 12.5,
+    }
+}
+
+fn file_event(kind: EventKind, path: &str) -> NewEvent {
+    NewEvent {
+        kind,
+        data: json!({"path": path}),
+    }
+}
+
+fn start(invocation: NewInvocation) -> Write {
+    Write::Start { invocation }
+}
+
+fn record(invocation: NewInvocation, content: &str) -> Write {
+    Write::Record {
+        invocation,
+        outcome: ok(content),
+        side_effects: vec![],
+        blobs: vec![],
+    }
+}
+
+fn finish(invocation: &NewInvocation, outcome: Outcome) -> Write {
+    Write::Finish {
+        session_id: invocation.session_id,
+        invocation_id: invocation.id,
+        outcome,
+        side_effects: vec![],
+        blobs: vec![],
+    }
+}
+
+fn assigned(started_seq: i64, finished_seq: Option<i64>) -> Result<Assigned, WriteError> {
+    Ok(Assigned {
+        started_seq,
+        finished_seq,
+    })
+}
+
+async fn seqs(db: &TestStore, session: &Session) -> Vec<i64> {
+    db.store
+        .events(session.tenant_id, session.id, 0, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect()
+}
+
+fn one_to(n: i64) -> Vec<i64> {
+    (1..=n).collect()
+}
+
+// --- tests ---
+
+async fn migrating_again_changes_nothing_and_the_store_answers_pings(db: &TestStore) {
+    db.store.migrate().await.unwrap();
+    db.store.ping().await.unwrap();
+    assert!(["postgres", "sqlite"].contains(&db.store.backend()));
+}
+
+async fn ensuring_a_tenant_twice_returns_the_same_tenant(db: &TestStore) {
+    let first = tenant(db, "acme").await;
+    let again = tenant(db, "acme").await;
+    let other = tenant(db, "globex").await;
+    assert_eq!(first, again);
+    assert_eq!(first.name, "acme");
+    assert_ne!(first.id, other.id);
+}
+
+async fn api_keys_resolve_to_their_tenant_until_revoked(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    assert!(!db.store.has_api_keys().await.unwrap());
+
+    let hash = sha256_hex(b"tx_secret_key");
+    db.store
+        .create_api_key(acme.id, &hash, "tx_secr")
+        .await
+        .unwrap();
+    assert!(db.store.has_api_keys().await.unwrap());
+    assert_eq!(db.store.tenant_for_key(&hash).await.unwrap(), Some(acme));
+    assert_eq!(
+        db.store
+            .tenant_for_key(&sha256_hex(b"other"))
+            .await
+            .unwrap(),
+        None
+    );
+
+    let revoked = db
+        .execute(&format!(
+            "UPDATE api_keys SET revoked_at = CURRENT_TIMESTAMP WHERE key_sha256 = '{hash}'"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(revoked, 1);
+    assert_eq!(db.store.tenant_for_key(&hash).await.unwrap(), None);
+    // Revoking every key locks clients out; it does not switch authentication off.
+    assert!(db.store.has_api_keys().await.unwrap());
+
+    let missing = db
+        .store
+        .create_api_key(new_id(), &sha256_hex(b"k2"), "k2")
+        .await;
+    assert!(matches!(missing, Err(StoreError::NotFound)), "{missing:?}");
+}
+
+async fn a_created_session_is_stored_active_with_its_first_events(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let seed = Blob::new(b"fn main() {}\n".to_vec());
+    let mut new = new_session(&acme);
+    new.tools = Some(vec!["read_file".into(), "write_file".into()]);
+    new.env = BTreeMap::from([("LANG".to_owned(), "C.UTF-8".to_owned())]);
+    new.metadata = json!({"agent": "test", "n": 5});
+    new.policy.default_timeout_ms = Some(30_000);
+    new.last_seq = 99; // ignored
+
+    let stored = db
+        .store
+        .create_session(
+            &new,
+            vec![
+                NewEvent {
+                    kind: EventKind::SessionCreated,
+                    data: json!({"tools": ["read_file", "write_file"]}),
+                },
+                NewEvent {
+                    kind: EventKind::FileCreated,
+                    data: json!({"path": "src/main.rs", "after_sha256": seed.sha256}),
+                },
+            ],
+            vec![seed.clone()],
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(stored.id, new.id);
+    assert_eq!(stored.tenant_id, acme.id);
+    assert_eq!(stored.status, SessionStatus::Active);
+    assert_eq!(stored.last_seq, 2);
+    assert_eq!(stored.tools, new.tools);
+    assert_eq!(stored.env, new.env);
+    assert_eq!(stored.metadata, new.metadata);
+    assert_eq!(stored.policy, new.policy);
+    assert_eq!(stored.closed_at, None);
+    assert_eq!(db.store.get_session(acme.id, new.id).await.unwrap(), stored);
+
+    let events = db.store.events(acme.id, new.id, 0, 100).await.unwrap();
+    let kinds: Vec<_> = events
+        .iter()
+        .map(|e| (e.seq, e.kind, e.invocation_id))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (1, EventKind::SessionCreated, None),
+            (2, EventKind::FileCreated, None)
+        ]
+    );
+    assert_eq!(events[1].data["path"], "src/main.rs");
+    assert!(events.iter().all(|e| e.session_id == new.id));
+    assert_eq!(db.store.blob(&seed.sha256).await.unwrap(), Some(seed.bytes));
+}
+
+async fn sessions_are_listed_newest_first_one_page_at_a_time(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let globex = tenant(db, "globex").await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(session(db, &acme).await.id);
+    }
+    let theirs = session(db, &globex).await;
+    ids.reverse(); // newest first
+
+    let mut pages = Vec::new();
+    let mut before = None;
+    loop {
+        let page = db.store.list_sessions(acme.id, before, 2).await.unwrap();
+        pages.push(page.sessions.iter().map(|s| s.id).collect::<Vec<_>>());
+        match page.next_before {
+            Some(next) => {
+                assert_eq!(Some(next), page.sessions.last().map(|s| s.id));
+                before = Some(next);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        pages,
+        vec![ids[0..2].to_vec(), ids[2..4].to_vec(), ids[4..5].to_vec()]
+    );
+
+    let exact = db.store.list_sessions(acme.id, None, 5).await.unwrap();
+    assert_eq!(exact.sessions.len(), 5);
+    assert_eq!(exact.next_before, None, "a full last page has no next page");
+
+    let other = db.store.list_sessions(globex.id, None, 10).await.unwrap();
+    assert_eq!(
+        other.sessions.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![theirs.id]
+    );
+}
+
+async fn another_tenants_session_is_not_found_anywhere(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let intruder = tenant(db, "intruder").await;
+    let s = session(db, &acme).await;
+    let c = call(s.id, "c1");
+    db.store
+        .commit(vec![record(c.clone(), "done")])
+        .await
+        .unwrap();
+
+    let not_found = |r: Result<(), StoreError>, what: &str| {
+        assert!(matches!(r, Err(StoreError::NotFound)), "{what}: {r:?}");
+    };
+    let st = &db.store;
+    not_found(
+        st.get_session(intruder.id, s.id).await.map(drop),
+        "get_session",
+    );
+    not_found(
+        st.close_session(intruder.id, s.id, json!({}))
+            .await
+            .map(drop),
+        "close_session",
+    );
+    not_found(
+        st.events(intruder.id, s.id, 0, 10).await.map(drop),
+        "events",
+    );
+    not_found(
+        st.lookup_calls(intruder.id, s.id, &["c1".into()])
+            .await
+            .map(drop),
+        "lookup_calls",
+    );
+    not_found(
+        st.invocation(intruder.id, c.id).await.map(drop),
+        "invocation",
+    );
+    not_found(
+        st.invocation_output(intruder.id, c.id).await.map(drop),
+        "invocation_output",
+    );
+    assert!(
+        st.list_sessions(intruder.id, None, 10)
+            .await
+            .unwrap()
+            .sessions
+            .is_empty()
+    );
+
+    // A session that does not exist at all looks the same.
+    not_found(
+        st.get_session(acme.id, new_id()).await.map(drop),
+        "missing get_session",
+    );
+    not_found(
+        st.events(acme.id, new_id(), 0, 10).await.map(drop),
+        "missing events",
+    );
+    not_found(
+        st.invocation(acme.id, new_id()).await.map(drop),
+        "missing invocation",
+    );
+
+    // The intruder's close changed nothing.
+    let after = st.get_session(acme.id, s.id).await.unwrap();
+    assert_eq!(after.status, SessionStatus::Active);
+    assert_eq!(after.last_seq, 3);
+}
+
+async fn closing_a_session_appends_session_closed_once(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+
+    let closed = db
+        .store
+        .close_session(acme.id, s.id, json!({"reason": "done"}))
+        .await
+        .unwrap();
+    assert_eq!(closed.status, SessionStatus::Closed);
+    assert!(closed.closed_at.is_some());
+    assert_eq!(closed.last_seq, 2);
+    assert_eq!(db.store.get_session(acme.id, s.id).await.unwrap(), closed);
+
+    let events = db.store.events(acme.id, s.id, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].kind, EventKind::SessionClosed);
+    assert_eq!(events[1].seq, 2);
+    assert_eq!(events[1].data, json!({"reason": "done"}));
+
+    let again = db
+        .store
+        .close_session(acme.id, s.id, json!({"reason": "again"}))
+        .await
+        .unwrap();
+    assert_eq!(again, closed, "closing a closed session changes nothing");
+    assert_eq!(seqs(db, &s).await, vec![1, 2]);
+}
+
+async fn a_started_then_finished_call_gets_consecutive_seqs_and_records_its_events(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let c = call(s.id, "toolu_01");
+
+    let started = db.store.commit(vec![start(c.clone())]).await.unwrap();
+    assert_eq!(started, vec![assigned(2, None)]);
+
+    let running = db.store.invocation(acme.id, c.id).await.unwrap();
+    assert_eq!(running.status, InvocationStatus::Running);
+    assert_eq!(running.started_seq, 2);
+    assert_eq!(running.finished_seq, None);
+    assert_eq!(running.content, None);
+    assert_eq!(running.capabilities, c.capabilities);
+    assert_eq!(running.arguments, c.arguments);
+    assert!(!running.read_only);
+
+    let blob = Blob::new(b"hello\n".to_vec());
+    let outcome = ok("Wrote 6 bytes to toolu_01.txt");
+    let finished = db
+        .store
+        .commit(vec![Write::Finish {
+            session_id: s.id,
+            invocation_id: c.id,
+            outcome: outcome.clone(),
+            side_effects: vec![NewEvent {
+                kind: EventKind::FileCreated,
+                data: json!({"path": "toolu_01.txt", "after_sha256": blob.sha256}),
+            }],
+            blobs: vec![blob.clone()],
+        }])
+        .await
+        .unwrap();
+    assert_eq!(finished, vec![assigned(2, Some(4))]);
+
+    let events = db.store.events(acme.id, s.id, 1, 100).await.unwrap();
+    let shape: Vec<_> = events
+        .iter()
+        .map(|e| (e.seq, e.kind, e.invocation_id))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (2, EventKind::InvocationStarted, Some(c.id)),
+            (3, EventKind::FileCreated, Some(c.id)),
+            (4, EventKind::InvocationFinished, Some(c.id)),
+        ]
+    );
+    assert_eq!(
+        events[0].data,
+        json!({
+            "call_id": "toolu_01",
+            "name": "write_file",
+            "arguments": c.arguments,
+            "read_only": false,
+            "capabilities": ["fs.read", "fs.write"],
+        })
+    );
+    assert_eq!(
+        events[2].data,
+        json!({
+            "call_id": "toolu_01",
+            "name": "write_file",
+            "status": "ok",
+            "is_error": false,
+            "duration_ms": 12.5,
+            "truncated": null,
+            "output_chars": outcome.output_chars,
+            "output_sha256": null,
+        })
+    );
+
+    let done = db.store.invocation(acme.id, c.id).await.unwrap();
+    assert_eq!(done.status, InvocationStatus::Ok);
+    assert!(!done.is_error);
+    assert_eq!(done.content.as_deref(), Some(outcome.content.as_str()));
+    assert_eq!(done.output_chars, Some(outcome.output_chars));
+    assert_eq!(done.duration_ms, Some(12.5));
+    assert!(done.finished_at.is_some());
+    assert_eq!((done.started_seq, done.finished_seq), (2, Some(4)));
+    assert_eq!(done.side_effects.len(), 1);
+    assert_eq!(
+        db.store.get_session(acme.id, s.id).await.unwrap().last_seq,
+        4
+    );
+    assert_eq!(db.store.blob(&blob.sha256).await.unwrap(), Some(blob.bytes));
+}
+
+async fn a_record_writes_start_side_effects_and_finish_in_one_go(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let c = call(s.id, "c1");
+    let mut outcome = ok("no such file");
+    outcome.status = CallStatus::Error;
+
+    let result = db
+        .store
+        .commit(vec![Write::Record {
+            invocation: c.clone(),
+            outcome,
+            side_effects: vec![
+                file_event(EventKind::FileCreated, "a"),
+                file_event(EventKind::FileDeleted, "b"),
+            ],
+            blobs: vec![],
+        }])
+        .await
+        .unwrap();
+    assert_eq!(result, vec![assigned(2, Some(5))]);
+
+    let kinds: Vec<_> = db
+        .store
+        .events(acme.id, s.id, 1, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            EventKind::InvocationStarted,
+            EventKind::FileCreated,
+            EventKind::FileDeleted,
+            EventKind::InvocationFinished
+        ]
+    );
+    let inv = db.store.invocation(acme.id, c.id).await.unwrap();
+    assert_eq!(inv.status, InvocationStatus::Error);
+    assert!(inv.is_error);
+    assert_eq!((inv.started_seq, inv.finished_seq), (2, Some(5)));
+}
+
+async fn one_batch_can_start_and_finish_a_call_across_several_sessions(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let one = session(db, &acme).await;
+    let two = session(db, &acme).await;
+    let a = call(one.id, "c1");
+    let b = call(two.id, "c1");
+
+    let results = db
+        .store
+        .commit(vec![
+            start(a.clone()),
+            start(b.clone()),
+            finish(&a, ok("a")),
+            record(call(two.id, "c2"), "c2"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            assigned(2, None),
+            assigned(2, None),
+            assigned(2, Some(3)),
+            assigned(3, Some(4)),
+        ]
+    );
+    assert_eq!(seqs(db, &one).await, one_to(3));
+    assert_eq!(seqs(db, &two).await, one_to(4));
+    assert_eq!(
+        db.store
+            .get_session(acme.id, one.id)
+            .await
+            .unwrap()
+            .last_seq,
+        3
+    );
+    assert_eq!(
+        db.store
+            .get_session(acme.id, two.id)
+            .await
+            .unwrap()
+            .last_seq,
+        4
+    );
+    let a_done = db.store.invocation(acme.id, a.id).await.unwrap();
+    assert_eq!(a_done.status, InvocationStatus::Ok);
+    assert_eq!(a_done.finished_seq, Some(3));
+    let b_running = db.store.invocation(acme.id, b.id).await.unwrap();
+    assert_eq!(b_running.status, InvocationStatus::Running);
+}
+
+async fn a_call_id_recorded_in_an_earlier_batch_is_a_duplicate(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let first = call(s.id, "c1");
+    db.store
+        .commit(vec![record(first.clone(), "done")])
+        .await
+        .unwrap();
+
+    let again = db
+        .store
+        .commit(vec![start(call(s.id, "c1")), record(call(s.id, "c1"), "x")])
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        vec![
+            Err(WriteError::DuplicateCall(first.id)),
+            Err(WriteError::DuplicateCall(first.id))
+        ]
+    );
+    // The same call id in another session is another call.
+    let other = session(db, &acme).await;
+    let fine = db
+        .store
+        .commit(vec![record(call(other.id, "c1"), "x")])
+        .await
+        .unwrap();
+    assert_eq!(fine, vec![assigned(2, Some(3))]);
+
+    assert_eq!(seqs(db, &s).await, one_to(3));
+    assert_eq!(
+        db.store.get_session(acme.id, s.id).await.unwrap().last_seq,
+        3
+    );
+}
+
+async fn a_duplicate_call_id_in_one_batch_does_not_abort_the_others(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let old = call(s.id, "old");
+    db.store
+        .commit(vec![record(old.clone(), "old")])
+        .await
+        .unwrap();
+
+    let first = call(s.id, "c1");
+    let second = call(s.id, "c1");
+    let reused_id = NewInvocation {
+        call_id: "c3".into(),
+        ..first.clone()
+    };
+    let results = db
+        .store
+        .commit(vec![
+            start(first.clone()),
+            start(second),
+            record(call(s.id, "old"), "again"),
+            record(call(s.id, "c2"), "two"),
+            start(reused_id),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            assigned(4, None),
+            Err(WriteError::DuplicateCall(first.id)),
+            Err(WriteError::DuplicateCall(old.id)),
+            assigned(5, Some(6)),
+            Err(WriteError::DuplicateCall(first.id)),
+        ]
+    );
+    assert_eq!(seqs(db, &s).await, one_to(6));
+
+    let (_, found) = db
+        .store
+        .lookup_calls(acme.id, s.id, &["c1".into(), "c2".into(), "c3".into()])
+        .await
+        .unwrap();
+    let found: Vec<_> = found
+        .iter()
+        .map(|i| (i.call_id.as_str(), i.id, i.status))
+        .collect();
+    assert_eq!(found.len(), 2);
+    assert_eq!(found[0], ("c1", first.id, InvocationStatus::Running));
+    assert_eq!(found[1].0, "c2");
+}
+
+async fn a_closed_or_missing_session_refuses_new_calls_but_running_ones_can_finish(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let running = call(s.id, "c0");
+    db.store.commit(vec![start(running.clone())]).await.unwrap();
+    db.store
+        .close_session(acme.id, s.id, json!({}))
+        .await
+        .unwrap(); // seq 3
+
+    let results = db
+        .store
+        .commit(vec![
+            start(call(s.id, "c1")),
+            record(call(s.id, "c2"), "x"),
+            start(call(new_id(), "c3")),
+            finish(&running, ok("finished after close")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            Err(WriteError::SessionNotActive),
+            Err(WriteError::SessionNotActive),
+            Err(WriteError::SessionNotActive),
+            assigned(2, Some(4)),
+        ]
+    );
+    assert_eq!(seqs(db, &s).await, one_to(4));
+    let (_, found) = db
+        .store
+        .lookup_calls(acme.id, s.id, &["c1".into(), "c2".into()])
+        .await
+        .unwrap();
+    assert!(found.is_empty());
+}
+
+async fn finishing_an_invocation_that_is_not_running_is_refused(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let other = session(db, &acme).await;
+    let done = call(s.id, "done");
+    let running = call(s.id, "running");
+    db.store
+        .commit(vec![record(done.clone(), "x"), start(running.clone())])
+        .await
+        .unwrap(); // seqs 2..=4
+
+    let wrong_session = Write::Finish {
+        session_id: other.id,
+        invocation_id: running.id,
+        outcome: ok("x"),
+        side_effects: vec![],
+        blobs: vec![],
+    };
+    let unknown = Write::Finish {
+        session_id: s.id,
+        invocation_id: new_id(),
+        outcome: ok("x"),
+        side_effects: vec![],
+        blobs: vec![],
+    };
+    let results = db
+        .store
+        .commit(vec![
+            finish(&done, ok("again")),
+            unknown,
+            wrong_session,
+            finish(&running, ok("first")),
+            finish(&running, ok("second")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            Err(WriteError::NotRunning),
+            Err(WriteError::NotRunning),
+            Err(WriteError::NotRunning),
+            assigned(4, Some(5)),
+            Err(WriteError::NotRunning),
+        ]
+    );
+    let inv = db.store.invocation(acme.id, running.id).await.unwrap();
+    assert_eq!(inv.content.as_deref(), Some("first"));
+    assert_eq!(seqs(db, &s).await, one_to(5));
+    assert_eq!(seqs(db, &other).await, vec![1]);
+}
+
+async fn concurrent_committers_get_gapless_ordered_seqs(db: &TestStore) {
+    const TASKS: usize = 20;
+    const ROUNDS: usize = 5;
+    let acme = tenant(db, "acme").await;
+    let a = session(db, &acme).await;
+    let b = session(db, &acme).await;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..TASKS {
+        let store = db.store.clone();
+        // Half the tasks name the sessions in the other order: the store must lock them in one
+        // order regardless, or two batches would deadlock.
+        let order = if task % 2 == 0 {
+            [a.id, b.id]
+        } else {
+            [b.id, a.id]
+        };
+        tasks.spawn(async move {
+            let mut mine = Vec::new();
+            for round in 0..ROUNDS {
+                let batch = order
+                    .iter()
+                    .map(|&sid| record(call(sid, &format!("t{task}-r{round}")), "ok"))
+                    .collect();
+                let results = store.commit(batch).await.unwrap();
+                for (sid, result) in order.iter().zip(results) {
+                    mine.push((*sid, result.unwrap()));
+                }
+            }
+            mine
+        });
+    }
+    let mut assigned_seqs: BTreeMap<Uuid, Vec<i64>> = BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let mine = done.unwrap();
+        for sid in [a.id, b.id] {
+            let ordered: Vec<i64> = mine
+                .iter()
+                .filter(|(s, _)| *s == sid)
+                .map(|(_, x)| x.started_seq)
+                .collect();
+            assert!(
+                ordered.windows(2).all(|w| w[0] < w[1]),
+                "one task's commits got seqs out of order: {ordered:?}"
+            );
+        }
+        for (sid, x) in mine {
+            assert_eq!(x.finished_seq, Some(x.started_seq + 1));
+            let seqs = assigned_seqs.entry(sid).or_default();
+            seqs.extend([x.started_seq, x.started_seq + 1]);
+        }
+    }
+
+    let expected = 1 + (TASKS * ROUNDS * 2) as i64;
+    for s in [&a, &b] {
+        assert_eq!(seqs(db, s).await, one_to(expected));
+        let given: BTreeSet<i64> = assigned_seqs[&s.id].iter().copied().collect();
+        assert_eq!(given, (2..=expected).collect::<BTreeSet<_>>());
+        let stored = db.store.get_session(acme.id, s.id).await.unwrap();
+        assert_eq!(stored.last_seq, expected);
+    }
+}
+
+async fn a_blob_is_stored_once_and_readable(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let blob = Blob::new(b"the same bytes".to_vec());
+    let with_blob = |call_id: &str, blobs: Vec<Blob>| Write::Record {
+        invocation: call(s.id, call_id),
+        outcome: ok("x"),
+        side_effects: vec![],
+        blobs,
+    };
+    db.store
+        .commit(vec![
+            with_blob("c1", vec![blob.clone(), blob.clone()]),
+            with_blob("c2", vec![blob.clone()]),
+        ])
+        .await
+        .unwrap();
+    db.store
+        .commit(vec![with_blob("c3", vec![blob.clone()])])
+        .await
+        .unwrap();
+
+    assert_eq!(
+        db.store.blob(&blob.sha256).await.unwrap(),
+        Some(blob.bytes.clone())
+    );
+    let rows = db
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM blobs WHERE sha256 = '{}'",
+            blob.sha256
+        ))
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    assert_eq!(
+        db.store.blob(&sha256_hex(b"never stored")).await.unwrap(),
+        None
+    );
+
+    // Blobs of a write that is refused are not stored.
+    let orphan = Blob::new(b"orphan".to_vec());
+    let refused = db
+        .store
+        .commit(vec![with_blob("c1", vec![orphan.clone()])])
+        .await
+        .unwrap();
+    assert!(matches!(refused[0], Err(WriteError::DuplicateCall(_))));
+    assert_eq!(db.store.blob(&orphan.sha256).await.unwrap(), None);
+}
+
+async fn an_invocation_lists_its_side_effects_in_log_order(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let c = call(s.id, "c1");
+    db.store
+        .commit(vec![
+            record(call(s.id, "before"), "x"),
+            Write::Record {
+                invocation: c.clone(),
+                outcome: ok("x"),
+                side_effects: vec![
+                    file_event(EventKind::FileCreated, "a"),
+                    file_event(EventKind::FileModified, "b"),
+                    file_event(EventKind::FileDeleted, "c"),
+                ],
+                blobs: vec![],
+            },
+        ])
+        .await
+        .unwrap();
+
+    let inv = db.store.invocation(acme.id, c.id).await.unwrap();
+    let effects: Vec<_> = inv
+        .side_effects
+        .iter()
+        .map(|e| (e.seq, e.kind, e.invocation_id, e.data["path"].clone()))
+        .collect();
+    assert_eq!(
+        effects,
+        vec![
+            (5, EventKind::FileCreated, Some(c.id), json!("a")),
+            (6, EventKind::FileModified, Some(c.id), json!("b")),
+            (7, EventKind::FileDeleted, Some(c.id), json!("c")),
+        ]
+    );
+    assert_eq!((inv.started_seq, inv.finished_seq), (4, Some(8)));
+}
+
+async fn the_output_is_the_blob_when_truncated_and_the_content_otherwise(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let plain = call(s.id, "plain");
+    let cut = call(s.id, "cut");
+    let binary = call(s.id, "binary");
+    let running = call(s.id, "running");
+
+    let full = "line\n".repeat(1000);
+    let full_blob = Blob::new(full.clone().into_bytes());
+    let mut truncated = ok("line\n[… 4990 characters more after this point …]");
+    truncated.truncated = Some(Truncation {
+        total_chars: 5000,
+        omitted_chars: 4990,
+        mode: TruncationMode::Head,
+    });
+    truncated.output_chars = 5000;
+    truncated.output_sha256 = Some(full_blob.sha256.clone());
+    let bytes_blob = Blob::new(vec![b'o', b'k', 0xff]);
+    let mut lossy = ok("ok?");
+    lossy.output_sha256 = Some(bytes_blob.sha256.clone());
+
+    db.store
+        .commit(vec![
+            record(plain.clone(), "short output"),
+            Write::Record {
+                invocation: cut.clone(),
+                outcome: truncated.clone(),
+                side_effects: vec![],
+                blobs: vec![full_blob],
+            },
+            Write::Record {
+                invocation: binary.clone(),
+                outcome: lossy,
+                side_effects: vec![],
+                blobs: vec![bytes_blob],
+            },
+            start(running.clone()),
+        ])
+        .await
+        .unwrap();
+
+    let st = &db.store;
+    assert_eq!(
+        st.invocation_output(acme.id, plain.id).await.unwrap(),
+        "short output"
+    );
+    assert_eq!(st.invocation_output(acme.id, cut.id).await.unwrap(), full);
+    assert_eq!(
+        st.invocation_output(acme.id, binary.id).await.unwrap(),
+        "ok\u{fffd}"
+    );
+    assert_eq!(st.invocation_output(acme.id, running.id).await.unwrap(), "");
+
+    let inv = st.invocation(acme.id, cut.id).await.unwrap();
+    assert_eq!(inv.truncated, truncated.truncated);
+    assert_eq!(inv.output_chars, Some(5000));
+    assert_eq!(inv.content.as_deref(), Some(truncated.content.as_str()));
+}
+
+async fn interrupting_a_node_finishes_only_its_own_running_calls(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let one = session(db, &acme).await;
+    let two = session(db, &acme).await;
+    let mine = call_on(one.id, "mine", NODE);
+    let theirs = call_on(one.id, "theirs", "node-b");
+    let finished = call_on(one.id, "finished", NODE);
+    let elsewhere = call_on(two.id, "mine-too", NODE);
+    db.store
+        .commit(vec![
+            start(mine.clone()),
+            start(theirs.clone()),
+            record(finished.clone(), "done"),
+            start(elsewhere.clone()),
+        ])
+        .await
+        .unwrap(); // one: 2 mine, 3 theirs, 4-5 finished; two: 2 elsewhere
+
+    let message = "The service restarted while this call ran.";
+    assert_eq!(db.store.interrupt_running(NODE, message).await.unwrap(), 2);
+
+    let inv = db.store.invocation(acme.id, mine.id).await.unwrap();
+    assert_eq!(inv.status, InvocationStatus::Interrupted);
+    assert!(inv.is_error);
+    assert_eq!(inv.content.as_deref(), Some(message));
+    assert!(inv.finished_at.is_some());
+    assert_eq!(inv.finished_seq, Some(6));
+    let last = db.store.events(acme.id, one.id, 5, 10).await.unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].kind, EventKind::InvocationFinished);
+    assert_eq!(last[0].invocation_id, Some(mine.id));
+    assert_eq!(last[0].data["status"], "interrupted");
+    assert_eq!(last[0].data["is_error"], true);
+    assert_eq!(last[0].data["call_id"], "mine");
+
+    let other = db.store.invocation(acme.id, elsewhere.id).await.unwrap();
+    assert_eq!(other.status, InvocationStatus::Interrupted);
+    assert_eq!(other.finished_seq, Some(3));
+    assert_eq!(seqs(db, &two).await, one_to(3));
+
+    let untouched = db.store.invocation(acme.id, theirs.id).await.unwrap();
+    assert_eq!(untouched.status, InvocationStatus::Running);
+    let kept = db.store.invocation(acme.id, finished.id).await.unwrap();
+    assert_eq!(kept.status, InvocationStatus::Ok);
+    assert_eq!(kept.content.as_deref(), Some("done"));
+
+    assert_eq!(db.store.interrupt_running(NODE, message).await.unwrap(), 0);
+    assert_eq!(seqs(db, &one).await, one_to(6));
+}
+
+async fn events_are_paged_by_after_and_limit(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    db.store
+        .commit(vec![
+            record(call(s.id, "c1"), "1"),
+            record(call(s.id, "c2"), "2"),
+            record(call(s.id, "c3"), "3"),
+        ])
+        .await
+        .unwrap(); // seqs 1..=7
+
+    let page = |after: i64, limit: u32| async move {
+        db.store
+            .events(acme.id, s.id, after, limit)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(page(0, 3).await, vec![1, 2, 3]);
+    assert_eq!(page(3, 3).await, vec![4, 5, 6]);
+    assert_eq!(page(6, 3).await, vec![7]);
+    assert_eq!(page(7, 3).await, Vec::<i64>::new());
+    assert_eq!(page(2, 0).await, Vec::<i64>::new());
+    assert_eq!(page(0, 100).await, one_to(7));
+}
+
+async fn lookup_calls_returns_the_session_and_the_calls_it_already_has(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let done = call(s.id, "done");
+    let running = call(s.id, "running");
+    db.store
+        .commit(vec![
+            record(done.clone(), "x"),
+            start(running.clone()),
+            record(call(s.id, "unasked"), "y"),
+        ])
+        .await
+        .unwrap();
+
+    let ids: Vec<String> = ["running", "done", "new"].map(String::from).to_vec();
+    let (session, found) = db.store.lookup_calls(acme.id, s.id, &ids).await.unwrap();
+    assert_eq!(session.id, s.id);
+    assert_eq!(session.last_seq, 6);
+    let found: Vec<_> = found
+        .iter()
+        .map(|i| (i.id, i.call_id.as_str(), i.status))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            (done.id, "done", InvocationStatus::Ok),
+            (running.id, "running", InvocationStatus::Running),
+        ]
+    );
+
+    let (session, none) = db.store.lookup_calls(acme.id, s.id, &[]).await.unwrap();
+    assert_eq!(session.id, s.id);
+    assert!(none.is_empty());
+}
+
+async fn the_event_log_refuses_updates_and_deletes(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    db.store
+        .commit(vec![record(call(s.id, "c1"), "x")])
+        .await
+        .unwrap();
+    let before: Vec<Value> = db
+        .store
+        .events(acme.id, s.id, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.data)
+        .collect();
+
+    let update = db.execute("UPDATE events SET kind = 'file.deleted'").await;
+    assert!(
+        update.is_err(),
+        "an UPDATE of the log went through: {update:?}"
+    );
+    let delete = db.execute("DELETE FROM events").await;
+    assert!(
+        delete.is_err(),
+        "a DELETE from the log went through: {delete:?}"
+    );
+
+    let after: Vec<Value> = db
+        .store
+        .events(acme.id, s.id, 0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(after.len(), 3);
+}

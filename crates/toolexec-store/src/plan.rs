@@ -67,8 +67,7 @@ pub(crate) struct Plan {
     pub invocations: Vec<InvocationRow>,
     pub finishes: Vec<FinishRow>,
     pub events: Vec<EventRow>,
-    /// Distinct by hash and sorted by it, so that concurrent batches take their locks on shared
-    /// blobs in the same order.
+    /// Distinct and sorted by hash (see [`distinct_blobs`]).
     pub blobs: Vec<Blob>,
     /// The new `last_seq` of every session that got events.
     pub last_seqs: Vec<(Uuid, i64)>,
@@ -370,10 +369,7 @@ impl Planner {
     }
 
     fn into_plan(mut self) -> Plan {
-        self.plan
-            .blobs
-            .sort_unstable_by(|a, b| a.sha256.cmp(&b.sha256));
-        self.plan.blobs.dedup_by(|a, b| a.sha256 == b.sha256);
+        distinct_blobs(&mut self.plan.blobs);
         let mut last_seqs: Vec<(Uuid, i64)> = self
             .sessions
             .iter()
@@ -403,9 +399,15 @@ pub(crate) fn initial_plan(session_id: Uuid, events: Vec<NewEvent>, blobs: Vec<B
         blobs,
         ..Plan::default()
     };
-    plan.blobs.sort_unstable_by(|a, b| a.sha256.cmp(&b.sha256));
-    plan.blobs.dedup_by(|a, b| a.sha256 == b.sha256);
+    distinct_blobs(&mut plan.blobs);
     plan
+}
+
+/// Sorts blobs by hash and drops repeats: each is written once, and concurrent batches take
+/// their locks on shared blobs in the same order.
+fn distinct_blobs(blobs: &mut Vec<Blob>) {
+    blobs.sort_unstable_by(|a, b| a.sha256.cmp(&b.sha256));
+    blobs.dedup_by(|a, b| a.sha256 == b.sha256);
 }
 
 /// The finish written for an invocation that was running when its node stopped.

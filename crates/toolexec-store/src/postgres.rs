@@ -10,20 +10,21 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
-use toolexec_core::{Event, EventKind, Invocation, Session, SessionStatus, Tenant, new_id};
+use toolexec_core::{
+    Event, EventKind, Invocation, Session, SessionStatus, Tenant, Truncation, new_id,
+};
 use uuid::Uuid;
 
 use crate::plan::{self, Plan};
 use crate::rows::{
-    self, event_columns, existing_columns, invocation_columns, not_found_on_fk, session_columns,
+    self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
+    session_columns,
 };
-use crate::{
-    Assigned, Blob, NewEvent, Outcome, Result, SessionPage, Store, StoreError, Write, WriteError,
-};
+use crate::{Assigned, Blob, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError};
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
 /// call is refused (503) rather than left hanging when the database is down or saturated.
@@ -137,133 +138,107 @@ UPDATE sessions AS s SET last_seq = l.last_seq
 FROM UNNEST($39::uuid[], $40::bigint[]) AS l(id, last_seq)
 WHERE s.id = l.id";
 
-/// The columns of the finishing part of an invocation row, in `WRITE_PLAN` order.
+/// The columns that the end of an invocation sets, one array each, in `WRITE_PLAN` order. A row
+/// without an end (a `Start`) is `running` with the rest NULL.
 #[derive(Default)]
-struct FinishColumns<'a> {
-    status: Vec<Option<&'static str>>,
+struct EndColumns<'a> {
+    status: Vec<&'static str>,
     is_error: Vec<bool>,
     content: Vec<Option<&'a str>>,
-    truncated: Vec<Option<Json<&'a toolexec_core::Truncation>>>,
+    truncated: Vec<Option<Json<&'a Truncation>>>,
     output_chars: Vec<Option<i64>>,
     output_sha256: Vec<Option<&'a str>>,
-    finished_at: Vec<Option<chrono::DateTime<Utc>>>,
+    finished_at: Vec<Option<DateTime<Utc>>>,
     duration_ms: Vec<Option<f64>>,
     finished_seq: Vec<Option<i64>>,
 }
 
-impl<'a> FinishColumns<'a> {
-    fn push(&mut self, finish: Option<&'a plan::FinishRow>) {
-        let outcome: Option<&'a Outcome> = finish.map(|f| &f.outcome);
-        self.status.push(outcome.map(|o| o.status.as_str()));
-        self.is_error
-            .push(outcome.is_some_and(|o| o.status.is_error()));
-        self.content.push(outcome.map(|o| o.content.as_str()));
-        self.truncated
-            .push(outcome.and_then(|o| o.truncated.as_ref()).map(Json));
-        self.output_chars.push(outcome.map(|o| o.output_chars));
-        self.output_sha256
-            .push(outcome.and_then(|o| o.output_sha256.as_deref()));
-        self.finished_at.push(outcome.map(|o| o.finished_at));
-        self.duration_ms.push(outcome.map(|o| o.duration_ms));
-        self.finished_seq.push(finish.map(|f| f.finished_seq));
+impl<'a> EndColumns<'a> {
+    fn of(ends: impl Iterator<Item = Option<&'a plan::FinishRow>>) -> Self {
+        let mut cols = Self::default();
+        for end in ends {
+            let outcome = end.map(|f| &f.outcome);
+            cols.status
+                .push(outcome.map_or("running", |o| o.status.as_str()));
+            cols.is_error
+                .push(outcome.is_some_and(|o| o.status.is_error()));
+            cols.content.push(outcome.map(|o| o.content.as_str()));
+            cols.truncated
+                .push(outcome.and_then(|o| o.truncated.as_ref()).map(Json));
+            cols.output_chars.push(outcome.map(|o| o.output_chars));
+            cols.output_sha256
+                .push(outcome.and_then(|o| o.output_sha256.as_deref()));
+            cols.finished_at.push(outcome.map(|o| o.finished_at));
+            cols.duration_ms.push(outcome.map(|o| o.duration_ms));
+            cols.finished_seq.push(end.map(|f| f.finished_seq));
+        }
+        cols
     }
+}
+
+/// Collects one column of `rows`.
+fn col<'a, R, T>(rows: &'a [R], f: impl Fn(&'a R) -> T) -> Vec<T> {
+    rows.iter().map(f).collect()
 }
 
 async fn write_plan(conn: &mut PgConnection, plan: &Plan) -> Result<()> {
     if plan.is_empty() {
         return Ok(());
     }
-    let blob_sha: Vec<&str> = plan.blobs.iter().map(|b| b.sha256.as_str()).collect();
-    let blob_size: Vec<i64> = plan.blobs.iter().map(blob_size).collect();
-    let blob_data: Vec<&[u8]> = plan.blobs.iter().map(|b| b.bytes.as_slice()).collect();
-
+    let blobs = &plan.blobs;
     let invs = &plan.invocations;
-    let mut inv_finish = FinishColumns::default();
-    for row in invs {
-        inv_finish.push(row.finish.as_ref());
-    }
-    let i_id: Vec<Uuid> = invs.iter().map(|r| r.invocation.id).collect();
-    let i_session: Vec<Uuid> = invs.iter().map(|r| r.invocation.session_id).collect();
-    let i_call: Vec<&str> = invs.iter().map(|r| r.invocation.call_id.as_str()).collect();
-    let i_name: Vec<&str> = invs.iter().map(|r| r.invocation.name.as_str()).collect();
-    let i_args: Vec<Json<&serde_json::Value>> =
-        invs.iter().map(|r| Json(&r.invocation.arguments)).collect();
-    let i_args_sha: Vec<&str> = invs
-        .iter()
-        .map(|r| r.invocation.arguments_sha256.as_str())
-        .collect();
-    let i_read_only: Vec<bool> = invs.iter().map(|r| r.invocation.read_only).collect();
-    let i_caps: Vec<Json<&[toolexec_core::Capability]>> = invs
-        .iter()
-        .map(|r| Json(r.invocation.capabilities.as_slice()))
-        .collect();
-    let i_node: Vec<&str> = invs.iter().map(|r| r.invocation.node.as_str()).collect();
-    let i_status: Vec<&str> = inv_finish
-        .status
-        .iter()
-        .map(|s| s.unwrap_or("running"))
-        .collect();
-    let i_started_at: Vec<chrono::DateTime<Utc>> =
-        invs.iter().map(|r| r.invocation.started_at).collect();
-    let i_started_seq: Vec<i64> = invs.iter().map(|r| r.started_seq).collect();
-
-    let mut fin = FinishColumns::default();
-    for f in &plan.finishes {
-        fin.push(Some(f));
-    }
-    let f_id: Vec<Uuid> = plan.finishes.iter().map(|f| f.id).collect();
-    let f_status: Vec<&str> = fin.status.iter().map(|s| s.unwrap_or("running")).collect();
-
-    let ev = &plan.events;
-    let e_session: Vec<Uuid> = ev.iter().map(|e| e.session_id).collect();
-    let e_seq: Vec<i64> = ev.iter().map(|e| e.seq).collect();
-    let e_kind: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
-    let e_invocation: Vec<Option<Uuid>> = ev.iter().map(|e| e.invocation_id).collect();
-    let e_data: Vec<Json<&serde_json::Value>> = ev.iter().map(|e| Json(&e.data)).collect();
-
-    let (l_id, l_seq): (Vec<Uuid>, Vec<i64>) = plan.last_seqs.iter().copied().unzip();
+    let inv_end = EndColumns::of(invs.iter().map(|r| r.finish.as_ref()));
+    let fin = &plan.finishes;
+    let fin_end = EndColumns::of(fin.iter().map(Some));
+    let events = &plan.events;
+    let (last_id, last_seq): (Vec<Uuid>, Vec<i64>) = plan.last_seqs.iter().copied().unzip();
 
     sqlx::query(WRITE_PLAN)
-        .bind(blob_sha)
-        .bind(blob_size)
-        .bind(blob_data)
-        .bind(i_id)
-        .bind(i_session)
-        .bind(i_call)
-        .bind(i_name)
-        .bind(i_args)
-        .bind(i_args_sha)
-        .bind(i_read_only)
-        .bind(i_caps)
-        .bind(i_node)
-        .bind(i_status)
-        .bind(inv_finish.is_error)
-        .bind(inv_finish.content)
-        .bind(inv_finish.truncated)
-        .bind(inv_finish.output_chars)
-        .bind(inv_finish.output_sha256)
-        .bind(i_started_at)
-        .bind(inv_finish.finished_at)
-        .bind(inv_finish.duration_ms)
-        .bind(i_started_seq)
-        .bind(inv_finish.finished_seq)
-        .bind(f_id)
-        .bind(f_status)
-        .bind(fin.is_error)
-        .bind(fin.content)
-        .bind(fin.truncated)
-        .bind(fin.output_chars)
-        .bind(fin.output_sha256)
-        .bind(fin.finished_at)
-        .bind(fin.duration_ms)
-        .bind(fin.finished_seq)
-        .bind(e_session)
-        .bind(e_seq)
-        .bind(e_kind)
-        .bind(e_invocation)
-        .bind(e_data)
-        .bind(l_id)
-        .bind(l_seq)
+        // blobs
+        .bind(col(blobs, |b| b.sha256.as_str()))
+        .bind(col(blobs, blob_size))
+        .bind(col(blobs, |b| b.bytes.as_slice()))
+        // new invocations
+        .bind(col(invs, |r| r.invocation.id))
+        .bind(col(invs, |r| r.invocation.session_id))
+        .bind(col(invs, |r| r.invocation.call_id.as_str()))
+        .bind(col(invs, |r| r.invocation.name.as_str()))
+        .bind(col(invs, |r| Json(&r.invocation.arguments)))
+        .bind(col(invs, |r| r.invocation.arguments_sha256.as_str()))
+        .bind(col(invs, |r| r.invocation.read_only))
+        .bind(col(invs, |r| Json(r.invocation.capabilities.as_slice())))
+        .bind(col(invs, |r| r.invocation.node.as_str()))
+        .bind(inv_end.status)
+        .bind(inv_end.is_error)
+        .bind(inv_end.content)
+        .bind(inv_end.truncated)
+        .bind(inv_end.output_chars)
+        .bind(inv_end.output_sha256)
+        .bind(col(invs, |r| r.invocation.started_at))
+        .bind(inv_end.finished_at)
+        .bind(inv_end.duration_ms)
+        .bind(col(invs, |r| r.started_seq))
+        .bind(inv_end.finished_seq)
+        // finishes of invocations started in earlier batches
+        .bind(col(fin, |f| f.id))
+        .bind(fin_end.status)
+        .bind(fin_end.is_error)
+        .bind(fin_end.content)
+        .bind(fin_end.truncated)
+        .bind(fin_end.output_chars)
+        .bind(fin_end.output_sha256)
+        .bind(fin_end.finished_at)
+        .bind(fin_end.duration_ms)
+        .bind(fin_end.finished_seq)
+        // events
+        .bind(col(events, |e| e.session_id))
+        .bind(col(events, |e| e.seq))
+        .bind(col(events, |e| e.kind.as_str()))
+        .bind(col(events, |e| e.invocation_id))
+        .bind(col(events, |e| Json(&e.data)))
+        // sessions
+        .bind(last_id)
+        .bind(last_seq)
         .execute(conn)
         .await?;
     Ok(())
@@ -490,7 +465,7 @@ impl Store for PgStore {
         let session = rows::session(first)?;
         let mut invocations = Vec::new();
         for row in &found {
-            if rows::Columns::opt_uuid(row, "i_id")?.is_some() {
+            if row.opt_uuid("i_id")?.is_some() {
                 invocations.push(rows::invocation(row)?);
             }
         }
@@ -522,7 +497,6 @@ impl Store for PgStore {
         let now = Utc::now();
         let mut batch = Vec::with_capacity(running.len());
         for row in &running {
-            use rows::Columns;
             batch.push(plan::interrupted(
                 row.uuid("session_id")?,
                 row.uuid("id")?,
@@ -565,7 +539,7 @@ impl Store for PgStore {
         }
         let mut events = Vec::with_capacity(found.len());
         for row in &found {
-            if rows::Columns::opt_int(row, "e_seq")?.is_some() {
+            if row.opt_int("e_seq")?.is_some() {
                 events.push(rows::event(row)?);
             }
         }
@@ -612,7 +586,6 @@ impl Store for PgStore {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound)?;
-        use rows::Columns;
         rows::output(
             row.opt_text("content")?,
             row.opt_text("output_sha256")?,

@@ -168,14 +168,13 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
         .max_connections(40)
         .connect(db_url)
         .await?;
-    sqlx::query(
-        "CREATE TABLE bench_invocations (LIKE invocations INCLUDING ALL);
-         CREATE TABLE bench_events (LIKE events INCLUDING ALL);",
-    )
-    .execute(&pool)
-    .await
-    .ok();
-    let baseline_session = uuid::Uuid::now_v7();
+    // Same columns and indexes as the real tables, without the append-only triggers.
+    for ddl in [
+        "CREATE TABLE bench_invocations (LIKE invocations INCLUDING ALL)",
+        "CREATE TABLE bench_events (LIKE events INCLUDING ALL)",
+    ] {
+        sqlx::query(ddl).execute(&pool).await?;
+    }
 
     println!(
         "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row",
@@ -188,6 +187,7 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
     for &clients in client_counts {
         // Baseline: the rows one call records, inserted plainly, one transaction per call.
         let seq = Arc::new(AtomicU64::new(0));
+        let baseline_session = uuid::Uuid::now_v7();
         let p = pool.clone();
         let base_stats = drive(clients, dur, move |_c, _n| {
             let p = p.clone();

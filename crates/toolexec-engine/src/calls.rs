@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use toolexec_core::{
     Call, CallResult, CallStatus, Invocation, Session, SessionStatus, new_id, truncate,
 };
-use toolexec_store::{Assigned, Blob, NewInvocation, Outcome, Write, WriteError};
+use toolexec_store::{Assigned, Blob, CallKey, NewInvocation, Outcome, Write, WriteError};
 use toolexec_tools::ToolOutput;
 use uuid::Uuid;
 
@@ -169,7 +169,38 @@ impl Engine {
             }
         }
         let ids: Vec<String> = first.keys().map(|s| (*s).to_owned()).collect();
-        let (session, existing) = self.store.lookup_calls(tenant_id, session_id, &ids).await?;
+        let (session, existing, cached) = match self.cached_runtime(tenant_id, session_id)? {
+            // The node serving the session knows every call id recorded for it: only retries
+            // need a store read.
+            Some(rt) => {
+                let mut hits = Vec::new();
+                for (i, c) in calls.iter().enumerate() {
+                    if plans[i].is_some() {
+                        continue;
+                    }
+                    if let Some(k) = rt.known(&c.id) {
+                        if k.name != c.name || k.arguments_sha256 != hashes[i] {
+                            return Err(reused(&c.id));
+                        }
+                        hits.push(c.id.clone());
+                    }
+                }
+                let existing = if hits.is_empty() {
+                    Vec::new()
+                } else {
+                    self.store
+                        .lookup_calls(tenant_id, session_id, &hits)
+                        .await?
+                        .1
+                };
+                (rt.session.clone(), existing, Some(rt))
+            }
+            None => {
+                let (session, existing) =
+                    self.store.lookup_calls(tenant_id, session_id, &ids).await?;
+                (session, existing, None)
+            }
+        };
         let mut existing: HashMap<String, Invocation> = existing
             .into_iter()
             .map(|inv| (inv.call_id.clone(), inv))
@@ -203,7 +234,10 @@ impl Engine {
                     ),
                 });
             }
-            Some(self.runtime(&session)?)
+            Some(match cached {
+                Some(rt) => rt,
+                None => self.runtime(&session).await?,
+            })
         } else {
             None
         };
@@ -274,6 +308,31 @@ impl Engine {
         match m.get(&(session, call_id.to_owned())) {
             Some(rx) => Ok(Claim::Wait(rx.clone())),
             None => Err(EngineError::NotFound),
+        }
+    }
+
+    /// A call found recorded only when writing it (another task or instance recorded the id
+    /// first): the same call waits for that record; another call under the same id is a conflict.
+    async fn adopt_recorded(
+        &self,
+        rt: &SessionRuntime,
+        call: &Call,
+        args_hash: &str,
+        other: Uuid,
+    ) -> Result<CallResult> {
+        let inv = self.store.invocation(rt.session.tenant_id, other).await?;
+        if inv.name != call.name || arguments_sha256(&inv.arguments) != args_hash {
+            return Err(reused(&call.id));
+        }
+        rt.remember(CallKey {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments_sha256: args_hash.to_owned(),
+            invocation_id: other,
+        });
+        match result_of(&inv) {
+            Some(r) => Ok(r),
+            None => self.poll_until_finished(rt.session.tenant_id, other).await,
         }
     }
 
@@ -358,7 +417,9 @@ impl Engine {
                     changes: Vec::new(),
                 };
                 let recorded = self.outcome(session, &invocation, out, t0);
-                return self.commit_record(guard, invocation, recorded).await;
+                return self
+                    .commit_record(guard, rt, call, invocation, recorded)
+                    .await;
             }
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
@@ -369,19 +430,21 @@ impl Engine {
                 tool.run(&ctx, call.arguments.clone()).await
             };
             let recorded = self.outcome(session, &invocation, out, t0);
-            self.commit_record(guard, invocation, recorded).await
+            self.commit_record(guard, rt, call, invocation, recorded)
+                .await
         } else {
             let _alone = rt.schedule.write().await;
             let invocation_id = invocation.id;
+            let key = key_of(&invocation);
             match self.recorder.write(Write::Start { invocation }).await {
                 Err(e) => return Err(e.into()),
                 Ok(Err(WriteError::DuplicateCall(other))) => {
                     drop(guard);
-                    return self.poll_until_finished(session.tenant_id, other).await;
+                    return self.adopt_recorded(rt, call, args_hash, other).await;
                 }
                 Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
                 Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
-                Ok(Ok(_)) => {}
+                Ok(Ok(_)) => rt.remember(key),
             }
             let out = tool.run(&ctx, call.arguments.clone()).await;
             let stub = NewInvocationRef {
@@ -465,7 +528,6 @@ impl Engine {
             .as_ref()
             .map_or_else(|| content.chars().count(), |t| t.total_chars);
         Recorded {
-            tenant_id: session.tenant_id,
             result: CallResult {
                 call_id: inv.call_id.to_owned(),
                 invocation_id: inv.id,
@@ -495,11 +557,13 @@ impl Engine {
     async fn commit_record(
         &self,
         guard: InflightGuard,
+        rt: &SessionRuntime,
+        call: &Call,
         invocation: NewInvocation,
         rec: Recorded,
     ) -> Result<CallResult> {
         let session_id = invocation.session_id;
-        let tenant_id = rec.tenant_id;
+        let key = key_of(&invocation);
         let write = Write::Record {
             invocation,
             outcome: rec.outcome,
@@ -509,10 +573,14 @@ impl Engine {
         match self.recorder.write(write).await {
             // Nothing with a side effect ran yet: the client retries and it runs again.
             Err(e) => Err(e.into()),
-            Ok(Ok(a)) => Ok(finish(guard, rec.result, a)),
+            Ok(Ok(a)) => {
+                rt.remember(key);
+                Ok(finish(guard, rec.result, a))
+            }
             Ok(Err(WriteError::DuplicateCall(other))) => {
                 drop(guard);
-                self.poll_until_finished(tenant_id, other).await
+                self.adopt_recorded(rt, call, &key.arguments_sha256, other)
+                    .await
             }
             Ok(Err(WriteError::SessionNotActive)) => Err(closed(session_id)),
             Ok(Err(e)) => Err(EngineError::Internal(e.to_string())),
@@ -579,7 +647,6 @@ struct NewInvocationRef<'a> {
 }
 
 struct Recorded {
-    tenant_id: Uuid,
     result: CallResult,
     outcome: Outcome,
     side_effects: Vec<toolexec_store::NewEvent>,
@@ -590,6 +657,15 @@ fn finish(guard: InflightGuard, mut result: CallResult, a: Assigned) -> CallResu
     result.seq = a.finished_seq.unwrap_or(a.started_seq);
     guard.publish(&result);
     result
+}
+
+fn key_of(inv: &NewInvocation) -> CallKey {
+    CallKey {
+        call_id: inv.call_id.clone(),
+        name: inv.name.clone(),
+        arguments_sha256: inv.arguments_sha256.clone(),
+        invocation_id: inv.id,
+    }
 }
 
 fn result_of(inv: &Invocation) -> Option<CallResult> {

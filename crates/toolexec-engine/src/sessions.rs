@@ -1,41 +1,89 @@
 //! Sessions: creation (workspace + seed files + the first events), listing, closing, and the
 //! per-session runtime state kept on the node that holds the workspace.
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
-use toolexec_store::{Blob, NewEvent, SessionPage};
+use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
 use toolexec_tools::{ReadTracker, ToolContext, Workspace};
 use uuid::Uuid;
 
 use crate::{Engine, EngineError, Result};
 
-/// What a node keeps for an active session it serves.
+/// What a node keeps for an active session it serves. A session's calls run on the node that
+/// holds its workspace, so this node sees every call recorded for it; the store still checks every
+/// write (duplicates, closed sessions), so a stale cache can cost a retry, never a wrong record.
 pub struct SessionRuntime {
+    /// The session as it was when the runtime was made (its `last_seq` is not kept current).
+    pub session: Session,
     pub workspace: Arc<Workspace>,
     pub reads: Arc<ReadTracker>,
     /// Read-only calls share it; a mutating call holds it alone, so it never overlaps another
     /// call of the same session — also across concurrent requests.
     pub schedule: tokio::sync::RwLock<()>,
+    /// Every call id recorded for the session: answers "is this a retry?" without a store read.
+    pub calls: Mutex<HashMap<String, CallKey>>,
 }
+
+/// Most sessions whose runtime a node keeps; idle ones beyond it are dropped (and rebuilt from
+/// the store on their next call). Dropping one forgets its read-state: writes need a re-read.
+const MAX_RUNTIMES: usize = 10_000;
 
 /// Most sessions in one page of `list_sessions`.
 pub const MAX_PAGE: u32 = 200;
+
+impl SessionRuntime {
+    fn new(session: Session, workspace: Workspace, calls: Vec<CallKey>) -> Self {
+        Self {
+            session,
+            workspace: Arc::new(workspace),
+            reads: Arc::new(ReadTracker::default()),
+            schedule: tokio::sync::RwLock::new(()),
+            calls: Mutex::new(calls.into_iter().map(|k| (k.call_id.clone(), k)).collect()),
+        }
+    }
+
+    /// The recorded call with this id, if any.
+    pub(crate) fn known(&self, call_id: &str) -> Option<CallKey> {
+        self.calls.lock().ok()?.get(call_id).cloned()
+    }
+
+    pub(crate) fn remember(&self, key: CallKey) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.insert(key.call_id.clone(), key);
+        }
+    }
+}
 
 impl Engine {
     fn workspace_dir(&self, id: Uuid) -> PathBuf {
         self.config.workspace_root.join(id.to_string())
     }
 
-    /// The runtime of an active session, opening its workspace on first use.
-    pub(crate) fn runtime(&self, session: &Session) -> Result<Arc<SessionRuntime>> {
-        let mut map = self
+    /// The cached runtime of a session this tenant owns, if this node has one.
+    pub(crate) fn cached_runtime(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+    ) -> Result<Option<Arc<SessionRuntime>>> {
+        let map = self
             .runtimes
             .lock()
             .map_err(|_| EngineError::Internal("runtime map poisoned".into()))?;
-        if let Some(rt) = map.get(&session.id) {
-            return Ok(rt.clone());
+        match map.get(&session_id) {
+            Some(rt) if rt.session.tenant_id == tenant_id => Ok(Some(rt.clone())),
+            Some(_) => Err(EngineError::NotFound),
+            None => Ok(None),
+        }
+    }
+
+    /// The runtime of an active session, opening its workspace and loading its call index on
+    /// first use.
+    pub(crate) async fn runtime(&self, session: &Session) -> Result<Arc<SessionRuntime>> {
+        if let Some(rt) = self.cached_runtime(session.tenant_id, session.id)? {
+            return Ok(rt);
         }
         let dir = self.workspace_dir(session.id);
         let workspace = Workspace::open(&dir).map_err(|e| {
@@ -44,13 +92,24 @@ impl Engine {
                 session.id
             ))
         })?;
-        let rt = Arc::new(SessionRuntime {
-            workspace: Arc::new(workspace),
-            reads: Arc::new(ReadTracker::default()),
-            schedule: tokio::sync::RwLock::new(()),
-        });
-        map.insert(session.id, rt.clone());
-        Ok(rt)
+        let calls = self.store.call_index(session.id).await?;
+        let rt = Arc::new(SessionRuntime::new(session.clone(), workspace, calls));
+        Ok(self.keep_runtime(rt))
+    }
+
+    /// Caches a runtime (or returns the one another task cached first).
+    fn keep_runtime(&self, rt: Arc<SessionRuntime>) -> Arc<SessionRuntime> {
+        let Ok(mut map) = self.runtimes.lock() else {
+            return rt;
+        };
+        if let Some(existing) = map.get(&rt.session.id) {
+            return existing.clone();
+        }
+        if map.len() >= MAX_RUNTIMES {
+            map.retain(|_, r| Arc::strong_count(r) > 1);
+        }
+        map.insert(rt.session.id, rt.clone());
+        rt
     }
 
     pub(crate) fn tool_context(&self, session: &Session, rt: &SessionRuntime) -> ToolContext {
@@ -147,11 +206,7 @@ impl Engine {
         let dir = self.workspace_dir(id);
         let workspace = Workspace::create(&dir)
             .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?;
-        let rt = Arc::new(SessionRuntime {
-            workspace: Arc::new(workspace),
-            reads: Arc::new(ReadTracker::default()),
-            schedule: tokio::sync::RwLock::new(()),
-        });
+        let rt = Arc::new(SessionRuntime::new(session.clone(), workspace, Vec::new()));
 
         let mut events = vec![NewEvent {
             kind: EventKind::SessionCreated,
@@ -181,9 +236,7 @@ impl Engine {
         }
         match self.store.create_session(&session, events, blobs).await {
             Ok(stored) => {
-                if let Ok(mut map) = self.runtimes.lock() {
-                    map.insert(id, rt);
-                }
+                self.keep_runtime(rt);
                 Ok(stored)
             }
             Err(e) => {

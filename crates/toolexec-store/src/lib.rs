@@ -162,6 +162,15 @@ pub enum WriteError {
     NotRunning,
 }
 
+/// What identifies a recorded call: enough to tell a retry from a reuse of the id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallKey {
+    pub call_id: String,
+    pub name: String,
+    pub arguments_sha256: String,
+    pub invocation_id: Uuid,
+}
+
 /// A page of sessions, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionPage {
@@ -229,6 +238,10 @@ pub trait Store: Send + Sync + 'static {
         session_id: Uuid,
         call_ids: &[String],
     ) -> Result<(Session, Vec<Invocation>)>;
+
+    /// Every call id recorded in a session, for the node that serves it to answer "already
+    /// recorded?" from memory.
+    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>>;
 
     /// Applies a batch of writes in one transaction (group commit). The outer error means nothing
     /// was written (store down); otherwise there is one result per write, in order.

@@ -24,7 +24,9 @@ use crate::rows::{
     self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
     session_columns,
 };
-use crate::{Assigned, Blob, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError};
+use crate::{
+    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+};
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
 /// call is refused (503) rather than left hanging when the database is down or saturated.
@@ -39,7 +41,11 @@ impl PgStore {
     /// Connects a pool of at most `max_connections` to `url` (`postgres://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?;
+            .map_err(|e| StoreError::Unavailable(format!("invalid database url: {e}")))?
+            // Statements are prepared once per connection, often while the tables are still
+            // empty; a generic plan chosen then (a sequential scan) would stay as the session
+            // grows. Planning each execution with its parameters keeps index scans.
+            .options([("plan_cache_mode", "force_custom_plan")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -591,6 +597,24 @@ impl Store for PgStore {
             row.opt_text("output_sha256")?,
             row.opt_bytes("data")?,
         )
+    }
+
+    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>> {
+        let rows = sqlx::query_as::<_, (String, String, String, Uuid)>(
+            "SELECT call_id, name, arguments_sha256, id FROM invocations WHERE session_id = $1",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(call_id, name, arguments_sha256, invocation_id)| CallKey {
+                call_id,
+                name,
+                arguments_sha256,
+                invocation_id,
+            })
+            .collect())
     }
 
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {

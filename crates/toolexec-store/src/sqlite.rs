@@ -23,7 +23,9 @@ use crate::rows::{
     self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
     session_columns,
 };
-use crate::{Assigned, Blob, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError};
+use crate::{
+    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+};
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
 /// before giving up with `SQLITE_BUSY`.
@@ -607,6 +609,24 @@ impl Store for SqliteStore {
             row.opt_text("output_sha256")?,
             row.opt_bytes("data")?,
         )
+    }
+
+    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>> {
+        let rows = sqlx::query_as::<_, (String, String, String, Uuid)>(
+            "SELECT call_id, name, arguments_sha256, id FROM invocations WHERE session_id = $1",
+        )
+        .bind(session_id)
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(call_id, name, arguments_sha256, invocation_id)| CallKey {
+                call_id,
+                name,
+                arguments_sha256,
+                invocation_id,
+            })
+            .collect())
     }
 
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {

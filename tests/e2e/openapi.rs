@@ -47,3 +47,20 @@ fn every_endpoint_documents_its_error_responses() {
         }
     }
 }
+
+#[test]
+fn the_checked_in_tools_reference_matches_the_catalog() {
+    let registry = toolexec_tools::Registry::builtin().unwrap();
+    let generated = toolexec_server::tools_markdown(&registry);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tools.md");
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    if generated != checked_in {
+        let diff = similar::TextDiff::from_lines(&checked_in, &generated)
+            .unified_diff()
+            .header("docs/tools.md (checked in)", "generated")
+            .to_string();
+        panic!(
+            "docs/tools.md is out of date. Rewrite it with:\n    cargo run -p toolexec-server -- tools-doc --write docs/tools.md\n\n{diff}"
+        );
+    }
+}

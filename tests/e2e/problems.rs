@@ -216,3 +216,34 @@ async fn every_response_carries_a_request_id_and_the_gateways_id_is_kept() {
     .await;
     assert_eq!(h["x-request-id"], "gw-123");
 }
+
+#[tokio::test]
+async fn a_tenant_over_its_rate_limit_gets_429_with_retry_after() {
+    let data = tempfile::tempdir().unwrap();
+    let config = toolexec_server::Config {
+        bind: "127.0.0.1:0".into(),
+        data_dir: data.path().to_owned(),
+        rate_limit_per_second: 0.5,
+        rate_limit_burst: 2.0,
+        ..Default::default()
+    };
+    let app = toolexec_api::app(toolexec_server::build_state(&config).await.unwrap());
+    for _ in 0..2 {
+        let (s, _, _) = send(
+            &app,
+            Request::get("/v1/sessions").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (s, h, b) = send(
+        &app,
+        Request::get("/v1/sessions").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_problem(s, &h, &b, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    assert_eq!(h["retry-after"], "2");
+    // Probes are not rate limited.
+    let (s, _, _) = send(&app, Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+}

@@ -76,48 +76,52 @@ impl FromRequestParts<Arc<AppState>> for AuthTenant {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
-        let auth = &state.auth;
-        match &auth.mode {
-            AuthMode::Local(t) => Ok(AuthTenant(t.clone())),
-            AuthMode::TrustedHeader(name) => {
-                let tenant = parts
-                    .headers
-                    .get(name.as_str())
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::trim)
-                    .filter(|v| !v.is_empty() && v.len() <= 200)
-                    .ok_or_else(|| unauthorized("the gateway did not assert a tenant"))?;
-                Ok(AuthTenant(
-                    state.engine.store().ensure_tenant(tenant).await?,
-                ))
-            }
-            AuthMode::ApiKeys => {
-                let header = parts
+        let tenant = authenticate(parts, state).await?;
+        state.limiter.check(tenant.0.id)?;
+        Ok(tenant)
+    }
+}
+
+async fn authenticate(parts: &Parts, state: &Arc<AppState>) -> Result<AuthTenant, ApiError> {
+    let auth = &state.auth;
+    match &auth.mode {
+        AuthMode::Local(t) => Ok(AuthTenant(t.clone())),
+        AuthMode::TrustedHeader(name) => {
+            let tenant = parts
+                .headers
+                .get(name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.len() <= 200)
+                .ok_or_else(|| unauthorized("the gateway did not assert a tenant"))?;
+            Ok(AuthTenant(
+                state.engine.store().ensure_tenant(tenant).await?,
+            ))
+        }
+        AuthMode::ApiKeys => {
+            let header = parts
                     .headers
                     .get(axum::http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
                     .ok_or_else(|| {
                         unauthorized("send an API key as 'Authorization: Bearer <key>' (create one with `toolexec keys create --tenant NAME`)")
                     })?;
-                let key = header
-                    .strip_prefix("Bearer ")
-                    .or_else(|| header.strip_prefix("bearer "))
-                    .map(str::trim)
-                    .filter(|k| !k.is_empty() && k.len() <= 200)
-                    .ok_or_else(|| {
-                        unauthorized("the Authorization header must be 'Bearer <key>'")
-                    })?;
-                let hash = key_hash(key);
-                if let Some(t) = auth.cached(&hash) {
-                    return Ok(AuthTenant(t));
+            let key = header
+                .strip_prefix("Bearer ")
+                .or_else(|| header.strip_prefix("bearer "))
+                .map(str::trim)
+                .filter(|k| !k.is_empty() && k.len() <= 200)
+                .ok_or_else(|| unauthorized("the Authorization header must be 'Bearer <key>'"))?;
+            let hash = key_hash(key);
+            if let Some(t) = auth.cached(&hash) {
+                return Ok(AuthTenant(t));
+            }
+            match state.engine.store().tenant_for_key(&hash).await? {
+                Some(t) => {
+                    auth.remember(hash, t.clone());
+                    Ok(AuthTenant(t))
                 }
-                match state.engine.store().tenant_for_key(&hash).await? {
-                    Some(t) => {
-                        auth.remember(hash, t.clone());
-                        Ok(AuthTenant(t))
-                    }
-                    None => Err(unauthorized("unknown or revoked API key")),
-                }
+                None => Err(unauthorized("unknown or revoked API key")),
             }
         }
     }

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod extract;
+pub mod limits;
 mod openapi;
 pub mod problem;
 mod routes;
@@ -29,9 +30,15 @@ use problem::ApiError;
 /// anything bigger should be split.
 pub const DEFAULT_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 
+/// Default cap on requests in flight: far above what two cores serve, low enough that a flood
+/// gets fast 503s instead of unbounded queues and memory.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
+
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub body_limit_bytes: usize,
+    /// Requests in flight beyond which new ones get 503 `overloaded`.
+    pub max_concurrent_requests: usize,
     /// How the sandbox for process tools is set up, for `/readyz`.
     pub sandbox_mode: String,
 }
@@ -40,6 +47,7 @@ impl Default for ApiConfig {
     fn default() -> Self {
         Self {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             sandbox_mode: "none: no process-running tools are installed".into(),
         }
     }
@@ -50,6 +58,7 @@ impl Default for ApiConfig {
 pub struct AppState {
     pub engine: Arc<Engine>,
     pub auth: Auth,
+    pub limiter: limits::Limiter,
     pub config: ApiConfig,
 }
 
@@ -74,6 +83,9 @@ impl MakeRequestId for MakeRequestIdV7 {
 /// The whole HTTP application.
 pub fn app(state: Arc<AppState>) -> Router {
     let body_limit = state.config.body_limit_bytes;
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        state.config.max_concurrent_requests.max(1),
+    ));
     let (router, api) = openapi::parts(state.engine.registry());
     let docs = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api);
     router
@@ -94,6 +106,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         })
         .with_state(state)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(permits, limits::shed_load))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
                 use axum::response::IntoResponse;

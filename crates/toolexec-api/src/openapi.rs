@@ -86,34 +86,65 @@ fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
 
 struct Common;
 
-/// Errors any endpoint can return: (status, code examples, description).
-const COMMON: &[(&str, &str, bool)] = &[
-    (
-        "400",
-        "Malformed request: `malformed_json`, `invalid_query`.",
-        true,
-    ),
-    ("401", "Missing or unknown API key (`unauthorized`).", true),
-    (
-        "413",
-        "Body over the server's limit (`body_too_large`).",
-        false,
-    ),
-    (
-        "415",
-        "Body is not `application/json` (`unsupported_media_type`).",
-        false,
-    ),
-    (
-        "500",
-        "Internal error (`internal`); details are in the server log under the request id.",
-        true,
-    ),
-    (
-        "503",
-        "Store or sandbox unavailable (`unavailable`); nothing ran. Retry after `Retry-After` seconds.",
-        true,
-    ),
+/// A response every endpoint of a kind can return.
+struct CommonError {
+    status: &'static str,
+    description: &'static str,
+    /// Only for operations with a request body.
+    with_body: bool,
+    /// Only for authenticated `/v1` routes.
+    v1_only: bool,
+}
+
+const COMMON: &[CommonError] = &[
+    CommonError {
+        status: "400",
+        description: "Malformed request: `malformed_json`, `invalid_query`.",
+        with_body: false,
+        v1_only: false,
+    },
+    CommonError {
+        status: "401",
+        description: "Missing or unknown API key (`unauthorized`).",
+        with_body: false,
+        v1_only: true,
+    },
+    CommonError {
+        status: "413",
+        description: "Body over the server's limit (`body_too_large`).",
+        with_body: true,
+        v1_only: false,
+    },
+    CommonError {
+        status: "415",
+        description: "Body is not `application/json` (`unsupported_media_type`).",
+        with_body: true,
+        v1_only: false,
+    },
+    CommonError {
+        status: "422",
+        description: "The body is JSON of the wrong shape (`invalid_request`); the detail names the field.",
+        with_body: true,
+        v1_only: false,
+    },
+    CommonError {
+        status: "429",
+        description: "The tenant's request rate is over its limit (`rate_limited`). Retry after `Retry-After` seconds.",
+        with_body: false,
+        v1_only: true,
+    },
+    CommonError {
+        status: "500",
+        description: "Internal error (`internal`); details are in the server log under the request id.",
+        with_body: false,
+        v1_only: false,
+    },
+    CommonError {
+        status: "503",
+        description: "Store or sandbox unavailable (`unavailable`) or too many requests in flight (`overloaded`); nothing ran. Retry after `Retry-After` seconds.",
+        with_body: false,
+        v1_only: false,
+    },
 ];
 
 impl Modify for Common {
@@ -143,14 +174,14 @@ fn add_common_errors(api: &mut OpenApi) {
         ];
         for op in ops.into_iter().flatten() {
             let has_body = op.request_body.is_some();
-            for (status, desc, always) in COMMON {
-                if (!always && !has_body) || (*status == "401" && !is_v1) {
+            for e in COMMON {
+                if (e.with_body && !has_body) || (e.v1_only && !is_v1) {
                     continue;
                 }
                 op.responses
                     .responses
-                    .entry((*status).to_owned())
-                    .or_insert_with(|| problem_response(desc));
+                    .entry(e.status.to_owned())
+                    .or_insert_with(|| problem_response(e.description));
             }
         }
     }

@@ -140,6 +140,8 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
         data_dir: data.clone(),
         log_format: "text".into(),
         max_db_connections: 16,
+        // The benchmark measures throughput, not admission control.
+        rate_limit_per_second: 0.0,
         ..Default::default()
     };
     let state = toolexec_server::build_state(&config).await?;
@@ -259,6 +261,30 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
     println!(
         "ratio = toolexec recorded calls/s ÷ plain-insert transactions/s (same rows, same database, same run)"
     );
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    let commits = value("toolexec_store_commit_duration_seconds_count ");
+    if commits > 0.0 {
+        println!(
+            "recorder: {:.0} group commits, {:.2} ms per commit, {:.1} writes per commit (whole run)",
+            commits,
+            value("toolexec_store_commit_duration_seconds_sum ") * 1000.0 / commits,
+            value("toolexec_store_commit_batch_size_sum ") / commits,
+        );
+    }
     let _ = stop_tx.send(());
     server.await??;
     pool.close().await;

@@ -19,6 +19,7 @@ use toolexec_tools::ToolOutput;
 use uuid::Uuid;
 
 use crate::canonical::arguments_sha256;
+use crate::metrics::Metrics;
 use crate::sessions::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
 
@@ -575,7 +576,7 @@ impl Engine {
             Err(e) => Err(e.into()),
             Ok(Ok(a)) => {
                 rt.remember(key);
-                Ok(finish(guard, rec.result, a))
+                Ok(finish(&self.metrics, guard, rec.result, a))
             }
             Ok(Err(WriteError::DuplicateCall(other))) => {
                 drop(guard);
@@ -604,13 +605,14 @@ impl Engine {
             blobs: rec.blobs,
         };
         match self.recorder.write(write.clone()).await {
-            Ok(Ok(a)) => return Ok(finish(guard, rec.result, a)),
+            Ok(Ok(a)) => return Ok(finish(&self.metrics, guard, rec.result, a)),
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Err(e) => {
                 tracing::warn!(error = %e, %invocation_id, "finish not recorded yet; retrying in the background")
             }
         }
         let recorder = self.recorder.clone();
+        let metrics = self.metrics.clone();
         let result = rec.result;
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -619,7 +621,7 @@ impl Engine {
                 tokio::time::sleep(delay).await;
                 match recorder.write(write.clone()).await {
                     Ok(Ok(a)) => {
-                        let _ = done_tx.send(finish(guard, result, a));
+                        let _ = done_tx.send(finish(&metrics, guard, result, a));
                         return;
                     }
                     Ok(Err(e)) => {
@@ -653,8 +655,18 @@ struct Recorded {
     blobs: Vec<Blob>,
 }
 
-fn finish(guard: InflightGuard, mut result: CallResult, a: Assigned) -> CallResult {
+fn finish(
+    metrics: &Metrics,
+    guard: InflightGuard,
+    mut result: CallResult,
+    a: Assigned,
+) -> CallResult {
     result.seq = a.finished_seq.unwrap_or(a.started_seq);
+    metrics.call(
+        &result.name,
+        result.status.as_str(),
+        result.duration_ms / 1000.0,
+    );
     guard.publish(&result);
     result
 }

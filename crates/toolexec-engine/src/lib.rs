@@ -10,6 +10,7 @@ mod calls;
 mod canonical;
 mod config;
 mod log;
+pub mod metrics;
 pub mod recorder;
 mod sessions;
 
@@ -66,6 +67,7 @@ pub struct Engine {
     store: Arc<dyn Store>,
     registry: Arc<Registry>,
     recorder: recorder::Recorder,
+    metrics: Arc<metrics::Metrics>,
     config: EngineConfig,
     /// Per-session state of active sessions on this node (workspace handle, read-state, the
     /// scheduling lock), created on first use.
@@ -108,11 +110,14 @@ impl Engine {
                 config.workspace_root.display()
             ))
         })?;
-        let recorder = recorder::Recorder::start(store.clone(), config.recorder_writers);
+        let metrics = Arc::new(metrics::Metrics::default());
+        let recorder =
+            recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
         Ok(Arc::new(Self {
             store,
             registry,
             recorder,
+            metrics,
             config,
             runtimes: Mutex::new(HashMap::new()),
             inflight: calls::Inflight::default(),
@@ -125,6 +130,10 @@ impl Engine {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.metrics
     }
 
     pub fn config(&self) -> &EngineConfig {

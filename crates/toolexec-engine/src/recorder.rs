@@ -8,6 +8,8 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use toolexec_store::{Assigned, Store, StoreError, Write, WriteError};
 
+use crate::metrics::Metrics;
+
 /// Most writes in one transaction: large enough to amortise a commit across 32+ concurrent
 /// clients, small enough that one transaction stays well under a millisecond of statements.
 pub const MAX_BATCH: usize = 256;
@@ -25,11 +27,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn start(store: Arc<dyn Store>, writers: usize) -> Self {
+    pub fn start(store: Arc<dyn Store>, writers: usize, metrics: Arc<Metrics>) -> Self {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..writers.max(1) {
-            tokio::spawn(writer_loop(store.clone(), rx.clone()));
+            tokio::spawn(writer_loop(store.clone(), rx.clone(), metrics.clone()));
         }
         Self { tx }
     }
@@ -46,7 +48,11 @@ impl Recorder {
     }
 }
 
-async fn writer_loop(store: Arc<dyn Store>, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
+async fn writer_loop(
+    store: Arc<dyn Store>,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    metrics: Arc<Metrics>,
+) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     loop {
         {
@@ -62,7 +68,7 @@ async fn writer_loop(store: Arc<dyn Store>, rx: Arc<Mutex<mpsc::Receiver<Job>>>)
         let started = std::time::Instant::now();
         match store.commit(writes).await {
             Ok(results) => {
-                metrics_observe(n, started);
+                metrics.commit(n, started.elapsed().as_secs_f64());
                 for (waiter, result) in waiters.into_iter().zip(results) {
                     let _ = waiter.send(Ok(result));
                 }
@@ -75,12 +81,4 @@ async fn writer_loop(store: Arc<dyn Store>, rx: Arc<Mutex<mpsc::Receiver<Job>>>)
             }
         }
     }
-}
-
-fn metrics_observe(batch: usize, started: std::time::Instant) {
-    tracing::trace!(
-        batch,
-        elapsed_us = started.elapsed().as_micros() as u64,
-        "group commit"
-    );
 }

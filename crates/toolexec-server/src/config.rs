@@ -32,6 +32,12 @@ pub struct Config {
     pub log_format: String,
     /// Concurrent group-commit loops of the recorder.
     pub recorder_writers: usize,
+    /// Per-tenant request rate (token bucket refill per second); 0 turns the limit off.
+    pub rate_limit_per_second: f64,
+    /// Per-tenant burst (bucket size).
+    pub rate_limit_burst: f64,
+    /// Requests in flight beyond which new ones are shed with 503.
+    pub max_concurrent_requests: usize,
     pub limits: LimitsConfig,
 }
 
@@ -84,6 +90,9 @@ impl Default for Config {
             trusted_identity_header: None,
             log_format: "json".into(),
             recorder_writers: 2,
+            rate_limit_per_second: 1000.0,
+            rate_limit_burst: 2000.0,
+            max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
             limits: LimitsConfig::default(),
         }
     }
@@ -106,9 +115,21 @@ impl std::fmt::Debug for Config {
             .field("trusted_identity_header", &self.trusted_identity_header)
             .field("log_format", &self.log_format)
             .field("recorder_writers", &self.recorder_writers)
+            .field("rate_limit_per_second", &self.rate_limit_per_second)
+            .field("rate_limit_burst", &self.rate_limit_burst)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("limits", &self.limits)
             .finish()
     }
+}
+
+/// Whether an environment key (prefix stripped, lowercased, `__` → `.`) names a field of
+/// [`Config`]. Other `TOOLEXEC_*` variables are ignored rather than fatal: the environment is
+/// shared with things we do not control (service links, our own `TOOLEXEC_CONFIG`).
+fn is_config_key(key: &str) -> bool {
+    let top = key.split('.').next().unwrap_or_default();
+    // Every field serializes (unset options as null), so the default's keys are all the keys.
+    matches!(serde_json::to_value(Config::default()), Ok(serde_json::Value::Object(f)) if f.contains_key(top))
 }
 
 /// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
@@ -134,9 +155,26 @@ impl Config {
             Some(path) => fig = fig.merge(Toml::file_exact(path)),
             None => fig = fig.merge(Toml::file("toolexec.toml")),
         }
-        fig.merge(Env::prefixed("TOOLEXEC_").split("__"))
-            .extract()
-            .map_err(Box::new)
+        fig.merge(
+            Env::prefixed("TOOLEXEC_")
+                .split("__")
+                .filter(|key| is_config_key(key.as_str())),
+        )
+        .extract()
+        .map_err(Box::new)
+    }
+
+    /// `TOOLEXEC_*` variables that name no configuration key (logged as a warning at start-up):
+    /// `TOOLEXEC_CONFIG` itself, Kubernetes service links such as `TOOLEXEC_SERVICE_HOST`, typos.
+    pub fn ignored_env_vars() -> Vec<String> {
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| {
+                k.strip_prefix("TOOLEXEC_").is_some_and(|rest| {
+                    !is_config_key(&rest.to_ascii_lowercase().replace("__", "."))
+                })
+            })
+            .collect()
     }
 
     pub fn bind_addr(&self) -> anyhow::Result<SocketAddr> {
@@ -166,6 +204,16 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_toolexec_variables_that_name_a_setting_are_read() {
+        assert!(is_config_key("bind"));
+        assert!(is_config_key("database_url"));
+        assert!(is_config_key("limits.max_blob_bytes"));
+        assert!(!is_config_key("config"));
+        assert!(!is_config_key("service_host"));
+        assert!(!is_config_key("port_8080_tcp"));
+    }
 
     #[test]
     fn the_database_password_is_redacted_in_debug_output() {

@@ -4,12 +4,14 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+mod toolsdoc;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use toolexec_api::limits::{Limiter, RateLimit};
 use toolexec_api::{ApiConfig, AppState, Auth, AuthMode};
 use toolexec_engine::{Engine, EngineConfig};
 use toolexec_store::Store;
@@ -18,6 +20,7 @@ use toolexec_store::sqlite::SqliteStore;
 use toolexec_tools::Registry;
 
 pub use config::Config;
+pub use toolsdoc::tools_markdown;
 
 /// Opens the store the configuration names (Postgres or the embedded SQLite file).
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
@@ -91,8 +94,13 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
     Ok(Arc::new(AppState {
         engine,
         auth: Auth::new(mode),
+        limiter: Limiter::new(RateLimit {
+            requests_per_second: config.rate_limit_per_second,
+            burst: config.rate_limit_burst,
+        }),
         config: ApiConfig {
             body_limit_bytes: config.body_limit_bytes,
+            max_concurrent_requests: config.max_concurrent_requests,
             ..ApiConfig::default()
         },
     }))

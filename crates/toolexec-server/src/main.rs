@@ -32,6 +32,11 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Print the tools reference as Markdown (or write it to a file; `docs/tools.md` is the checked-in copy).
+    ToolsDoc {
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
     /// Print the OpenAPI document (or write it to a file).
     Openapi {
         /// Write to this file instead of stdout (`openapi/openapi.json` is the checked-in copy).
@@ -74,6 +79,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve => {
             init_tracing(&config.log_format);
             tracing::info!(config = ?config, "starting");
+            let ignored = Config::ignored_env_vars();
+            if !ignored.is_empty() {
+                tracing::warn!(
+                    ?ignored,
+                    "TOOLEXEC_* variables that name no setting were ignored"
+                );
+            }
             let state = build_state(&config).await?;
             let addr = config.bind_addr()?;
             let listener = tokio::net::TcpListener::bind(addr)
@@ -117,18 +129,26 @@ async fn main() -> anyhow::Result<()> {
             );
             println!("{key}");
         }
+        Command::ToolsDoc { write } => {
+            let registry = toolexec_tools::Registry::builtin()?;
+            emit(toolexec_server::tools_markdown(&registry), write)?;
+        }
         Command::Openapi { write } => {
             let registry = toolexec_tools::Registry::builtin()?;
-            let doc = toolexec_api::openapi_json(&registry);
-            match write {
-                Some(path) => {
-                    std::fs::write(&path, doc)
-                        .with_context(|| format!("writing {}", path.display()))?;
-                    eprintln!("wrote {}", path.display());
-                }
-                None => print!("{doc}"),
-            }
+            emit(toolexec_api::openapi_json(&registry), write)?;
         }
+    }
+    Ok(())
+}
+
+/// Prints `doc`, or writes it to `path`.
+fn emit(doc: String, path: Option<PathBuf>) -> anyhow::Result<()> {
+    match path {
+        Some(path) => {
+            std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+        None => print!("{doc}"),
     }
     Ok(())
 }

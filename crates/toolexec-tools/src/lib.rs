@@ -5,6 +5,11 @@
 //!
 //! Tools never touch the filesystem except through [`workspace::Workspace`], which resolves every
 //! path in the kernel beneath the workspace directory (`openat2` with `RESOLVE_BENEATH`).
+//!
+//! Shared by several tools: [`patch`] (the apply_patch format, parsing and applying to text),
+//! `walk` (the jailed tree walk of grep and glob, with `.gitignore` rules) and `text` (decoding
+//! files for editing, line endings, near-match hints).
+//!
 //! A tool failure is data for the model ([`ToolOutput`] with an error status), never a Rust error
 //! that could turn into an HTTP error.
 #![forbid(unsafe_code)]
@@ -17,8 +22,11 @@ use toolexec_core::{CallStatus, FileChange, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
+pub mod patch;
 pub mod reads;
 pub mod registry;
+pub(crate) mod text;
+pub(crate) mod walk;
 pub mod workspace;
 
 pub use reads::ReadTracker;

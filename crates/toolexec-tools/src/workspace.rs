@@ -14,6 +14,12 @@
 //! by `renameat` of a fresh temp file, so a write never goes through a symlink or into an inode
 //! that another path shares.
 //!
+//! Deleting ([`Workspace::remove_file_if`]) unlinks one regular file relative to its parent's
+//! descriptor, never a directory or what a symlink points to. Copying
+//! ([`Workspace::copy_file_if`]) streams a file of any size into a fresh temp file renamed over
+//! the destination, hashing on the way. Walking ([`WorkspaceDir::open_child`],
+//! [`WorkspaceDir::read_child`]) goes one real directory or file at a time, symlinks refused.
+//!
 //! This module must not build host paths from workspace paths and open them with `std::fs`: the
 //! only `std::fs` call is [`Workspace::create`]'s `mkdir -p` of the root itself.
 use std::convert::Infallible;
@@ -23,6 +29,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
@@ -217,6 +224,26 @@ pub struct Written {
     pub changed: bool,
 }
 
+/// The result of a deletion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    /// Where the file was: workspace-relative, `/`-separated, symlinked parents resolved.
+    pub path: String,
+    /// What was deleted (never [`Before::Absent`]).
+    pub before: Before,
+}
+
+/// The result of a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Where the source actually is (workspace-relative, symlinks resolved).
+    pub source: String,
+    /// The destination as a write: its path, what it replaced, and the copied bytes' hash.
+    pub written: Written,
+    /// The copied bytes, when there were at most the `keep_up_to` asked for.
+    pub kept: Option<Vec<u8>>,
+}
+
 /// What a directory entry is, as seen without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum EntryKind {
@@ -360,11 +387,7 @@ impl Workspace {
         let shown = &target.display;
         let (parent_kernel, name) = split_parent(&target)?;
         let parent = self.open_or_create_parent(parent_kernel, shown)?;
-        let resolved = match self.relative_path_of(parent.as_fd()) {
-            Some(dir) if dir == "." => name.to_owned(),
-            Some(dir) => format!("{dir}/{name}"),
-            None => shown.clone(),
-        };
+        let resolved = self.resolved_child(&parent, name, shown);
 
         let (before, keep) = self.existing_target(&parent, name, &resolved)?;
         if let Err(refused) = check(&resolved, &before) {
@@ -406,6 +429,149 @@ impl Workspace {
             .relative_path_of(fd.as_fd())
             .unwrap_or_else(|| shown.clone());
         Ok(WorkspaceDir { fd, path: resolved })
+    }
+
+    /// Deletes one regular file. See [`Workspace::remove_file_if`].
+    pub fn remove_file(&self, path: &str) -> Result<Removed, JailError> {
+        match self.remove_file_if(path, |_, _| Ok::<(), Infallible>(()))? {
+            Ok(removed) => Ok(removed),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Deletes one regular file, after `check` has seen the resolved path and what is there
+    /// (read whole, like a write's [`Before`]); if `check` refuses, nothing is deleted.
+    ///
+    /// The parent directory is resolved beneath the root like any lookup (symlinked directories
+    /// inside the workspace are followed, ones that lead out are refused); the file itself is
+    /// removed with `unlinkat` relative to that directory's descriptor, so the name that was
+    /// checked is the name that goes. Directories, symlinks (wherever they point), FIFOs, sockets
+    /// and devices are refused: only a regular file is ever unlinked. A hard-linked file is
+    /// offered to `check` as [`Before::Unread`]; unlinking it would only drop the workspace's
+    /// name for it.
+    pub fn remove_file_if<E>(
+        &self,
+        path: &str,
+        check: impl FnOnce(&str, &Before) -> Result<(), E>,
+    ) -> Result<Result<Removed, E>, JailError> {
+        let target = parse_path(path)?;
+        let shown = &target.display;
+        let (parent_kernel, name) = split_parent(&target)?;
+        let parent = self.open_beneath_root(
+            parent_kernel,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            shown,
+            "open the parent directory of",
+        )?;
+        let resolved = self.resolved_child(&parent, name, shown);
+        let (before, _) = self.existing_target(&parent, name, &resolved)?;
+        if !before.exists() {
+            return Err(JailError::NotFound { path: resolved });
+        }
+        if let Err(refused) = check(&resolved, &before) {
+            return Ok(Err(refused));
+        }
+        // Without AT_REMOVEDIR, unlinkat refuses a directory swapped in since the check; a
+        // symlink swapped in is removed itself, never what it points to.
+        rustix::fs::unlinkat(&parent, name, AtFlags::empty())
+            .map_err(|e| errno_to_jail(e, &resolved, "delete"))?;
+        sync_dir(&parent);
+        Ok(Ok(Removed {
+            path: resolved,
+            before,
+        }))
+    }
+
+    /// Copies a regular file of any size to `dest`, streaming it (never whole in memory), and
+    /// keeps the copied bytes in [`Copied::kept`] only when there are at most `keep_up_to` of
+    /// them. `check` sees the destination's resolved path and what is there first, as for
+    /// [`Workspace::write_if`]; if it refuses, nothing is written.
+    ///
+    /// The source is opened like [`Workspace::read`] opens a file (regular files only, hard
+    /// links refused, beneath the root) but without the size cap. The destination is replaced
+    /// atomically by renaming a fully written temp file over it.
+    pub fn copy_file_if<E>(
+        &self,
+        source: &str,
+        dest: &str,
+        keep_up_to: u64,
+        check: impl FnOnce(&str, &Before) -> Result<(), E>,
+    ) -> Result<Result<Copied, E>, JailError> {
+        let src_target = parse_path(source)?;
+        let src_shown = &src_target.display;
+        let probe = self.open_beneath_root(
+            &src_target.kernel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            src_shown,
+            "open",
+        )?;
+        check_streamable(&fstat(&probe, src_shown)?, src_shown)?;
+        drop(probe);
+        let src_fd = self.open_beneath_root(
+            &src_target.kernel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            src_shown,
+            "open",
+        )?;
+        let src_stat = fstat(&src_fd, src_shown)?;
+        check_streamable(&src_stat, src_shown)?;
+        let source_path = self
+            .relative_path_of(src_fd.as_fd())
+            .unwrap_or_else(|| src_shown.clone());
+
+        let target = parse_path(dest)?;
+        let shown = &target.display;
+        let (parent_kernel, name) = split_parent(&target)?;
+        let parent = self.open_or_create_parent(parent_kernel, shown)?;
+        let resolved = self.resolved_child(&parent, name, shown);
+        let (before, keep) = self.existing_target(&parent, name, &resolved)?;
+        if let Err(refused) = check(&resolved, &before) {
+            return Ok(Err(refused));
+        }
+        let same_file = keep
+            .as_ref()
+            .is_some_and(|st| st.st_dev == src_stat.st_dev && st.st_ino == src_stat.st_ino);
+        if same_file {
+            let size = file_size(&src_stat);
+            let kept = match &before {
+                Before::File { bytes, .. } if size <= keep_up_to => Some(bytes.clone()),
+                _ => None,
+            };
+            let sha256 = match &before {
+                Before::File { sha256, .. } => sha256.clone(),
+                _ => hash_stream(File::from(src_fd), &resolved)?,
+            };
+            return Ok(Ok(Copied {
+                source: source_path,
+                written: Written {
+                    path: resolved,
+                    before,
+                    sha256,
+                    size,
+                    changed: false,
+                },
+                kept,
+            }));
+        }
+        let before_sha = before.sha256().map(str::to_owned);
+        let (sha256, size, kept) =
+            replace_file_with(&parent, name, keep.as_ref(), &resolved, |out| {
+                let copied = stream_copy(File::from(src_fd), out, keep_up_to, &resolved)?;
+                let changed = before_sha.as_deref() != Some(copied.0.as_str());
+                Ok((copied, changed))
+            })?;
+        let changed = before.sha256() != Some(sha256.as_str());
+        Ok(Ok(Copied {
+            source: source_path,
+            written: Written {
+                path: resolved,
+                before,
+                sha256,
+                size,
+                changed,
+            },
+            kept,
+        }))
     }
 
     /// The workspace-relative form of a path as the model gave it (`/workspace/src/./a.rs` →
@@ -540,6 +706,15 @@ impl Workspace {
         Ok((before, Some(opened)))
     }
 
+    /// The resolved workspace-relative path of `name` inside an opened parent directory.
+    fn resolved_child(&self, parent: &OwnedFd, name: &str, shown: &str) -> String {
+        match self.relative_path_of(parent.as_fd()) {
+            Some(dir) if dir == "." => name.to_owned(),
+            Some(dir) => format!("{dir}/{name}"),
+            None => shown.to_owned(),
+        }
+    }
+
     /// The workspace-relative path of an open descriptor, from the kernel's own record of it
     /// (`/proc/self/fd`). `None` if /proc is unavailable or the descriptor is not under the root.
     fn relative_path_of(&self, fd: BorrowedFd<'_>) -> Option<String> {
@@ -613,6 +788,42 @@ impl WorkspaceDir {
         )
         .map_err(|e| errno_to_jail(e, &path, "open directory"))?;
         Ok(WorkspaceDir { fd, path })
+    }
+
+    /// Reads a regular file entry whole, without following a symlink at its name, with the
+    /// same refusals as [`Workspace::read`] (hard links, over [`MAX_READ_BYTES`]).
+    pub fn read_child(&self, entry: &Entry) -> Result<FileContents, JailError> {
+        let path = self.child_path(entry);
+        // O_NONBLOCK: a FIFO swapped in since the listing must not hang the open.
+        let fd = openat2_retry(
+            self.fd.as_fd(),
+            entry.raw.as_c_str(),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL_NO_SYMLINKS,
+        )
+        .map_err(|e| errno_to_jail(e, &path, "open"))?;
+        check_readable(&fstat(&fd, &path)?, &path)?;
+        let bytes = read_capped(fd, &path)?;
+        Ok(FileContents {
+            sha256: sha256_hex(&bytes),
+            path,
+            bytes,
+        })
+    }
+
+    /// When an entry was last modified (not following a symlink), if it can be inspected.
+    pub fn modified(&self, entry: &Entry) -> Option<SystemTime> {
+        let st =
+            rustix::fs::statat(&self.fd, entry.raw.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let secs = u64::try_from(st.st_mtime).ok()?;
+        let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
+        UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+    }
+
+    /// Workspace-relative path of an entry of this directory.
+    pub fn path_of(&self, entry: &Entry) -> String {
+        self.child_path(entry)
     }
 
     /// The target text of a symlink entry (not followed).
@@ -797,6 +1008,14 @@ fn check_readable(st: &Stat, shown: &str) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Like [`check_readable`] without the size cap: for sources that are streamed, not loaded.
+fn check_streamable(st: &Stat, shown: &str) -> Result<(), JailError> {
+    match check_readable(st, shown) {
+        Err(JailError::TooLarge { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 /// Reads at most [`MAX_READ_BYTES`]; a file that grew past it since the `fstat` is refused too.
 fn read_capped(fd: OwnedFd, shown: &str) -> Result<Vec<u8>, JailError> {
     let mut bytes = Vec::new();
@@ -826,6 +1045,26 @@ fn replace_file(
     keep: Option<&Stat>,
     shown: &str,
 ) -> Result<(), JailError> {
+    replace_file_with(parent, name, keep, shown, |file| {
+        file.write_all(contents).map_err(|source| JailError::Io {
+            path: shown.to_owned(),
+            op: "write",
+            source,
+        })?;
+        Ok(((), true))
+    })
+}
+
+/// Creates a temp file next to the target, lets `fill` write it, and renames it over the
+/// target. `fill` answers whether to go ahead: `false` (the contents turned out identical to
+/// what is there) removes the temp file and leaves the target alone.
+fn replace_file_with<T>(
+    parent: &OwnedFd,
+    name: &str,
+    keep: Option<&Stat>,
+    shown: &str,
+    fill: impl FnOnce(&mut File) -> Result<(T, bool), JailError>,
+) -> Result<T, JailError> {
     let io_err = |op: &'static str| {
         move |source: io::Error| JailError::Io {
             path: shown.to_owned(),
@@ -856,26 +1095,101 @@ fn replace_file(
                 .map_err(|e| io_err("set permissions of")(e.into()))?;
         }
         let mut file = File::from(fd);
-        file.write_all(contents).map_err(io_err("write"))?;
+        let (value, go_ahead) = fill(&mut file)?;
+        if !go_ahead {
+            return Ok((value, false));
+        }
         file.sync_all().map_err(io_err("sync"))?;
         rustix::fs::renameat(parent, temp.as_str(), parent, name)
-            .map_err(|e| errno_to_jail(e, shown, "replace"))
+            .map_err(|e| errno_to_jail(e, shown, "replace"))?;
+        Ok((value, true))
     })();
-    if result.is_err() {
-        let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
-        return result;
+    match result {
+        Ok((value, true)) => {
+            sync_dir(parent);
+            Ok(value)
+        }
+        Ok((value, false)) => {
+            let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
+            Err(e)
+        }
     }
-    // Make the rename itself durable; a failure here loses nothing already visible.
-    if let Ok(dir) = openat2_retry(
-        parent.as_fd(),
+}
+
+/// Makes a rename or unlink in `dir` durable; a failure here loses nothing already visible.
+fn sync_dir(dir: &OwnedFd) {
+    if let Ok(readable) = openat2_retry(
+        dir.as_fd(),
         ".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
         JAIL,
     ) {
-        let _ = rustix::fs::fsync(&dir);
+        let _ = rustix::fs::fsync(&readable);
     }
-    Ok(())
+}
+
+/// Buffer for streamed copies: large enough that a big copy is a few thousand syscalls, small
+/// enough to sit on any worker thread.
+const COPY_BUFFER_BYTES: usize = 256 * 1024;
+
+/// Copies `source` into `out`, hashing as it goes; keeps the bytes while there are at most
+/// `keep_up_to` of them. Returns (SHA-256, size, kept bytes).
+fn stream_copy(
+    mut source: File,
+    out: &mut File,
+    keep_up_to: u64,
+    shown: &str,
+) -> Result<(String, u64, Option<Vec<u8>>), JailError> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; COPY_BUFFER_BYTES];
+    let mut size: u64 = 0;
+    let mut kept = Some(Vec::new());
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(JailError::Io {
+                    path: shown.to_owned(),
+                    op: "read the source of",
+                    source,
+                });
+            }
+        };
+        let chunk = &buf[..n];
+        hasher.update(chunk);
+        out.write_all(chunk).map_err(|source| JailError::Io {
+            path: shown.to_owned(),
+            op: "write",
+            source,
+        })?;
+        size += n as u64;
+        if size > keep_up_to {
+            kept = None;
+        } else if let Some(kept) = kept.as_mut() {
+            kept.extend_from_slice(chunk);
+        }
+    }
+    Ok((hex::encode(hasher.finalize()), size, kept))
+}
+
+/// SHA-256 of everything `source` holds, streamed.
+fn hash_stream(mut source: File, shown: &str) -> Result<String, JailError> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    io::copy(&mut source, &mut hasher).map_err(|source| JailError::Io {
+        path: shown.to_owned(),
+        op: "read",
+        source,
+    })?;
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// `.<name>.toolexec-<random>.tmp`, kept within `NAME_MAX`.
@@ -1131,6 +1445,104 @@ mod tests {
             Err(JailError::SymlinkLoop { .. } | JailError::NotADirectory { .. })
         ));
         assert_eq!(root.open_child(&entries[1]).unwrap().path(), "b");
+    }
+
+    #[test]
+    fn removing_a_file_reports_what_was_there_and_leaves_the_directory() {
+        let (dir, ws) = workspace();
+        ws.write("d/a.txt", b"gone").unwrap();
+        let removed = ws.remove_file("/workspace/d/./a.txt").unwrap();
+        assert_eq!(removed.path, "d/a.txt");
+        assert_eq!(removed.before.sha256(), Some(sha256_hex(b"gone").as_str()));
+        assert!(!dir.path().join("d/a.txt").exists());
+        assert!(dir.path().join("d").is_dir());
+        assert!(matches!(
+            ws.remove_file("d/a.txt"),
+            Err(JailError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn a_refused_removal_deletes_nothing() {
+        let (dir, ws) = workspace();
+        ws.write("a.txt", b"keep").unwrap();
+        let outcome = ws.remove_file_if("a.txt", |_, _| Err("no")).unwrap();
+        assert_eq!(outcome, Err("no"));
+        assert!(dir.path().join("a.txt").exists());
+    }
+
+    #[test]
+    fn a_copy_streams_the_bytes_and_keeps_them_only_when_small() {
+        let (dir, ws) = workspace();
+        let big: Vec<u8> = (0..3 * COPY_BUFFER_BYTES + 17).map(|i| i as u8).collect();
+        std::fs::write(dir.path().join("big.bin"), &big).unwrap();
+        let allow = |_: &str, _: &Before| Ok::<(), ()>(());
+        let copied = ws
+            .copy_file_if("big.bin", "sub/copy.bin", 1024, allow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(copied.source, "big.bin");
+        assert_eq!(copied.written.path, "sub/copy.bin");
+        assert_eq!(copied.written.sha256, sha256_hex(&big));
+        assert_eq!(copied.written.size, big.len() as u64);
+        assert!(copied.written.changed);
+        assert_eq!(copied.kept, None);
+        assert_eq!(std::fs::read(dir.path().join("sub/copy.bin")).unwrap(), big);
+
+        let small = ws
+            .copy_file_if("sub/copy.bin", "again.bin", u64::MAX, allow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(small.kept.as_deref(), Some(big.as_slice()));
+    }
+
+    #[test]
+    fn copying_over_a_file_with_the_same_bytes_or_onto_itself_changes_nothing() {
+        let (_dir, ws) = workspace();
+        ws.write("a", b"same").unwrap();
+        ws.write("b", b"same").unwrap();
+        let allow = |_: &str, _: &Before| Ok::<(), ()>(());
+        let onto_twin = ws.copy_file_if("a", "b", 1024, allow).unwrap().unwrap();
+        assert!(!onto_twin.written.changed);
+        let onto_itself = ws.copy_file_if("a", "a", 1024, allow).unwrap().unwrap();
+        assert!(!onto_itself.written.changed);
+        assert_eq!(onto_itself.kept.as_deref(), Some(&b"same"[..]));
+    }
+
+    #[test]
+    fn a_file_over_the_read_limit_can_still_be_copied() {
+        let (dir, ws) = workspace();
+        let file = std::fs::File::create(dir.path().join("huge.img")).unwrap();
+        file.set_len(MAX_READ_BYTES + 1).unwrap();
+        drop(file);
+        assert!(matches!(
+            ws.read("huge.img"),
+            Err(JailError::TooLarge { .. })
+        ));
+        let copied = ws
+            .copy_file_if("huge.img", "copy.img", 1024, |_, _| Ok::<(), ()>(()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(copied.written.size, MAX_READ_BYTES + 1);
+        assert_eq!(copied.kept, None);
+        let len = std::fs::metadata(dir.path().join("copy.img"))
+            .unwrap()
+            .len();
+        assert_eq!(len, MAX_READ_BYTES + 1);
+    }
+
+    #[test]
+    fn a_child_is_read_without_following_a_symlink_at_its_name() {
+        let (dir, ws) = workspace();
+        std::fs::write(dir.path().join("real"), "x").unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("link")).unwrap();
+        let root = ws.open_dir(".").unwrap();
+        let entries = root.entries().unwrap();
+        let link = entries.iter().find(|e| e.name == "link").unwrap();
+        let real = entries.iter().find(|e| e.name == "real").unwrap();
+        assert!(root.read_child(link).is_err());
+        assert_eq!(root.read_child(real).unwrap().bytes, b"x");
+        assert!(root.modified(real).is_some());
     }
 
     #[test]

@@ -60,33 +60,35 @@ impl Session {
 #[test]
 fn the_catalog_describes_the_file_tools_truthfully() {
     let registry = Registry::builtin().unwrap();
-    let expected = [
+    use Capability::{ContentFromSource, FsRead, FsWrite};
+    use TruncationMode::{HeadTail, Tail};
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 10] = [
+        ("read_file", true, &[FsRead], 50_000, HeadTail),
+        ("read_many_files", true, &[FsRead], 50_000, HeadTail),
+        ("write_file", false, &[FsWrite], 1_000, Tail),
+        ("edit_file", false, &[FsRead, FsWrite], 10_000, Tail),
+        ("apply_patch", false, &[FsRead, FsWrite], 10_000, Tail),
+        ("grep", true, &[FsRead], 30_000, Tail),
+        ("glob", true, &[FsRead], 20_000, Tail),
+        ("list_dir", true, &[FsRead], 50_000, HeadTail),
         (
-            "list_dir",
-            true,
-            Capability::FsRead,
-            50_000,
-            TruncationMode::HeadTail,
-        ),
-        (
-            "read_file",
-            true,
-            Capability::FsRead,
-            50_000,
-            TruncationMode::HeadTail,
-        ),
-        (
-            "write_file",
+            "file_copy",
             false,
-            Capability::FsWrite,
-            1_000,
-            TruncationMode::Tail,
+            &[FsRead, FsWrite, ContentFromSource],
+            50_000,
+            HeadTail,
         ),
+        ("file_delete", false, &[FsWrite], 50_000, HeadTail),
     ];
-    for (name, read_only, capability, chars, mode) in expected {
+    assert_eq!(
+        registry.names().collect::<Vec<_>>().len(),
+        expected.len(),
+        "every tool is described here"
+    );
+    for (name, read_only, capabilities, chars, mode) in expected {
         let spec = registry.get(name).unwrap().spec();
         assert_eq!(spec.read_only, read_only, "{name}");
-        assert_eq!(spec.capabilities, [capability], "{name}");
+        assert_eq!(spec.capabilities, capabilities, "{name}");
         assert_eq!(spec.output_limit, OutputLimit::new(chars, mode), "{name}");
         assert_eq!(
             spec.input_schema["additionalProperties"],

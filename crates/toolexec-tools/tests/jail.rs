@@ -21,6 +21,10 @@ use toolexec_tools::workspace::{Before, JailError, UnreadReason, Workspace};
 
 const SECRET: &[u8] = b"TOP SECRET: outside the workspace\n";
 
+/// How long a race test keeps trying to see both states (the real file and the swapped-in
+/// symlink) before it gives up as inconclusive.
+const RACE_DEADLINE: Duration = Duration::from_secs(10);
+
 struct Setup {
     _tmp: tempfile::TempDir,
     ws_root: PathBuf,
@@ -499,7 +503,12 @@ fn a_file_swapped_for_an_outside_symlink_during_reads_never_leaks() {
     let stop = Arc::new(AtomicBool::new(false));
     let flipper = swapper(stop.clone(), s.in_ws("flip"), s.in_ws("flip.alt"));
     let (mut reads, mut refused) = (0, 0);
-    for _ in 0..3000 {
+    // At least 3000 tries, and on until both states were seen: under a loaded test run the
+    // swapper thread can be starved for a while.
+    let deadline = Instant::now() + RACE_DEADLINE;
+    let mut tries = 0;
+    while tries < 3000 || ((reads == 0 || refused == 0) && Instant::now() < deadline) {
+        tries += 1;
         match s.ws.read("flip") {
             Ok(file) => {
                 assert_eq!(file.bytes, b"harmless");
@@ -526,7 +535,10 @@ fn a_directory_swapped_for_an_outside_symlink_during_writes_never_escapes() {
     let stop = Arc::new(AtomicBool::new(false));
     let flipper = swapper(stop.clone(), s.in_ws("d"), s.in_ws("d.alt"));
     let (mut written, mut refused) = (0, 0);
-    for n in 0..2000 {
+    let deadline = Instant::now() + RACE_DEADLINE;
+    let mut n = 0;
+    while n < 2000 || ((written == 0 || refused == 0) && Instant::now() < deadline) {
+        n += 1;
         match s.ws.write(&format!("d/new-{n}.txt"), b"x") {
             Ok(_) => written += 1,
             Err(JailError::OutsideWorkspace { .. }) => refused += 1,
@@ -544,4 +556,117 @@ fn a_directory_swapped_for_an_outside_symlink_during_writes_never_escapes() {
         written > 0 && refused > 0,
         "the race did not hit both states ({written} writes, {refused} refusals); it proved nothing"
     );
+}
+
+#[test]
+fn deleting_outside_through_dot_dot_or_symlinked_directories_is_refused() {
+    let s = Setup::new();
+    let before = s.outside_snapshot();
+    symlink(&s.outside, s.in_ws("out"));
+    symlink("../outside", s.in_ws("rel-out"));
+    for path in [
+        "../outside/secret",
+        "/workspace/../outside/secret",
+        "out/secret",
+        "rel-out/sub/deeper",
+        &s.outside_str("secret"),
+    ] {
+        assert_outside(s.ws.remove_file(path));
+    }
+    assert_eq!(s.outside_snapshot(), before);
+}
+
+#[test]
+fn deleting_a_symlink_to_an_outside_file_removes_nothing_outside() {
+    let s = Setup::new();
+    let before = s.outside_snapshot();
+    symlink(s.outside.join("secret"), s.in_ws("link"));
+    let result = s.ws.remove_file("link");
+    assert!(
+        matches!(result, Err(JailError::NotARegularFile { kind, .. }) if kind.contains("symbolic link")),
+        "{result:?}"
+    );
+    assert!(
+        fs::symlink_metadata(s.in_ws("link")).is_ok(),
+        "the link stays"
+    );
+    assert_eq!(s.outside_snapshot(), before);
+}
+
+#[test]
+fn deleting_a_directory_a_fifo_or_the_root_is_refused() {
+    let s = Setup::new();
+    fs::create_dir_all(s.in_ws("dir/inner")).unwrap();
+    fs::write(s.in_ws("dir/inner/f"), "x").unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        s.in_ws("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    for path in ["dir", "dir/inner", ".", "/workspace", "dir/.."] {
+        assert!(
+            matches!(s.ws.remove_file(path), Err(JailError::IsADirectory { .. })),
+            "{path}"
+        );
+    }
+    let ws = s.ws.clone();
+    let result = within(Duration::from_secs(5), move || ws.remove_file("pipe"));
+    assert!(matches!(result, Err(JailError::NotARegularFile { .. })));
+    assert!(s.in_ws("dir/inner/f").exists());
+    assert!(s.in_ws("pipe").exists());
+}
+
+#[test]
+fn deleting_a_hard_link_to_an_outside_file_leaves_the_outside_file() {
+    let s = Setup::new();
+    fs::hard_link(s.outside.join("secret"), s.in_ws("planted")).unwrap();
+    let removed = s.ws.remove_file("planted").unwrap();
+    assert!(matches!(
+        removed.before,
+        Before::Unread {
+            reason: UnreadReason::HardLink,
+            ..
+        }
+    ));
+    assert!(!s.in_ws("planted").exists());
+    assert_eq!(fs::read(s.outside.join("secret")).unwrap(), SECRET);
+}
+
+#[test]
+fn copying_from_or_to_outside_is_refused() {
+    let s = Setup::new();
+    let before = s.outside_snapshot();
+    fs::write(s.in_ws("inside.txt"), "inside").unwrap();
+    symlink(&s.outside, s.in_ws("out"));
+    let keep = 1024;
+    let allow = |_: &str, _: &Before| Ok::<(), ()>(());
+    for source in ["../outside/secret", "out/secret", &s.outside_str("secret")] {
+        assert_outside(s.ws.copy_file_if(source, "copied.txt", keep, allow));
+    }
+    for dest in [
+        "../outside/new",
+        "out/new",
+        "out/secret",
+        &s.outside_str("x"),
+    ] {
+        assert_outside(s.ws.copy_file_if("inside.txt", dest, keep, allow));
+    }
+    assert!(!s.in_ws("copied.txt").exists());
+    assert_eq!(s.outside_snapshot(), before);
+}
+
+#[test]
+fn copying_a_hard_link_to_an_outside_file_is_refused() {
+    let s = Setup::new();
+    fs::hard_link(s.outside.join("secret"), s.in_ws("planted")).unwrap();
+    let result =
+        s.ws.copy_file_if("planted", "copy", 1024, |_, _| Ok::<(), ()>(()));
+    assert!(
+        matches!(result, Err(JailError::HardLink { .. })),
+        "{result:?}"
+    );
+    assert!(!s.in_ws("copy").exists());
 }

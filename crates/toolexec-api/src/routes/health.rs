@@ -14,6 +14,23 @@ pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
+        .routes(routes!(metrics))
+}
+
+/// Prometheus metrics: calls by tool and status, call latency, store commit latency and batch
+/// size. Unauthenticated like the probes; expose it only to the scraper (the gateway should not
+/// route it).
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses((status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain; version=0.0.4")))]
+async fn metrics(State(state): State<SharedState>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.engine.metrics().render(),
+    )
+        .into_response()
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -1,20 +1,37 @@
 //! The built-in tools, one file each, and the few helpers they share.
 use std::sync::Arc;
 
+use toolexec_core::Capability;
+
 use crate::Tool;
 use crate::ToolOutput;
-use crate::workspace::JailError;
+use crate::reads::{ReadTracker, WriteCheck};
+use crate::workspace::{Before, JailError, UnreadReason, human_bytes};
 
+pub mod apply_patch;
+pub mod edit_file;
+pub mod file_copy;
+pub mod file_delete;
+pub mod glob;
+pub mod grep;
 pub mod list_dir;
 pub mod read_file;
+pub mod read_many_files;
 pub mod write_file;
 
 /// Every built-in tool, in catalog order.
 pub fn all() -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(read_file::ReadFile::new()),
+        Arc::new(read_many_files::ReadManyFiles::new()),
         Arc::new(write_file::WriteFile::new()),
+        Arc::new(edit_file::EditFile::new()),
+        Arc::new(apply_patch::ApplyPatch::new()),
+        Arc::new(grep::Grep::new()),
+        Arc::new(glob::Glob::new()),
         Arc::new(list_dir::ListDir::new()),
+        Arc::new(file_copy::FileCopy::new()),
+        Arc::new(file_delete::FileDelete::new()),
     ]
 }
 
@@ -43,5 +60,180 @@ pub(crate) fn plural(count: usize, one: &str, many: &str) -> String {
         format!("{count} {one}")
     } else {
         format!("{count} {many}")
+    }
+}
+
+/// What a tool is about to do to an existing file, for the read-before-write messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Write,
+    Edit,
+    Delete,
+    Patch,
+}
+
+impl Action {
+    /// `Cannot {verb} 'path'`.
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Write => "write to",
+            Action::Edit => "edit",
+            Action::Delete => "delete",
+            Action::Patch => "patch",
+        }
+    }
+
+    /// `…, then {retry}.`
+    fn retry(self) -> &'static str {
+        match self {
+            Action::Write => "write it again",
+            Action::Edit => "call edit_file again",
+            Action::Delete => "delete it again",
+            Action::Patch => "apply the patch again",
+        }
+    }
+}
+
+/// The read-before-write guardrail (SPEC §5), checked against exactly what is about to be
+/// replaced or deleted.
+///
+/// A tool that declares [`Capability::ContentFromSource`] is exempt: everything it writes is a
+/// faithful copy of an existing file, never text the model wrote without seeing what it
+/// replaces. The exemption follows the declared capability, never the tool's name, so a new tool
+/// gets it only by claiming that provenance in its spec (where it is recorded on every
+/// invocation).
+pub(crate) fn read_before_write(
+    capabilities: &[Capability],
+    reads: &ReadTracker,
+    path: &str,
+    before: &Before,
+    action: Action,
+) -> Result<(), String> {
+    if capabilities.contains(&Capability::ContentFromSource) {
+        return Ok(());
+    }
+    let (verb, retry) = (action.verb(), action.retry());
+    match before {
+        Before::Absent => Ok(()),
+        Before::File { sha256, .. } => check_read(reads, path, sha256, action),
+        Before::Unread {
+            reason: UnreadReason::HardLink,
+            ..
+        } => Err(format!(
+            "Cannot {verb} '{path}': it has more than one hard link, so it may be a file from \
+             outside the workspace and cannot be read first. Delete it with the shell \
+             (rm '{path}'), then {retry}."
+        )),
+        Before::Unread {
+            reason: UnreadReason::TooLarge,
+            size,
+        } => Err(format!(
+            "Cannot {verb} '{path}': the existing file is {} and too large to have been read \
+             with read_file. Use the shell to change or remove it.",
+            human_bytes(*size)
+        )),
+    }
+}
+
+/// Whether the session has read `path` as it is now (contents hashing to `sha256`); the refusal
+/// for the model if not.
+pub(crate) fn check_read(
+    reads: &ReadTracker,
+    path: &str,
+    sha256: &str,
+    action: Action,
+) -> Result<(), String> {
+    let (verb, retry) = (action.verb(), action.retry());
+    match reads.check(path, sha256) {
+        WriteCheck::Allowed => Ok(()),
+        WriteCheck::NeverRead => Err(match action {
+            Action::Write => format!(
+                "Cannot write to '{path}': file exists but has not been read. Use read_file to \
+                 read it first, then write it again (or use a new path to create a new file)."
+            ),
+            _ => format!(
+                "Cannot {verb} '{path}': file exists but has not been read. Use read_file to \
+                 read it first, then {retry}."
+            ),
+        }),
+        WriteCheck::Stale => Err(format!(
+            "Cannot {verb} '{path}': the file has changed since you read it (something else \
+             modified it). Use read_file to read its current contents, then {retry}."
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(contents: &[u8]) -> Before {
+        Before::File {
+            sha256: toolexec_core::sha256_hex(contents),
+            size: contents.len() as u64,
+            bytes: contents.to_vec(),
+        }
+    }
+
+    #[test]
+    fn an_unread_existing_file_is_refused_for_every_action() {
+        let reads = ReadTracker::default();
+        for action in [Action::Write, Action::Edit, Action::Delete, Action::Patch] {
+            let refusal =
+                read_before_write(&[Capability::FsWrite], &reads, "a.rs", &file(b"x"), action)
+                    .unwrap_err();
+            assert!(refusal.contains("has not been read"), "{refusal}");
+            assert!(refusal.contains("Use read_file"), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn a_stale_read_is_refused_with_the_changed_since_message() {
+        let reads = ReadTracker::default();
+        reads.record("a.rs", &toolexec_core::sha256_hex(b"old"));
+        let refusal = read_before_write(
+            &[Capability::FsWrite],
+            &reads,
+            "a.rs",
+            &file(b"new"),
+            Action::Delete,
+        )
+        .unwrap_err();
+        assert!(refusal.contains("changed since you read it"), "{refusal}");
+    }
+
+    #[test]
+    fn content_from_source_is_exempt_whatever_the_tool_is_called() {
+        let reads = ReadTracker::default();
+        let exempt = [Capability::FsWrite, Capability::ContentFromSource];
+        assert_eq!(
+            read_before_write(&exempt, &reads, "a.rs", &file(b"x"), Action::Write),
+            Ok(())
+        );
+        assert!(
+            read_before_write(
+                &[Capability::FsWrite],
+                &reads,
+                "a.rs",
+                &file(b"x"),
+                Action::Write
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn new_files_need_no_read() {
+        let reads = ReadTracker::default();
+        assert_eq!(
+            read_before_write(
+                &[Capability::FsWrite],
+                &reads,
+                "new.rs",
+                &Before::Absent,
+                Action::Write
+            ),
+            Ok(())
+        );
     }
 }

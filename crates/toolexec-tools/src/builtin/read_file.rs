@@ -5,7 +5,8 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure, plural};
-use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use crate::workspace::Workspace;
+use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
 
 /// Lines shown when the call gives no `limit`: most source files fit whole, and 2000 numbered
 /// lines stay within the model-facing output limit for typical line lengths.
@@ -110,30 +111,63 @@ impl Tool for ReadFile {
             Err(output) => return output,
         };
         let workspace = ctx.workspace.clone();
-        let path = args.file_path.clone();
-        let file = match blocking(move || workspace.read(&path)).await {
-            Ok(Ok(file)) => file,
-            Ok(Err(jail)) => return jail_failure(&jail),
-            Err(output) => return output,
-        };
+        let reads = ctx.reads.clone();
         let window = Window {
             offset: args.offset.unwrap_or(1).max(1),
             limit: args.limit.unwrap_or(DEFAULT_LINE_LIMIT).max(1),
         };
-        match render(&file.path, &file.bytes, window) {
-            Ok(text) => {
-                ctx.reads.record(&file.path, &file.sha256);
-                ToolOutput::ok(text)
-            }
-            Err(text) => ToolOutput::error(text),
+        let path = args.file_path;
+        match blocking(move || read_and_render(&workspace, &reads, &path, window)).await {
+            Ok(Ok(shown)) => ToolOutput::ok(shown.text),
+            Ok(Err(failure)) => failure,
+            Err(output) => output,
         }
     }
 }
 
+/// Which lines of a file to show.
 #[derive(Debug, Clone, Copy)]
-struct Window {
-    offset: usize,
-    limit: usize,
+pub(crate) struct Window {
+    /// 1-based first line.
+    pub offset: usize,
+    pub limit: usize,
+}
+
+impl Window {
+    /// From the first line, [`DEFAULT_LINE_LIMIT`] lines.
+    pub(crate) fn default_lines() -> Self {
+        Self {
+            offset: 1,
+            limit: DEFAULT_LINE_LIMIT,
+        }
+    }
+}
+
+/// A file as read_file shows it.
+#[derive(Debug)]
+pub(crate) struct Shown {
+    /// Where the file really is (workspace-relative, symlinks resolved).
+    pub path: String,
+    pub text: String,
+}
+
+/// Reads a file through the jail and renders a window of it the way read_file does, recording
+/// the read for read-before-write when something was shown. The failure is the tool output the
+/// model gets instead (a jail refusal or a file that cannot be shown). Shared by read_file and
+/// read_many_files so the two can never disagree about what a file looks like.
+pub(crate) fn read_and_render(
+    workspace: &Workspace,
+    reads: &ReadTracker,
+    path: &str,
+    window: Window,
+) -> Result<Shown, ToolOutput> {
+    let file = workspace.read(path).map_err(|jail| jail_failure(&jail))?;
+    let text = render(&file.path, &file.bytes, window).map_err(ToolOutput::error)?;
+    reads.record(&file.path, &file.sha256);
+    Ok(Shown {
+        path: file.path,
+        text,
+    })
 }
 
 /// The model-facing text for a file's bytes, or the error text when nothing can be shown.
@@ -202,7 +236,7 @@ fn render(path: &str, bytes: &[u8], window: Window) -> Result<String, String> {
     Ok(out)
 }
 
-fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
     match line.char_indices().nth(MAX_LINE_CHARS) {
         None => line.into(),
         Some((cut, _)) => {

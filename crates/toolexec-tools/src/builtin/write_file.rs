@@ -6,9 +6,8 @@ use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
 };
 
-use super::{blocking, jail_failure, plural};
-use crate::reads::WriteCheck;
-use crate::workspace::{Before, UnreadReason, human_bytes};
+use super::{Action, blocking, jail_failure, plural, read_before_write};
+use crate::workspace::{Before, human_bytes};
 use crate::{RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 
 const DESCRIPTION: &str = "\
@@ -92,10 +91,11 @@ impl Tool for WriteFile {
         };
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
+        let capabilities = self.spec.capabilities.clone();
         let Args { file_path, content } = args;
         let outcome = blocking(move || {
             let written = workspace.write_if(&file_path, content.as_bytes(), |path, before| {
-                read_before_write(&reads, path, before)
+                read_before_write(&capabilities, &reads, path, before, Action::Write)
             });
             (written, content)
         })
@@ -150,43 +150,5 @@ impl Tool for WriteFile {
             change,
             after: Some(content.into_bytes()),
         })
-    }
-}
-
-/// The read-before-write guardrail, checked against exactly what is about to be replaced.
-fn read_before_write(
-    reads: &crate::ReadTracker,
-    path: &str,
-    before: &Before,
-) -> Result<(), String> {
-    match before {
-        Before::Absent => Ok(()),
-        Before::File { sha256, .. } => match reads.check(path, sha256) {
-            WriteCheck::Allowed => Ok(()),
-            WriteCheck::NeverRead => Err(format!(
-                "Cannot write to '{path}': file exists but has not been read. Use read_file to \
-                 read it first, then write it again (or use a new path to create a new file)."
-            )),
-            WriteCheck::Stale => Err(format!(
-                "Cannot write to '{path}': the file has changed since you read it (something \
-                 else modified it). Use read_file to read its current contents, then write again."
-            )),
-        },
-        Before::Unread {
-            reason: UnreadReason::HardLink,
-            ..
-        } => Err(format!(
-            "Cannot write to '{path}': it has more than one hard link, so it may be a file from \
-             outside the workspace and cannot be read first. Delete it with the shell \
-             (rm '{path}'), then write it again."
-        )),
-        Before::Unread {
-            reason: UnreadReason::TooLarge,
-            size,
-        } => Err(format!(
-            "Cannot write to '{path}': the existing file is {} and too large to have been read \
-             with read_file. Delete or move it with the shell first, or write to a new path.",
-            human_bytes(*size)
-        )),
     }
 }

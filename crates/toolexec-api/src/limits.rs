@@ -1,0 +1,137 @@
+//! Admission control: a per-tenant request rate limit (token bucket, 429 + `Retry-After`) and a
+//! global cap on requests in flight (load shedding: 503 + `Retry-After` instead of queueing
+//! without bound).
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+use crate::problem::ApiError;
+
+/// Per-tenant token bucket settings. `requests_per_second = 0` turns the limit off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub requests_per_second: f64,
+    pub burst: f64,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Most tenants tracked at once; the table is cleared when full (bounded memory).
+const MAX_BUCKETS: usize = 100_000;
+
+#[derive(Debug)]
+pub struct Limiter {
+    rate: RateLimit,
+    buckets: Mutex<HashMap<Uuid, Bucket>>,
+}
+
+impl Limiter {
+    pub fn new(rate: RateLimit) -> Self {
+        Self {
+            rate,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token for `tenant`, or says how many seconds until one is available.
+    pub fn check(&self, tenant: Uuid) -> Result<(), ApiError> {
+        let RateLimit {
+            requests_per_second: rps,
+            burst,
+        } = self.rate;
+        if rps <= 0.0 {
+            return Ok(());
+        }
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return Ok(());
+        };
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&tenant) {
+            buckets.clear();
+        }
+        let now = Instant::now();
+        let b = buckets.entry(tenant).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rps).min(burst);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = ((1.0 - b.tokens) / rps).ceil().max(1.0) as u32;
+        Err(ApiError {
+            retry_after: Some(wait),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "this tenant's request rate is over {rps} per second; retry after {wait} s"
+                ),
+            )
+        })
+    }
+}
+
+/// Sheds load beyond `permits` requests in flight.
+pub async fn shed_load(
+    State(permits): State<Arc<Semaphore>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match permits.try_acquire() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the service is at its limit of concurrent requests; retry shortly",
+            )
+        }
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_over_its_burst_is_told_when_to_retry_and_others_are_unaffected() {
+        let l = Limiter::new(RateLimit {
+            requests_per_second: 1.0,
+            burst: 2.0,
+        });
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        assert!(l.check(a).is_ok());
+        assert!(l.check(a).is_ok());
+        let e = l.check(a).expect_err("over the burst");
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.retry_after, Some(1));
+        assert!(l.check(b).is_ok());
+    }
+
+    #[test]
+    fn a_zero_rate_means_no_limit() {
+        let l = Limiter::new(RateLimit {
+            requests_per_second: 0.0,
+            burst: 0.0,
+        });
+        let a = Uuid::now_v7();
+        for _ in 0..1000 {
+            assert!(l.check(a).is_ok());
+        }
+    }
+}

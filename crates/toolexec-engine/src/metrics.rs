@@ -1,0 +1,104 @@
+//! Prometheus metrics of the engine: calls by tool and status, call latency, and the recorder's
+//! commit latency and batch sizes. Rendered as Prometheus text at `GET /metrics`.
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub tool: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabel {
+    pub tool: String,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    calls: Family<CallLabels, Counter>,
+    call_seconds: Family<ToolLabel, Histogram>,
+    commit_seconds: Histogram,
+    commit_batch: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs … ~26 s: from a cached read to a long build step.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("toolexec");
+        let calls = Family::<CallLabels, Counter>::default();
+        let call_seconds = Family::<ToolLabel, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let commit_seconds = latency_histogram();
+        let commit_batch = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        registry.register("calls", "Tool calls run, by tool and status", calls.clone());
+        registry.register(
+            "call_duration_seconds",
+            "Time from a call's start to its recorded result",
+            call_seconds.clone(),
+        );
+        registry.register(
+            "store_commit_duration_seconds",
+            "Latency of one group commit (one transaction) to the store",
+            commit_seconds.clone(),
+        );
+        registry.register(
+            "store_commit_batch_size",
+            "Writes per group commit",
+            commit_batch.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            calls,
+            call_seconds,
+            commit_seconds,
+            commit_batch,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn call(&self, tool: &str, status: &str, seconds: f64) {
+        self.calls
+            .get_or_create(&CallLabels {
+                tool: tool.to_owned(),
+                status: status.to_owned(),
+            })
+            .inc();
+        self.call_seconds
+            .get_or_create(&ToolLabel {
+                tool: tool.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn commit(&self, batch: usize, seconds: f64) {
+        self.commit_seconds.observe(seconds);
+        self.commit_batch.observe(batch as f64);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Ok(registry) = self.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        }
+        out
+    }
+}

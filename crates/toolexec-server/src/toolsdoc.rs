@@ -1,0 +1,54 @@
+//! The tools reference (`docs/tools.md`), rendered from the catalog so it cannot drift from what
+//! the service serves at `GET /v1/tools`.
+use std::fmt::Write as _;
+
+use toolexec_tools::Registry;
+
+/// Markdown for every tool: its manual, flags, limits and argument schema.
+pub fn tools_markdown(registry: &Registry) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Tools reference\n\n\
+         Generated from the tool catalog by `cargo run -p toolexec-server -- tools-doc --write docs/tools.md`;\n\
+         a test fails when it differs from the code. The same data is served at `GET /v1/tools`\n\
+         (also as `?format=openai|anthropic|mcp`).\n\n\
+         Every call's arguments are validated against the tool's schema before it runs; a call that\n\
+         fails validation is recorded with status `invalid_arguments` and a message naming the JSON\n\
+         pointer and the schema rule. Output longer than the tool's limit is cut (head, tail or both)\n\
+         with a marker that says how to read the rest; the full output is kept\n\
+         (`GET /v1/invocations/{{id}}/output`).\n\n\
+         | tool | read-only | capabilities | output limit |\n|---|---|---|---|"
+    );
+    for spec in registry.specs() {
+        let caps: Vec<&str> = spec.capabilities.iter().map(|c| c.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "| [`{0}`](#{0}) | {1} | {2} | {3} chars, {4} |",
+            spec.name,
+            if spec.read_only { "yes" } else { "no" },
+            caps.join(", "),
+            spec.output_limit.max_chars,
+            mode_name(spec.output_limit.mode),
+        );
+    }
+    for spec in registry.specs() {
+        let schema = serde_json::to_string_pretty(&spec.input_schema).unwrap_or_default();
+        let _ = write!(
+            out,
+            "\n## {}\n\n{}\n\n**Arguments** (JSON Schema):\n\n```json\n{}\n```\n",
+            spec.name,
+            spec.description.trim(),
+            schema
+        );
+    }
+    out
+}
+
+fn mode_name(mode: toolexec_core::TruncationMode) -> &'static str {
+    match mode {
+        toolexec_core::TruncationMode::Head => "head",
+        toolexec_core::TruncationMode::Tail => "tail",
+        toolexec_core::TruncationMode::HeadTail => "head+tail",
+    }
+}

@@ -1,0 +1,265 @@
+//! `file_copy`: copy one file's bytes to another path without them passing through the model.
+//!
+//! It declares [`Capability::ContentFromSource`]: everything it writes is a faithful copy of an
+//! existing file, so the read-before-write guardrail stands down for the destination (see
+//! `builtin::read_before_write`: the exemption follows the declared capability, not this tool's
+//! name). Clobbering is guarded instead by an explicit `overwrite` flag: an existing destination
+//! is replaced only when the call says so.
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{
+    Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
+};
+
+use super::{Action, blocking, jail_failure, read_before_write};
+use crate::reads::WriteCheck;
+use crate::workspace::{Before, Copied, JailError, Workspace, human_bytes};
+use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+
+/// Copies up to this size are recorded with their contents (as a blob); bigger ones with their
+/// hash and size only (`after: None`), so copying a large asset does not double its storage in
+/// the event log.
+pub const MAX_RECORDED_BYTES: u64 = 1024 * 1024;
+
+const DESCRIPTION: &str = "\
+Copies one file to another path in the workspace. The bytes go straight from file to file: they \
+never pass through you, so any file can be copied whatever its size or type (images, archives, \
+binaries, huge data files).
+
+Use it to duplicate a file as a starting point, to copy assets or fixtures, or (with file_delete) \
+to move a file. To change a file's contents use edit_file, apply_patch or write_file; to copy a \
+whole directory use the shell.
+
+`dest` is the full path of the new file (not a directory to copy into); missing parent \
+directories are created. If dest already exists the call is refused unless `overwrite` is true; \
+with `overwrite` the old contents are replaced (recorded in the session's log). Because the new \
+contents are an exact copy of an existing file, dest does not need to have been read first. The \
+source must be a regular file inside the workspace (not a directory, symlinks are followed only \
+inside the workspace, hard-linked files are refused).
+
+Example: {\"source\": \"templates/config.example.toml\", \"dest\": \"config.toml\"}
+
+Limits: one file per call. The copy is atomic: dest holds either its old contents or the whole \
+copy, never part of it.";
+
+pub struct FileCopy {
+    spec: ToolSpec,
+}
+
+impl Default for FileCopy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FileCopy {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "file_copy".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "source": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The file to copy: relative to /workspace or absolute under it."
+                        },
+                        "dest": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The path of the copy (a file path, not a directory)."
+                        },
+                        "overwrite": {
+                            "type": "boolean",
+                            "default": false,
+                            "description": "Replace dest if it already exists. Default false: an existing dest is refused."
+                        }
+                    },
+                    "required": ["source", "dest"],
+                    "additionalProperties": false
+                }),
+                read_only: false,
+                capabilities: vec![
+                    Capability::FsRead,
+                    Capability::FsWrite,
+                    Capability::ContentFromSource,
+                ],
+                output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    source: String,
+    dest: String,
+    #[serde(default)]
+    overwrite: bool,
+}
+
+/// Why a copy was not made.
+enum Refusal {
+    /// dest exists and the call did not ask to overwrite it.
+    Exists(String),
+    /// The read-before-write guardrail (only for a tool without `content_from_source`).
+    Guardrail(String),
+}
+
+#[async_trait]
+impl Tool for FileCopy {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let workspace = ctx.workspace.clone();
+        let reads = ctx.reads.clone();
+        let capabilities = self.spec.capabilities.clone();
+        blocking(move || copy(&workspace, &reads, &capabilities, &args))
+            .await
+            .unwrap_or_else(|output| output)
+    }
+}
+
+fn copy(
+    workspace: &Workspace,
+    reads: &ReadTracker,
+    capabilities: &[Capability],
+    args: &Args,
+) -> ToolOutput {
+    let outcome = workspace.copy_file_if(
+        &args.source,
+        &args.dest,
+        MAX_RECORDED_BYTES,
+        |path, before| {
+            if before.exists() && !args.overwrite {
+                return Err(Refusal::Exists(format!(
+                    "Cannot copy to '{path}': it already exists{}. Set overwrite to true to \
+                     replace it, or choose another dest.",
+                    before
+                        .size()
+                        .map(|s| format!(" ({})", human_bytes(s)))
+                        .unwrap_or_default()
+                )));
+            }
+            read_before_write(capabilities, reads, path, before, Action::Write)
+                .map_err(Refusal::Guardrail)
+        },
+    );
+    let copied = match outcome {
+        Ok(Ok(copied)) => copied,
+        Ok(Err(Refusal::Exists(text))) => return ToolOutput::error(text),
+        Ok(Err(Refusal::Guardrail(text))) => return ToolOutput::denied(text),
+        Err(JailError::IsADirectory { path })
+            if Workspace::display_path(&args.dest).is_ok_and(|d| d == path) =>
+        {
+            return ToolOutput::error(format!(
+                "'{path}' is a directory. dest must be the full path of the new file, like \
+                 {path}/{}.",
+                args.source.rsplit('/').next().unwrap_or("name")
+            ));
+        }
+        Err(jail) => return jail_failure(&jail),
+    };
+    let Copied {
+        source,
+        written,
+        kept,
+    } = copied;
+    // If the session had read the source as it was copied, it knows the copy's contents too.
+    if reads.check(&source, &written.sha256) == WriteCheck::Allowed {
+        reads.record(&written.path, &written.sha256);
+    }
+    let size = human_bytes(written.size);
+    if !written.changed {
+        return ToolOutput::ok(format!(
+            "{} already holds exactly the contents of {source} ({size}); nothing was written.",
+            written.path
+        ));
+    }
+    let (kind, how) = match &written.before {
+        Before::Absent => (FileChangeKind::Created, "created".to_owned()),
+        before => (
+            FileChangeKind::Modified,
+            format!(
+                "replaced the previous {}",
+                before
+                    .size()
+                    .map_or_else(|| "contents".to_owned(), human_bytes)
+            ),
+        ),
+    };
+    let change = FileChange {
+        kind,
+        path: written.path.clone(),
+        before_sha256: written.before.sha256().map(str::to_owned),
+        after_sha256: Some(written.sha256.clone()),
+        before_size: written.before.size(),
+        after_size: Some(written.size),
+        after_stored: kept.is_some(),
+        capability: Capability::ContentFromSource,
+    };
+    ToolOutput::ok(format!(
+        "Copied {source} ({size}) to {} ({how}).",
+        written.path
+    ))
+    .with_change(RecordedChange {
+        change,
+        after: kept,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn session() -> (tempfile::TempDir, crate::ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = crate::ToolContext {
+            session_id: uuid::Uuid::now_v7(),
+            workspace: Arc::new(Workspace::open(dir.path()).unwrap()),
+            reads: Arc::new(ReadTracker::default()),
+            policy: toolexec_core::Policy::default(),
+            env: Default::default(),
+        };
+        (dir, ctx)
+    }
+
+    #[tokio::test]
+    async fn the_exemption_comes_from_the_declared_capability_not_the_name() {
+        let (dir, ctx) = session();
+        std::fs::write(dir.path().join("a.txt"), "new").unwrap();
+        std::fs::write(dir.path().join("b.txt"), "unread").unwrap();
+        let args = json!({"source": "a.txt", "dest": "b.txt", "overwrite": true});
+
+        // Same name, same code, without the provenance claim: the guardrail applies.
+        let mut tool = FileCopy::new();
+        tool.spec
+            .capabilities
+            .retain(|c| *c != Capability::ContentFromSource);
+        let out = tool.run(&ctx, args.clone()).await;
+        assert_eq!(
+            out.status,
+            toolexec_core::CallStatus::Denied,
+            "{}",
+            out.content
+        );
+        assert!(out.content.contains("has not been read"), "{}", out.content);
+        assert_eq!(std::fs::read(dir.path().join("b.txt")).unwrap(), b"unread");
+
+        let out = FileCopy::new().run(&ctx, args).await;
+        assert_eq!(out.status, toolexec_core::CallStatus::Ok, "{}", out.content);
+        assert_eq!(std::fs::read(dir.path().join("b.txt")).unwrap(), b"new");
+    }
+}

@@ -1,0 +1,179 @@
+//! `glob`: files by name pattern, newest first. Listing names is not reading: glob results do
+//! not count as read for read-before-write.
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use globset::GlobBuilder;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
+
+use super::grep::relative_to;
+use super::{blocking, jail_failure, plural};
+use crate::walk::{self, Flow};
+use crate::workspace::{VIRTUAL_ROOT, Workspace};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
+
+/// Paths listed: about 20,000 characters (the tool's output limit) at typical path lengths.
+pub const MAX_PATHS: usize = 500;
+
+const DESCRIPTION: &str = "\
+Finds files in the workspace whose path matches a glob pattern, and lists them one per line, \
+most recently modified first.
+
+Use it to find files by name or extension (`**/*.rs`, `src/**/test_*.py`, `**/Cargo.toml`), or to \
+see which files changed last. To search inside files use grep; to see a directory's layout use \
+list_dir.
+
+The pattern is matched against each file's path relative to `path` (default: the workspace root): \
+`*` and `?` stay within one directory level, `**` spans any number of levels, `{a,b}` is either, \
+`[abc]` a character class. So `*.rs` finds .rs files directly in `path` only; `**/*.rs` finds them \
+at any depth. Paths in the output are relative to /workspace.
+
+.gitignore rules are respected, symlinks are not followed, and dependency, build and VCS \
+directories (.git, node_modules, target, .venv, __pycache__, dist, build) are skipped unless `path` \
+is inside one. Listing a file does not count as reading it: read_file it before changing it.
+
+Example: {\"pattern\": \"**/*.{ts,tsx}\", \"path\": \"web/src\"} lists the TypeScript files under \
+web/src, newest first.
+
+Limits: at most 500 paths are listed; a note gives the total when there are more.";
+
+pub struct Glob {
+    spec: ToolSpec,
+}
+
+impl Default for Glob {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Glob {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "glob".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "pattern": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The glob to match against paths relative to `path`, like **/*.rs or src/**/*.test.ts."
+                        },
+                        "path": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The directory to search: relative to /workspace or absolute under it. Default: the workspace root."
+                        }
+                    },
+                    "required": ["pattern"],
+                    "additionalProperties": false
+                }),
+                read_only: true,
+                capabilities: vec![Capability::FsRead],
+                output_limit: OutputLimit::new(20_000, TruncationMode::Tail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    pattern: String,
+    path: Option<String>,
+}
+
+#[async_trait]
+impl Tool for Glob {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let workspace = ctx.workspace.clone();
+        blocking(move || glob(&workspace, &args))
+            .await
+            .unwrap_or_else(|output| output)
+    }
+}
+
+fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
+    // A pattern written as an absolute /workspace path is matched from the workspace root.
+    let absolute = format!("{VIRTUAL_ROOT}/");
+    let (pattern, path) = match args.pattern.strip_prefix(&absolute) {
+        Some(rest) => (rest, "."),
+        None => (args.pattern.as_str(), args.path.as_deref().unwrap_or(".")),
+    };
+    let matcher = match GlobBuilder::new(pattern).literal_separator(true).build() {
+        Ok(glob) => glob.compile_matcher(),
+        Err(e) => {
+            return ToolOutput::error(format!(
+                "Invalid glob pattern {pattern:?}: {e}. Use a pattern like **/*.rs, \
+                 src/*.{{ts,tsx}} or docs/**/README.md."
+            ));
+        }
+    };
+    let dir = match workspace.open_dir(path) {
+        Ok(dir) => dir,
+        Err(e) => return jail_failure(&e),
+    };
+    let start = dir.path().to_owned();
+    let mut found: Vec<(Option<SystemTime>, String)> = Vec::new();
+    let report = walk::walk_files(workspace, dir, &mut |dir, entry, path| {
+        if matcher.is_match(relative_to(&start, path)) {
+            found.push((dir.modified(entry), path.to_owned()));
+        }
+        Flow::Continue
+    });
+    // Newest first; files whose time cannot be read go last; ties in path order.
+    found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+
+    let where_ = if start == "." {
+        "the workspace".to_owned()
+    } else {
+        start.clone()
+    };
+    if found.is_empty() {
+        let mut out = format!(
+            "No files match {pattern:?} in {where_} ({} looked at).",
+            plural(report.files, "file", "files")
+        );
+        if !pattern.contains('/') {
+            out.push_str(&format!(
+                " `*` does not cross directories: to match at any depth use \"**/{pattern}\"."
+            ));
+        }
+        for note in walk::notes(&report) {
+            out.push('\n');
+            out.push_str(&note);
+        }
+        return ToolOutput::ok(out);
+    }
+    let total = found.len();
+    let mut out: String = found
+        .iter()
+        .take(MAX_PATHS)
+        .map(|(_, path)| format!("{path}\n"))
+        .collect();
+    if total > MAX_PATHS {
+        out.push_str(&format!(
+            "\nShowing the {MAX_PATHS} most recently modified of {total} matching files. Use a \
+             narrower pattern or path to see the rest.\n"
+        ));
+    }
+    if report.capped {
+        out.push_str(&format!(
+            "\nThe search stopped after {} files; give a narrower `path`.\n",
+            walk::MAX_WALK_FILES
+        ));
+    }
+    ToolOutput::ok(out)
+}

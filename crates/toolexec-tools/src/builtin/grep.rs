@@ -1,0 +1,433 @@
+//! `grep`: regex search over the workspace's files with ripgrep's matcher and searcher.
+//!
+//! The walk is `crate::walk` (jailed, symlinks never followed, `.gitignore` and the default
+//! exclusions applied). Files with shown matches count as read for read-before-write: the hash
+//! recorded is that of the whole file as searched.
+use async_trait::async_trait;
+use globset::{GlobBuilder, GlobMatcher};
+use grep_matcher::LineTerminator;
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
+
+use super::read_file::BINARY_SNIFF_BYTES;
+use super::{blocking, jail_failure, plural};
+use crate::walk::{self, Flow, WalkReport};
+use crate::workspace::{FileContents, JailError, MAX_READ_BYTES, Workspace, human_bytes};
+use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+
+/// Matching lines shown when the call gives no `max_results`: enough to see the shape of the
+/// answer, few enough that the model narrows the search instead of paging through it.
+pub const DEFAULT_MAX_RESULTS: u64 = 100;
+
+/// The most matching lines one call may ask for; about the 30,000-character output limit at
+/// typical line lengths.
+pub const MAX_RESULTS: u64 = 1000;
+
+/// Characters of a matching line shown before it is cut: a match in a minified file should not
+/// fill the output.
+pub const MAX_LINE_CHARS: usize = 500;
+
+const DESCRIPTION: &str = "\
+Searches file contents in the workspace for a regular expression and returns matching lines as \
+`path:line:content`, sorted by path and line.
+
+Use it to find where something is defined or used, to find which files mention a name, or to look \
+into files too big to read whole. To find files by name use glob; to read a whole file use \
+read_file.
+
+The pattern is a Rust/ripgrep regex: `fn\\s+main`, `TODO|FIXME`, `log.*Error`; escape special \
+characters to match them literally (`\\(`, `\\.`, `\\[`). A match never spans lines. \
+`case_insensitive` (default false) ignores case. `path` is a directory to search (default: the \
+whole workspace) or a single file. `glob_filter` limits the files searched: a pattern without `/` \
+matches file names anywhere (`*.rs`, `*.{ts,tsx}`); with `/` it matches the path relative to \
+`path` (`src/**/*.rs`).
+
+.gitignore rules are respected, symlinks are not followed, binary files are skipped, and \
+dependency, build and VCS directories (.git, node_modules, target, .venv, __pycache__, dist, build) \
+are skipped unless `path` is inside one. Files with matches shown count as read for \
+read-before-write, so you can edit them with edit_file right away.
+
+Example: {\"pattern\": \"fn\\\\s+parse_\\\\w+\", \"path\": \"src\", \"glob_filter\": \"*.rs\"} \
+finds the parse_ functions under src/.
+
+Limits: `max_results` matching lines (default 100, at most 1000); a note says when there were \
+more. Lines are cut at 500 characters. Files over 10 MiB are not searched (a note says which).";
+
+pub struct Grep {
+    spec: ToolSpec,
+}
+
+impl Default for Grep {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Grep {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "grep".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "pattern": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The regular expression to search for (Rust/ripgrep syntax)."
+                        },
+                        "path": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "The directory (or one file) to search: relative to /workspace or absolute under it. Default: the whole workspace."
+                        },
+                        "glob_filter": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "Only search files matching this glob: `*.rs` matches names anywhere; a pattern with `/` matches paths relative to `path`."
+                        },
+                        "case_insensitive": {
+                            "type": "boolean",
+                            "default": false,
+                            "description": "Ignore case. Default false."
+                        },
+                        "max_results": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_RESULTS,
+                            "default": DEFAULT_MAX_RESULTS,
+                            "description": "The most matching lines to return. Default 100, at most 1000."
+                        }
+                    },
+                    "required": ["pattern"],
+                    "additionalProperties": false
+                }),
+                read_only: true,
+                capabilities: vec![Capability::FsRead],
+                output_limit: OutputLimit::new(30_000, TruncationMode::Tail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    pattern: String,
+    path: Option<String>,
+    glob_filter: Option<String>,
+    #[serde(default)]
+    case_insensitive: bool,
+    max_results: Option<u64>,
+}
+
+#[async_trait]
+impl Tool for Grep {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let workspace = ctx.workspace.clone();
+        let reads = ctx.reads.clone();
+        blocking(move || grep(&workspace, &reads, &args))
+            .await
+            .unwrap_or_else(|output| output)
+    }
+}
+
+/// One matching line.
+#[derive(Debug)]
+struct Hit {
+    line: u64,
+    text: String,
+}
+
+/// The search state across files.
+struct Search {
+    matcher: RegexMatcher,
+    searcher: Searcher,
+    filter: Option<Filter>,
+    limit: usize,
+    shown: usize,
+    more: bool,
+    out: String,
+    /// (path, sha256) of the files whose matches were shown.
+    seen: Vec<(String, String)>,
+    /// Files actually searched (after `glob_filter`).
+    searched: usize,
+    binary: usize,
+    too_large: Vec<String>,
+    unreadable: usize,
+}
+
+/// `glob_filter`, compiled.
+struct Filter {
+    matcher: GlobMatcher,
+    /// A pattern without `/` matches file names; one with `/` matches paths below the start.
+    by_name: bool,
+}
+
+fn grep(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
+    let matcher = match RegexMatcherBuilder::new()
+        .case_insensitive(args.case_insensitive)
+        .crlf(true)
+        .build(&args.pattern)
+    {
+        Ok(matcher) => matcher,
+        Err(e) => {
+            return ToolOutput::error(format!(
+                "Invalid regex {:?}: {e}\nThe pattern uses Rust regex syntax (like ripgrep). \
+                 Escape special characters to match them literally (\\( \\) \\[ \\. \\* \\+ \\? \
+                 \\{{ \\|), and note that a match cannot span lines.",
+                args.pattern
+            ));
+        }
+    };
+    let filter = match args.glob_filter.as_deref().map(compile_filter).transpose() {
+        Ok(filter) => filter,
+        Err(message) => return ToolOutput::error(message),
+    };
+    let limit = args
+        .max_results
+        .unwrap_or(DEFAULT_MAX_RESULTS)
+        .clamp(1, MAX_RESULTS) as usize;
+    let mut search = Search {
+        matcher,
+        searcher: SearcherBuilder::new()
+            .line_number(true)
+            .line_terminator(LineTerminator::crlf())
+            .binary_detection(BinaryDetection::quit(b'\x00'))
+            .build(),
+        filter,
+        limit,
+        shown: 0,
+        more: false,
+        out: String::new(),
+        seen: Vec::new(),
+        searched: 0,
+        binary: 0,
+        too_large: Vec::new(),
+        unreadable: 0,
+    };
+
+    let path = args.path.as_deref().unwrap_or(".");
+    let (scope, report) = match workspace.open_dir(path) {
+        Ok(dir) => {
+            let start = dir.path().to_owned();
+            let report = walk::walk_files(workspace, dir, &mut |dir, entry, path| {
+                let relative = relative_to(&start, path);
+                if !search.wanted(&entry.name, relative) {
+                    return Flow::Continue;
+                }
+                search.file(path, dir.read_child(entry))
+            });
+            (start, report)
+        }
+        // One file: searched whatever its name, its place or the ignore rules say.
+        Err(JailError::NotADirectory { .. }) => match workspace.read(path) {
+            Ok(file) => {
+                let shown = file.path.clone();
+                search.file(&shown, Ok(file));
+                (shown, WalkReport::default())
+            }
+            Err(JailError::TooLarge { path, size, .. }) => {
+                return ToolOutput::error(format!(
+                    "'{path}' is {}, over the {} limit for searching a file. Use the shell \
+                     (rg or grep) to search it.",
+                    human_bytes(size),
+                    human_bytes(MAX_READ_BYTES)
+                ));
+            }
+            Err(e) => return jail_failure(&e),
+        },
+        Err(e) => return jail_failure(&e),
+    };
+
+    for (path, sha256) in &search.seen {
+        reads.record(path, sha256);
+    }
+    ToolOutput::ok(search.finish(&args.pattern, &scope, &report))
+}
+
+fn compile_filter(glob: &str) -> Result<Filter, String> {
+    let matcher = GlobBuilder::new(glob)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| {
+            format!(
+                "Invalid glob_filter {glob:?}: {e}. Use a pattern like *.rs, *.{{ts,tsx}} or \
+                 src/**/*.py."
+            )
+        })?
+        .compile_matcher();
+    Ok(Filter {
+        matcher,
+        by_name: !glob.contains('/'),
+    })
+}
+
+/// `path` relative to the walk's start directory.
+pub(crate) fn relative_to<'a>(start: &str, path: &'a str) -> &'a str {
+    if start == "." {
+        return path;
+    }
+    path.strip_prefix(start)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(path)
+}
+
+impl Search {
+    fn wanted(&self, name: &str, relative: &str) -> bool {
+        match &self.filter {
+            None => true,
+            Some(filter) if filter.by_name => filter.matcher.is_match(name),
+            Some(filter) => filter.matcher.is_match(relative),
+        }
+    }
+
+    fn file(&mut self, path: &str, read: Result<FileContents, JailError>) -> Flow {
+        self.searched += 1;
+        let file = match read {
+            Ok(file) => file,
+            Err(JailError::TooLarge { .. }) => {
+                self.too_large.push(path.to_owned());
+                return Flow::Continue;
+            }
+            // Hard links, special files swapped in, permission problems: not searched.
+            Err(_) => {
+                self.unreadable += 1;
+                return Flow::Continue;
+            }
+        };
+        if file.bytes[..file.bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+            self.binary += 1;
+            return Flow::Continue;
+        }
+        let mut sink = Collect {
+            hits: Vec::new(),
+            // One more than can be shown, to know whether there are more.
+            room: self.limit - self.shown + 1,
+            binary: false,
+        };
+        if self
+            .searcher
+            .search_slice(&self.matcher, &file.bytes, &mut sink)
+            .is_err()
+        {
+            self.unreadable += 1;
+            return Flow::Continue;
+        }
+        if sink.binary {
+            self.binary += 1;
+            return Flow::Continue;
+        }
+        if sink.hits.is_empty() {
+            return Flow::Continue;
+        }
+        let room = self.limit - self.shown;
+        if sink.hits.len() > room {
+            self.more = true;
+            sink.hits.truncate(room);
+        }
+        if !sink.hits.is_empty() {
+            self.seen.push((file.path.clone(), file.sha256.clone()));
+        }
+        for hit in &sink.hits {
+            self.out
+                .push_str(&format!("{}:{}:{}\n", file.path, hit.line, hit.text));
+        }
+        self.shown += sink.hits.len();
+        if self.more {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn finish(mut self, pattern: &str, scope: &str, report: &WalkReport) -> String {
+        let mut notes = Vec::new();
+        if self.shown == 0 {
+            self.out = format!(
+                "No matches for {pattern:?} in {} ({} searched).\n",
+                if scope == "." { "the workspace" } else { scope },
+                plural(self.searched, "file", "files")
+            );
+            notes.extend(walk::notes(report));
+        } else if self.more {
+            notes.push(format!(
+                "Showing the first {}; there are more. Narrow the search with `path` or \
+                 `glob_filter`, or raise `max_results` (at most {MAX_RESULTS}).",
+                plural(self.shown, "matching line", "matching lines")
+            ));
+        }
+        if !self.too_large.is_empty() {
+            notes.push(format!(
+                "Not searched, over {}: {} (use the shell: rg PATTERN FILE).",
+                human_bytes(MAX_READ_BYTES),
+                self.too_large.join(", ")
+            ));
+        }
+        if self.unreadable > 0 {
+            notes.push(format!(
+                "{} could not be read (hard-linked or changing) and {} not searched.",
+                plural(self.unreadable, "file", "files"),
+                if self.unreadable == 1 { "was" } else { "were" }
+            ));
+        }
+        if self.shown == 0 && self.binary > 0 {
+            notes.push(format!(
+                "{} skipped.",
+                plural(self.binary, "binary file was", "binary files were")
+            ));
+        }
+        if !notes.is_empty() {
+            self.out.push('\n');
+            self.out.push_str(&notes.join("\n"));
+            self.out.push('\n');
+        }
+        self.out
+    }
+}
+
+/// Collects matching lines until there is no more room.
+struct Collect {
+    hits: Vec<Hit>,
+    room: usize,
+    binary: bool,
+}
+
+impl Sink for Collect {
+    type Error = std::io::Error;
+
+    fn matched(&mut self, _: &Searcher, found: &SinkMatch<'_>) -> Result<bool, Self::Error> {
+        let raw = String::from_utf8_lossy(found.bytes());
+        let line = raw.trim_end_matches(['\n', '\r']);
+        let text = match line.char_indices().nth(MAX_LINE_CHARS) {
+            None => line.to_owned(),
+            Some((cut, _)) => format!(
+                "{}… [line cut: {} more characters]",
+                &line[..cut],
+                line[cut..].chars().count()
+            ),
+        };
+        self.hits.push(Hit {
+            line: found.line_number().unwrap_or(0),
+            text,
+        });
+        Ok(self.hits.len() < self.room)
+    }
+
+    fn binary_data(&mut self, _: &Searcher, _: u64) -> Result<bool, Self::Error> {
+        self.binary = true;
+        Ok(false)
+    }
+}

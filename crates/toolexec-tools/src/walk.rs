@@ -1,0 +1,350 @@
+//! The tree walk grep and glob share: regular files under a directory, in path order, with
+//! `.gitignore` rules and the default exclusions applied, never leaving the workspace.
+//!
+//! The walk does not hand host paths to a walker library. It starts from a directory opened
+//! through the jail and descends only with [`WorkspaceDir::open_child`], which opens one real
+//! directory relative to its parent's descriptor with symlinks refused: a symlink (to a file or a
+//! directory, inside or out) is never followed, and a directory swapped for a symlink in the
+//! middle of the walk cannot lead it out. File contents are read the same way
+//! ([`WorkspaceDir::read_child`]). The `ignore` crate is used only for its `.gitignore` matcher,
+//! fed with `.gitignore` files read through the jail.
+//!
+//! `.gitignore` files apply wherever they are found between the workspace root and the files
+//! (whether or not the workspace is a git repository): deeper files take precedence, `!`
+//! re-includes, and an ignored directory is not entered. The start directory itself is never
+//! ignored, so searching an ignored directory by its path works.
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use crate::builtin::list_dir::NOT_EXPANDED;
+use crate::workspace::{Entry, EntryKind, VIRTUAL_ROOT, Workspace, WorkspaceDir};
+
+/// Directories skipped unless the search starts inside one: dependencies, build output and VCS
+/// internals, which bury the project's own files (the same set list_dir does not expand).
+pub(crate) const SKIPPED_DIRS: [&str; 7] = NOT_EXPANDED;
+
+/// Files looked at before a walk stops: enough for any source tree, a bound on the time one call
+/// can take in a workspace full of generated files.
+pub(crate) const MAX_WALK_FILES: usize = 100_000;
+
+/// Deepest directory nesting walked; also bounds the open directory descriptors (one per level).
+pub(crate) const MAX_WALK_DEPTH: usize = 64;
+
+/// Whether a visit wants more files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Stop,
+}
+
+/// What the walk passed over, for the notes under a result.
+#[derive(Debug, Default)]
+pub(crate) struct WalkReport {
+    /// Regular files offered to the visitor.
+    pub files: usize,
+    /// Excluded directories that were skipped (workspace-relative paths).
+    pub skipped_dirs: BTreeSet<String>,
+    /// Files and directories left out by `.gitignore` rules.
+    pub ignored: usize,
+    /// The walk stopped at [`MAX_WALK_FILES`].
+    pub capped: bool,
+    /// Directories below [`MAX_WALK_DEPTH`] were not entered.
+    pub too_deep: bool,
+}
+
+/// One level of `.gitignore` rules and the levels above it.
+struct Rules {
+    matcher: Gitignore,
+    parent: Option<Rc<Rules>>,
+}
+
+fn ignored(rules: Option<&Rc<Rules>>, path: &str, is_dir: bool) -> bool {
+    let candidate = virtual_path(path);
+    let mut current = rules;
+    while let Some(level) = current {
+        match level.matcher.matched(&candidate, is_dir) {
+            Match::Ignore(_) => return true,
+            Match::Whitelist(_) => return false,
+            Match::None => current = level.parent.as_ref(),
+        }
+    }
+    false
+}
+
+/// Paths are matched as `/workspace/<path>`, so every `.gitignore` has an absolute root to
+/// strip, and `.`-prefixed names are never mistaken for relative markers.
+fn virtual_path(path: &str) -> PathBuf {
+    if path == "." {
+        PathBuf::from(VIRTUAL_ROOT)
+    } else {
+        PathBuf::from(format!("{VIRTUAL_ROOT}/{path}"))
+    }
+}
+
+/// The rules of one `.gitignore` (lines git would reject are skipped, as git skips them).
+fn parse_gitignore(dir: &str, contents: &[u8], parent: Option<Rc<Rules>>) -> Option<Rc<Rules>> {
+    let mut builder = GitignoreBuilder::new(virtual_path(dir));
+    for line in String::from_utf8_lossy(contents).lines() {
+        let _ = builder.add_line(None, line);
+    }
+    match builder.build() {
+        Ok(matcher) if !matcher.is_empty() => Some(Rc::new(Rules { matcher, parent })),
+        _ => parent,
+    }
+}
+
+/// Whether the exclusions apply: not when the search was asked for inside an excluded directory.
+pub(crate) fn exclusions_apply(start: &str) -> bool {
+    !start.split('/').any(|c| SKIPPED_DIRS.contains(&c))
+}
+
+struct Frame {
+    dir: WorkspaceDir,
+    entries: std::vec::IntoIter<Entry>,
+    rules: Option<Rc<Rules>>,
+    depth: usize,
+}
+
+fn frame(dir: WorkspaceDir, inherited: Option<Rc<Rules>>, depth: usize) -> Frame {
+    let entries = dir.entries().unwrap_or_default();
+    let mut rules = inherited;
+    if let Some(gitignore) = entries
+        .iter()
+        .find(|e| e.name == ".gitignore" && e.kind == EntryKind::File)
+        && let Ok(file) = dir.read_child(gitignore)
+    {
+        rules = parse_gitignore(dir.path(), &file.bytes, rules);
+    }
+    Frame {
+        dir,
+        entries: entries.into_iter(),
+        rules,
+        depth,
+    }
+}
+
+/// The `.gitignore` rules of the directories above `start` (from the workspace root down).
+fn inherited_rules(ws: &Workspace, start: &str) -> Option<Rc<Rules>> {
+    if start == "." {
+        return None;
+    }
+    let mut rules = None;
+    let mut dir = ".".to_owned();
+    let components: Vec<&str> = start.split('/').collect();
+    for component in components {
+        let gitignore = if dir == "." {
+            ".gitignore".to_owned()
+        } else {
+            format!("{dir}/.gitignore")
+        };
+        if let Ok(file) = ws.read(&gitignore) {
+            rules = parse_gitignore(&dir, &file.bytes, rules);
+        }
+        dir = if dir == "." {
+            component.to_owned()
+        } else {
+            format!("{dir}/{component}")
+        };
+    }
+    rules
+}
+
+/// Calls `visit` with every regular file under `start` in path order (entries sorted by name,
+/// depth first), with its directory, entry and workspace-relative path, until it says stop.
+pub(crate) fn walk_files(
+    ws: &Workspace,
+    start: WorkspaceDir,
+    visit: &mut dyn FnMut(&WorkspaceDir, &Entry, &str) -> Flow,
+) -> WalkReport {
+    let mut report = WalkReport::default();
+    let skip_excluded = exclusions_apply(start.path());
+    let inherited = inherited_rules(ws, start.path());
+    let mut stack = vec![frame(start, inherited, 0)];
+    while let Some(top) = stack.last_mut() {
+        let Some(entry) = top.entries.next() else {
+            stack.pop();
+            continue;
+        };
+        let path = top.dir.path_of(&entry);
+        match entry.kind {
+            EntryKind::Dir => {
+                if skip_excluded && SKIPPED_DIRS.contains(&entry.name.as_str()) {
+                    report.skipped_dirs.insert(path);
+                    continue;
+                }
+                if ignored(top.rules.as_ref(), &path, true) {
+                    report.ignored += 1;
+                    continue;
+                }
+                if top.depth + 1 > MAX_WALK_DEPTH {
+                    report.too_deep = true;
+                    continue;
+                }
+                // A directory that cannot be opened (permissions, or swapped for a symlink
+                // since it was listed) is passed over.
+                if let Ok(child) = top.dir.open_child(&entry) {
+                    let next = frame(child, top.rules.clone(), top.depth + 1);
+                    stack.push(next);
+                }
+            }
+            EntryKind::File => {
+                if ignored(top.rules.as_ref(), &path, false) {
+                    report.ignored += 1;
+                    continue;
+                }
+                if report.files >= MAX_WALK_FILES {
+                    report.capped = true;
+                    break;
+                }
+                report.files += 1;
+                if visit(&top.dir, &entry, &path) == Flow::Stop {
+                    break;
+                }
+            }
+            // Symlinks are never followed; FIFOs, sockets and devices are never opened.
+            EntryKind::Symlink | EntryKind::Other => {}
+        }
+    }
+    report
+}
+
+/// The notes about what a walk passed over that are worth telling the model when a search found
+/// nothing (or less than expected).
+pub(crate) fn notes(report: &WalkReport) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !report.skipped_dirs.is_empty() {
+        let dirs: Vec<&str> = report
+            .skipped_dirs
+            .iter()
+            .take(10)
+            .map(String::as_str)
+            .collect();
+        let more = report.skipped_dirs.len().saturating_sub(dirs.len());
+        notes.push(format!(
+            "Not searched: {}{} (dependency, build or VCS directories; give one as `path` to \
+             search inside it).",
+            dirs.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if report.ignored > 0 {
+        notes.push(format!(
+            "{} ignored by .gitignore rules (give an ignored directory as `path` to search it).",
+            crate::builtin::plural(report.ignored, "path was", "paths were")
+        ));
+    }
+    if report.capped {
+        notes.push(format!(
+            "The walk stopped after {MAX_WALK_FILES} files; give a narrower `path`."
+        ));
+    }
+    if report.too_deep {
+        notes.push(format!(
+            "Directories nested deeper than {MAX_WALK_DEPTH} levels were not entered."
+        ));
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    fn files(ws: &Workspace, start: &str) -> (Vec<String>, WalkReport) {
+        let mut seen = Vec::new();
+        let dir = ws.open_dir(start).unwrap();
+        let report = walk_files(ws, dir, &mut |_, _, path| {
+            seen.push(path.to_owned());
+            Flow::Continue
+        });
+        (seen, report)
+    }
+
+    fn tree(paths: &[(&str, &str)]) -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, contents) in paths {
+            let full = dir.path().join(path);
+            fs::create_dir_all(full.parent().unwrap()).unwrap();
+            fs::write(full, contents).unwrap();
+        }
+        let ws = Workspace::open(dir.path()).unwrap();
+        (dir, ws)
+    }
+
+    #[test]
+    fn files_come_in_path_order_and_excluded_directories_are_skipped() {
+        let (_dir, ws) = tree(&[
+            ("b.txt", ""),
+            ("a/z.txt", ""),
+            ("a/b/c.txt", ""),
+            ("node_modules/x/i.js", ""),
+            (".git/HEAD", ""),
+        ]);
+        let (seen, report) = files(&ws, ".");
+        assert_eq!(seen, ["a/b/c.txt", "a/z.txt", "b.txt"]);
+        assert_eq!(
+            report.skipped_dirs.into_iter().collect::<Vec<_>>(),
+            [".git", "node_modules"]
+        );
+    }
+
+    #[test]
+    fn an_excluded_directory_asked_for_by_path_is_walked() {
+        let (_dir, ws) = tree(&[("node_modules/x/i.js", "")]);
+        assert_eq!(files(&ws, "node_modules").0, ["node_modules/x/i.js"]);
+    }
+
+    #[test]
+    fn gitignore_rules_apply_at_every_level_with_negation() {
+        let (_dir, ws) = tree(&[
+            (".gitignore", "*.log\nout/\n"),
+            ("a.log", ""),
+            ("keep.txt", ""),
+            ("out/x.txt", ""),
+            ("sub/.gitignore", "!important.log\nlocal.txt\n"),
+            ("sub/important.log", ""),
+            ("sub/other.log", ""),
+            ("sub/local.txt", ""),
+        ]);
+        let (seen, report) = files(&ws, ".");
+        assert_eq!(
+            seen,
+            [
+                ".gitignore",
+                "keep.txt",
+                "sub/.gitignore",
+                "sub/important.log"
+            ]
+        );
+        assert_eq!(report.ignored, 4);
+    }
+
+    #[test]
+    fn rules_from_above_the_start_directory_still_apply_below_it() {
+        let (_dir, ws) = tree(&[
+            (".gitignore", "*.tmp\n"),
+            ("sub/a.tmp", ""),
+            ("sub/b.rs", ""),
+        ]);
+        assert_eq!(files(&ws, "sub").0, ["sub/b.rs"]);
+    }
+
+    #[test]
+    fn symlinks_are_never_followed() {
+        let (dir, ws) = tree(&[("real/f.txt", "")]);
+        std::os::unix::fs::symlink("real", dir.path().join("dir-link")).unwrap();
+        std::os::unix::fs::symlink("real/f.txt", dir.path().join("file-link")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("outside")).unwrap();
+        assert_eq!(files(&ws, ".").0, ["real/f.txt"]);
+    }
+}

@@ -1,0 +1,4 @@
+fn main() {
+    let name = "world";
+    println!("hello, {}", name);
+}

@@ -1,0 +1,3 @@
+x = baz()
+y = baz()
+z = bar(baz)

@@ -1,0 +1,3 @@
+x = foo()
+y = foo()
+z = bar(foo)

@@ -1,0 +1,4 @@
+fn main() {
+    let name = "toolexec";
+    println!("hello, {}", name);
+}

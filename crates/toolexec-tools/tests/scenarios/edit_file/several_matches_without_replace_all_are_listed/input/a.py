@@ -1,0 +1,5 @@
+x = foo()
+y = 1
+z = foo()
+
+w = foo()

@@ -12,7 +12,7 @@ use toolexec_core::{
 use toolexec_store::{
     Assigned, Blob, NewEvent, NewInvocation, Outcome, StoreError, Write, WriteError,
 };
-use toolexec_tests::db::TestStore;
+use toolexec_tests::db::{TestPgDatabase, TestStore};
 use uuid::Uuid;
 
 macro_rules! store_suite {
@@ -1158,4 +1158,121 @@ async fn the_event_log_refuses_updates_and_deletes(db: &TestStore) {
         .collect();
     assert_eq!(before, after);
     assert_eq!(after.len(), 3);
+}
+
+/// Two Postgres stores on one database: replicas whose cached session state goes stale because
+/// the other wrote. Whatever a cache assumed, the database's answer must win.
+mod replicas {
+    use std::sync::Arc;
+
+    use toolexec_store::Store;
+
+    use super::*;
+
+    async fn two_replicas() -> (TestPgDatabase, Arc<dyn Store>, Arc<dyn Store>) {
+        let db = TestPgDatabase::create().await;
+        let a: Arc<dyn Store> = Arc::new(db.store().await);
+        let b: Arc<dyn Store> = Arc::new(db.store().await);
+        (db, a, b)
+    }
+
+    async fn session_on(store: &Arc<dyn Store>) -> Session {
+        let t = store.ensure_tenant("t").await.unwrap();
+        store
+            .create_session(
+                &new_session(&t),
+                vec![NewEvent {
+                    kind: EventKind::SessionCreated,
+                    data: json!({}),
+                }],
+                vec![],
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn log_seqs(store: &Arc<dyn Store>, s: &Session) -> Vec<i64> {
+        store
+            .events(s.tenant_id, s.id, 0, 10_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_writing_one_session_keep_its_seqs_gapless_and_see_each_others_calls() {
+        let (_db, a, b) = two_replicas().await;
+        let s = session_on(&a).await;
+        let r = a.commit(vec![record(call(s.id, "c1"), "x")]).await.unwrap();
+        assert_eq!(r, vec![assigned(2, Some(3))]);
+        let r = b.commit(vec![record(call(s.id, "c2"), "x")]).await.unwrap();
+        assert_eq!(r, vec![assigned(4, Some(5))]);
+        // A's cache still says last_seq 3: its one-statement write must notice and step aside.
+        let r = a.commit(vec![record(call(s.id, "c3"), "x")]).await.unwrap();
+        assert_eq!(r, vec![assigned(6, Some(7))]);
+        // B never saw c1 being recorded, but the database did.
+        let r = b.commit(vec![record(call(s.id, "c1"), "x")]).await.unwrap();
+        assert!(matches!(r[0], Err(WriteError::DuplicateCall(_))), "{r:?}");
+
+        let mut tasks = Vec::new();
+        for i in 0..24 {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let sid = s.id;
+            tasks.push(tokio::spawn(async move {
+                store
+                    .commit(vec![record(call(sid, &format!("p{i}")), "x")])
+                    .await
+                    .unwrap()
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap()[0].is_ok());
+        }
+        assert_eq!(log_seqs(&a, &s).await, one_to(7 + 48));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_replicas_stale_cache_cannot_finish_a_call_twice_or_write_to_a_closed_session() {
+        let (_db, a, b) = two_replicas().await;
+        let s = session_on(&a).await;
+        let inv = call(s.id, "c1");
+        a.commit(vec![start(inv.clone())]).await.unwrap();
+        // B finishes it (locked path: B has never seen the session)…
+        let r = b.commit(vec![finish(&inv, ok("b"))]).await.unwrap();
+        assert!(r[0].is_ok(), "{r:?}");
+        // …so A, which still believes it running, is refused.
+        let r = a.commit(vec![finish(&inv, ok("a"))]).await.unwrap();
+        assert_eq!(r, vec![Err(WriteError::NotRunning)]);
+        let shown = a.invocation(s.tenant_id, inv.id).await.unwrap();
+        assert_eq!(shown.content.as_deref(), Some("b"));
+
+        b.close_session(s.tenant_id, s.id, json!({})).await.unwrap();
+        let r = a.commit(vec![record(call(s.id, "c2"), "x")]).await.unwrap();
+        assert_eq!(r, vec![Err(WriteError::SessionNotActive)]);
+        let seqs = log_seqs(&a, &s).await;
+        assert_eq!(seqs, one_to(seqs.len() as i64));
+    }
+}
+
+#[tokio::test]
+#[ignore = "a timing probe, not a test: cargo nextest run -p toolexec-tests --run-ignored all probe"]
+async fn probe_commit_latency() {
+    let db = TestPgDatabase::create().await;
+    let store: std::sync::Arc<dyn toolexec_store::Store> = std::sync::Arc::new(db.store().await);
+    let t = store.ensure_tenant("t").await.unwrap();
+    let s = store
+        .create_session(&new_session(&t), vec![], vec![])
+        .await
+        .unwrap();
+    let n = 500;
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        store
+            .commit(vec![record(call(s.id, &format!("c{i}")), "x")])
+            .await
+            .unwrap();
+    }
+    eprintln!("PROBE commit of one Record: {:?} each", start.elapsed() / n);
 }

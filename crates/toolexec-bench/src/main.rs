@@ -6,6 +6,7 @@
 //! override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,7 +41,17 @@ enum Command {
         /// Client counts to measure.
         #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
         clients: Vec<usize>,
+        /// `per-client`: each client works in its own session (agents side by side);
+        /// `shared`: all clients call one session.
+        #[arg(long, default_value = "per-client")]
+        sessions: SessionMode,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SessionMode {
+    PerClient,
+    Shared,
 }
 
 #[tokio::main]
@@ -50,7 +61,16 @@ async fn main() -> anyhow::Result<()> {
             admin_url,
             seconds,
             clients,
-        } => calls(&admin_url, Duration::from_secs(seconds), &clients).await,
+            sessions,
+        } => {
+            calls(
+                &admin_url,
+                Duration::from_secs(seconds),
+                &clients,
+                sessions == SessionMode::Shared,
+            )
+            .await
+        }
     }
 }
 
@@ -111,7 +131,12 @@ where
     })
 }
 
-async fn calls(admin_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow::Result<()> {
+async fn calls(
+    admin_url: &str,
+    dur: Duration,
+    client_counts: &[usize],
+    shared_session: bool,
+) -> anyhow::Result<()> {
     let db_name = format!("toolexec_bench_{}", uuid::Uuid::new_v4().simple());
     let mut admin = sqlx::PgConnection::connect(admin_url)
         .await
@@ -123,7 +148,7 @@ async fn calls(admin_url: &str, dur: Duration, client_counts: &[usize]) -> anyho
         Some((base, _)) => format!("{base}/{db_name}"),
         None => anyhow::bail!("admin url has no database part"),
     };
-    let result = run_all(&db_url, dur, client_counts).await;
+    let result = run_all(&db_url, dur, client_counts, shared_session).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE {db_name} WITH (FORCE)"
     )))
@@ -132,7 +157,12 @@ async fn calls(admin_url: &str, dur: Duration, client_counts: &[usize]) -> anyho
     result
 }
 
-async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow::Result<()> {
+async fn run_all(
+    db_url: &str,
+    dur: Duration,
+    client_counts: &[usize],
+    shared_session: bool,
+) -> anyhow::Result<()> {
     let data = tempdir()?;
     let config = toolexec_server::Config {
         bind: "127.0.0.1:0".into(),
@@ -144,31 +174,58 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
         rate_limit_per_second: 0.0,
         ..Default::default()
     };
-    let state = toolexec_server::build_state(&config).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
+    // The service runs on a runtime of its own (as it would in its own process), so that the
+    // load generator's tasks do not queue in front of the service's.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolexec_server::serve(state, listener, async {
-        let _ = stop_rx.await;
-    }));
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let state = toolexec_server::build_state(&config).await?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let _ = addr_tx.send(listener.local_addr()?);
+            toolexec_server::serve(state, listener, async {
+                let _ = stop_rx.await;
+            })
+            .await
+        })
+    });
+    let addr = addr_rx.await.context("the service did not start")?;
     let base = format!("http://{addr}");
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
-    let session: serde_json::Value = http
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"files": {"src/main.rs": "fn main() {\n    println!(\"hello\");\n}\n".repeat(20)}}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let sid = session["id"].as_str().context("session id")?.to_owned();
-    let calls_url = Arc::new(format!("{base}/v1/sessions/{sid}/calls"));
+    // One session per client slot (agents working side by side), or one session all clients
+    // share (one agent's parallel calls): `--sessions per-client|shared`.
+    let slots = if shared_session {
+        1
+    } else {
+        client_counts.iter().copied().max().unwrap_or(1)
+    };
+    let mut urls = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        let session: serde_json::Value = http
+            .post(format!("{base}/v1/sessions"))
+            .json(&json!({"files": {"src/main.rs": "fn main() {\n    println!(\"hello\");\n}\n".repeat(20)}}))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let sid = session["id"].as_str().context("session id")?.to_owned();
+        urls.push(format!("{base}/v1/sessions/{sid}/calls"));
+    }
+    let calls_urls = Arc::new(urls);
 
+    // The same connection settings as the service's store: plain TCP on loopback.
+    let options = sqlx::postgres::PgConnectOptions::from_str(db_url)?
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
     let pool = PgPoolOptions::new()
         .max_connections(40)
-        .connect(db_url)
+        .connect_with(options)
         .await?;
     // Same columns and indexes as the real tables, without the append-only triggers.
     for ddl in [
@@ -179,8 +236,13 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
     }
 
     println!(
-        "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row",
-        dur.as_secs()
+        "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row, {}",
+        dur.as_secs(),
+        if shared_session {
+            "all clients in one session"
+        } else {
+            "one session per client"
+        }
     );
     println!(
         "{:>7} | {:>12} {:>9} {:>9} | {:>14} {:>9} {:>9} | {:>8}",
@@ -227,11 +289,11 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
         .await?;
 
         let http2 = http.clone();
-        let url = calls_url.clone();
+        let urls = calls_urls.clone();
         let run = uuid::Uuid::new_v4().simple().to_string();
-        let svc_stats = drive(clients, dur, move |_c, n| {
+        let svc_stats = drive(clients, dur, move |c, n| {
             let http = http2.clone();
-            let url = url.clone();
+            let url = urls[c % urls.len()].clone();
             let id = format!("bench_{run}_{n}");
             async move {
                 let resp = http
@@ -286,7 +348,9 @@ async fn run_all(db_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow
         );
     }
     let _ = stop_tx.send(());
-    server.await??;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("service thread panicked"))??;
     pool.close().await;
     let _ = std::fs::remove_dir_all(&data);
     Ok(())

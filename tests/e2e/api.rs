@@ -470,3 +470,88 @@ async fn the_docs_page_and_the_openapi_document_are_served() {
     assert_eq!(docs.status(), 200);
     assert!(docs.text().await.unwrap().contains("swagger"));
 }
+
+#[tokio::test]
+async fn update_plan_records_the_plan_in_the_log() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = app
+        .call(
+            &sid,
+            "p1",
+            "update_plan",
+            json!({"plan": [{"step": "read", "status": "completed"}, {"step": "edit", "status": "in_progress"}], "explanation": "started"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let events = app.events(&sid).await;
+    let plan = events
+        .iter()
+        .find(|e| e["kind"] == "plan.updated")
+        .expect("plan event");
+    assert_eq!(plan["data"]["plan"][1]["step"], "edit");
+    assert_eq!(plan["invocation_id"], r["invocation_id"]);
+    let inv: Value = app
+        .get(&format!(
+            "/v1/invocations/{}",
+            r["invocation_id"].as_str().unwrap()
+        ))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(inv["side_effects"][0]["kind"], "plan.updated");
+}
+
+#[tokio::test]
+async fn read_output_pages_through_a_truncated_result_of_the_same_session_only() {
+    let app = spawn_app().await;
+    let body: String = (1..=300).map(|i| format!("line number {i}\n")).collect();
+    let sid = app
+        .session(
+            json!({"files": {"big.txt": body}, "policy": {"output_limits": {"read_file": 500}}}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = app
+        .call(&sid, "c1", "read_file", json!({"file_path": "big.txt"}))
+        .await;
+    let inv = r["invocation_id"].as_str().unwrap();
+    assert!(!r["content"].as_str().unwrap().contains("line number 150\n"));
+    let page = app
+        .call(
+            &sid,
+            "c2",
+            "read_output",
+            json!({"invocation_id": inv, "offset": 0, "limit": 45000}),
+        )
+        .await;
+    assert_eq!(page["status"], "ok", "{page}");
+    assert!(
+        page["content"]
+            .as_str()
+            .unwrap()
+            .contains("   150\tline number 150")
+    );
+
+    let other = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let denied = app
+        .call(&other, "c1", "read_output", json!({"invocation_id": inv}))
+        .await;
+    assert!(denied["is_error"].as_bool().unwrap());
+    assert!(
+        denied["content"]
+            .as_str()
+            .unwrap()
+            .contains("No invocation"),
+        "{denied}"
+    );
+}

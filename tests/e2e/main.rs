@@ -7,5 +7,6 @@ mod api;
 mod openapi;
 mod problems;
 mod recording;
+mod refactor;
 mod store;
 mod tenancy;

@@ -26,10 +26,13 @@ pub enum EventKind {
     FileModified,
     #[serde(rename = "file.deleted")]
     FileDeleted,
+    /// `update_plan` replaced the session's plan (the todo list).
+    #[serde(rename = "plan.updated")]
+    PlanUpdated,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -37,6 +40,7 @@ impl EventKind {
         EventKind::FileCreated,
         EventKind::FileModified,
         EventKind::FileDeleted,
+        EventKind::PlanUpdated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -48,6 +52,7 @@ impl EventKind {
             EventKind::FileCreated => "file.created",
             EventKind::FileModified => "file.modified",
             EventKind::FileDeleted => "file.deleted",
+            EventKind::PlanUpdated => "plan.updated",
         }
     }
 
@@ -59,7 +64,10 @@ impl EventKind {
     pub fn is_side_effect(self) -> bool {
         matches!(
             self,
-            EventKind::FileCreated | EventKind::FileModified | EventKind::FileDeleted
+            EventKind::FileCreated
+                | EventKind::FileModified
+                | EventKind::FileDeleted
+                | EventKind::PlanUpdated
         )
     }
 }

@@ -416,6 +416,7 @@ impl Engine {
                     status,
                     content,
                     changes: Vec::new(),
+                    events: Vec::new(),
                 };
                 let recorded = self.outcome(session, &invocation, out, t0);
                 return self
@@ -524,6 +525,10 @@ impl Engine {
             side_effects.push(event);
             blobs.extend(blob);
         }
+        side_effects.extend(out.events.into_iter().map(|e| toolexec_store::NewEvent {
+            kind: e.kind,
+            data: e.data,
+        }));
         let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
         let output_chars = truncated
             .as_ref()

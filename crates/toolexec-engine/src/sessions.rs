@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
 use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
-use toolexec_tools::{ReadTracker, ToolContext, Workspace};
+use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
 use uuid::Uuid;
 
 use crate::{Engine, EngineError, Result};
@@ -25,6 +25,36 @@ pub struct SessionRuntime {
     pub schedule: tokio::sync::RwLock<()>,
     /// Every call id recorded for the session: answers "is this a retry?" without a store read.
     pub calls: Mutex<HashMap<String, CallKey>>,
+}
+
+/// `read_output`'s view of the store: full outputs of this session's invocations only.
+struct RecordedOutputs {
+    store: Arc<dyn toolexec_store::Store>,
+    tenant_id: Uuid,
+}
+
+#[async_trait::async_trait]
+impl OutputSource for RecordedOutputs {
+    async fn output(&self, session_id: Uuid, invocation_id: Uuid) -> Result<String, String> {
+        let not_here = || {
+            format!(
+                "No invocation {invocation_id} in this session. Use the invocation_id from a truncation marker of this session."
+            )
+        };
+        match self.store.invocation(self.tenant_id, invocation_id).await {
+            Ok(inv) if inv.session_id == session_id => {}
+            Ok(_) | Err(toolexec_store::StoreError::NotFound) => return Err(not_here()),
+            Err(e) => {
+                return Err(format!(
+                    "The recorded output cannot be read right now ({e}); try again."
+                ));
+            }
+        }
+        self.store
+            .invocation_output(self.tenant_id, invocation_id)
+            .await
+            .map_err(|e| format!("The recorded output cannot be read right now ({e}); try again."))
+    }
 }
 
 /// Most sessions whose runtime a node keeps; idle ones beyond it are dropped (and rebuilt from
@@ -119,6 +149,10 @@ impl Engine {
             reads: rt.reads.clone(),
             policy: session.policy.clone(),
             env: session.env.clone(),
+            outputs: Arc::new(RecordedOutputs {
+                store: self.store.clone(),
+                tenant_id: session.tenant_id,
+            }),
         }
     }
 

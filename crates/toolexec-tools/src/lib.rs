@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use toolexec_core::{CallStatus, FileChange, Policy, ToolSpec};
+use toolexec_core::{CallStatus, EventKind, FileChange, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
@@ -33,7 +33,8 @@ pub use reads::ReadTracker;
 pub use registry::{ArgumentError, Registry};
 pub use workspace::Workspace;
 
-/// What a tool runs against: one session's workspace, its read-state and its policy.
+/// What a tool runs against: one session's workspace, its read-state and its policy, and the
+/// recorded outputs of the session's earlier calls.
 #[derive(Clone)]
 pub struct ToolContext {
     pub session_id: Uuid,
@@ -41,6 +42,49 @@ pub struct ToolContext {
     pub reads: Arc<ReadTracker>,
     pub policy: Policy,
     pub env: BTreeMap<String, String>,
+    pub outputs: Arc<dyn OutputSource>,
+}
+
+impl ToolContext {
+    /// A context with a fresh read-state, the default policy and no recorded outputs.
+    pub fn new(session_id: Uuid, workspace: Arc<Workspace>) -> Self {
+        Self {
+            session_id,
+            workspace,
+            reads: Arc::new(ReadTracker::default()),
+            policy: Policy::default(),
+            env: BTreeMap::new(),
+            outputs: Arc::new(NoOutputs),
+        }
+    }
+}
+
+/// Where `read_output` finds the full output of an earlier invocation: the recording store, as
+/// the engine provides it. Only invocations of the asking session are visible.
+#[async_trait]
+pub trait OutputSource: Send + Sync {
+    /// The full output, or a sentence for the model saying why there is none.
+    async fn output(&self, session_id: Uuid, invocation_id: Uuid) -> Result<String, String>;
+}
+
+/// No recorded outputs (a context outside a running service).
+#[derive(Debug, Clone, Copy)]
+pub struct NoOutputs;
+
+#[async_trait]
+impl OutputSource for NoOutputs {
+    async fn output(&self, _: Uuid, invocation_id: Uuid) -> Result<String, String> {
+        Err(format!(
+            "No recorded output for invocation {invocation_id}."
+        ))
+    }
+}
+
+/// A log event a tool adds besides file changes (for example `plan.updated`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolEvent {
+    pub kind: EventKind,
+    pub data: serde_json::Value,
 }
 
 /// One file change a tool made, with the new contents so the engine can store them as a blob.
@@ -51,12 +95,14 @@ pub struct RecordedChange {
     pub after: Option<Vec<u8>>,
 }
 
-/// What a tool returns: the full text for the model (the engine truncates it) and its changes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a tool returns: the full text for the model (the engine truncates it), its file changes
+/// and any other events it records.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
     pub status: CallStatus,
     pub content: String,
     pub changes: Vec<RecordedChange>,
+    pub events: Vec<ToolEvent>,
 }
 
 impl ToolOutput {
@@ -65,6 +111,7 @@ impl ToolOutput {
             status: CallStatus::Ok,
             content: content.into(),
             changes: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -73,6 +120,7 @@ impl ToolOutput {
             status: CallStatus::Error,
             content: content.into(),
             changes: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -81,6 +129,7 @@ impl ToolOutput {
             status: CallStatus::Denied,
             content: content.into(),
             changes: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -108,5 +157,6 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(
         status: CallStatus::InvalidArguments,
         content: format!("Invalid arguments: {e}. Check the tool's input schema and try again."),
         changes: Vec::new(),
+        events: Vec::new(),
     })
 }

@@ -5,16 +5,16 @@
     clippy::expect_used,
     reason = "test helpers fail the test loudly"
 )]
-use std::collections::BTreeMap;
+
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use toolexec_core::{
-    CallStatus, Capability, FileChangeKind, OutputLimit, Policy, TruncationMode, sha256_hex,
+    CallStatus, Capability, FileChangeKind, OutputLimit, TruncationMode, sha256_hex,
 };
-use toolexec_tools::{ReadTracker, Registry, ToolContext, ToolOutput, Workspace};
+use toolexec_tools::{Registry, ToolContext, ToolOutput, Workspace};
 
 struct Session {
     _tmp: tempfile::TempDir,
@@ -32,13 +32,7 @@ impl Session {
             _tmp: tmp,
             root,
             registry: Registry::builtin().unwrap(),
-            ctx: ToolContext {
-                session_id: uuid::Uuid::now_v7(),
-                workspace,
-                reads: Arc::new(ReadTracker::default()),
-                policy: Policy::default(),
-                env: BTreeMap::new(),
-            },
+            ctx: ToolContext::new(uuid::Uuid::now_v7(), workspace),
         }
     }
 
@@ -62,7 +56,7 @@ fn the_catalog_describes_the_file_tools_truthfully() {
     let registry = Registry::builtin().unwrap();
     use Capability::{ContentFromSource, FsRead, FsWrite};
     use TruncationMode::{HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 10] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 12] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -79,6 +73,8 @@ fn the_catalog_describes_the_file_tools_truthfully() {
             HeadTail,
         ),
         ("file_delete", false, &[FsWrite], 50_000, HeadTail),
+        ("update_plan", false, &[], 50_000, HeadTail),
+        ("read_output", true, &[], 50_000, HeadTail),
     ];
     assert_eq!(
         registry.names().collect::<Vec<_>>().len(),

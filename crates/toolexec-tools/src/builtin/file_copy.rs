@@ -226,13 +226,10 @@ mod tests {
 
     fn session() -> (tempfile::TempDir, crate::ToolContext) {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = crate::ToolContext {
-            session_id: uuid::Uuid::now_v7(),
-            workspace: Arc::new(Workspace::open(dir.path()).unwrap()),
-            reads: Arc::new(ReadTracker::default()),
-            policy: toolexec_core::Policy::default(),
-            env: Default::default(),
-        };
+        let ctx = crate::ToolContext::new(
+            uuid::Uuid::now_v7(),
+            Arc::new(Workspace::open(dir.path()).unwrap()),
+        );
         (dir, ctx)
     }
 

@@ -17,6 +17,8 @@ pub mod grep;
 pub mod list_dir;
 pub mod read_file;
 pub mod read_many_files;
+pub mod read_output;
+pub mod update_plan;
 pub mod write_file;
 
 /// Every built-in tool, in catalog order.
@@ -32,6 +34,8 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(list_dir::ListDir::new()),
         Arc::new(file_copy::FileCopy::new()),
         Arc::new(file_delete::FileDelete::new()),
+        Arc::new(update_plan::UpdatePlan::new()),
+        Arc::new(read_output::ReadOutput::new()),
     ]
 }
 

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use toolexec_core::{Policy, sha256_hex};
-use toolexec_tools::{ReadTracker, Registry, ToolContext, ToolOutput, Workspace};
+use toolexec_core::sha256_hex;
+use toolexec_tools::{Registry, ToolContext, ToolOutput, Workspace};
 
 pub struct Session {
     _tmp: tempfile::TempDir,
@@ -31,13 +31,7 @@ impl Session {
             _tmp: tmp,
             root,
             registry: Registry::builtin().unwrap(),
-            ctx: ToolContext {
-                session_id: uuid::Uuid::now_v7(),
-                workspace,
-                reads: Arc::new(ReadTracker::default()),
-                policy: Policy::default(),
-                env: BTreeMap::new(),
-            },
+            ctx: ToolContext::new(uuid::Uuid::now_v7(), workspace),
         }
     }
 

@@ -1,0 +1,205 @@
+//! `update_plan`: the session's plan (a todo list the model keeps for itself), replaced whole on
+//! every call and recorded as a `plan.updated` event.
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use toolexec_core::{EventKind, OutputLimit, ToolSpec, TruncationMode};
+
+use crate::{Tool, ToolContext, ToolEvent, ToolOutput, parse_args};
+
+/// Most steps in a plan: a plan longer than this is a backlog, not a plan.
+pub const MAX_STEPS: usize = 100;
+
+const DESCRIPTION: &str = "\
+Replaces your plan for this task: an ordered list of steps, each `pending`, `in_progress` or \
+`completed`. The plan is recorded in the session's log, so whoever reviews the session sees what \
+you intended and how far you got.
+
+Use it for work of three or more steps: write the plan first, then update it as you go — mark a \
+step `in_progress` when you start it and `completed` as soon as it is done, add steps you \
+discover, and say why in `explanation` when the plan changes. Do not use it for a single quick \
+action. At most one step may be `in_progress` at a time.
+
+Example: {\"plan\": [{\"step\": \"Find every caller of parse()\", \"status\": \"completed\"}, \
+{\"step\": \"Rename parse() to parse_config()\", \"status\": \"in_progress\"}, \
+{\"step\": \"Run the tests\", \"status\": \"pending\"}], \"explanation\": \"callers found in 3 files\"}
+
+Limits: at most 100 steps; each step at most 500 characters. The whole plan is sent every time \
+(it replaces the previous one).";
+
+pub struct UpdatePlan {
+    spec: ToolSpec,
+}
+
+impl Default for UpdatePlan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl UpdatePlan {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "update_plan".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "plan": {
+                            "type": "array",
+                            "maxItems": MAX_STEPS,
+                            "description": "The whole plan, in order.",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "step": {"type": "string", "minLength": 1, "maxLength": 500},
+                                    "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}
+                                },
+                                "required": ["step", "status"],
+                                "additionalProperties": false
+                            }
+                        },
+                        "explanation": {
+                            "type": "string",
+                            "maxLength": 2000,
+                            "description": "Why the plan changed (optional)."
+                        }
+                    },
+                    "required": ["plan"],
+                    "additionalProperties": false
+                }),
+                // Not a workspace change, but it replaces session state: it runs alone and in
+                // order, so two updates in one batch land in the order they were sent.
+                read_only: false,
+                capabilities: vec![],
+                output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Status {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    step: String,
+    status: Status,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    plan: Vec<Step>,
+    explanation: Option<String>,
+}
+
+#[async_trait]
+impl Tool for UpdatePlan {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, _ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(out) => return out,
+        };
+        let count = |s: Status| args.plan.iter().filter(|p| p.status == s).count();
+        let (done, doing, todo) = (
+            count(Status::Completed),
+            count(Status::InProgress),
+            count(Status::Pending),
+        );
+        if doing > 1 {
+            return ToolOutput::error(format!(
+                "The plan has {doing} steps in_progress; at most one may be. Mark the others pending or completed and send the plan again."
+            ));
+        }
+        let mut text =
+            format!("Plan updated: {done} completed, {doing} in progress, {todo} pending.\n");
+        for (i, s) in args.plan.iter().enumerate() {
+            let mark = match s.status {
+                Status::Completed => "[x]",
+                Status::InProgress => "[~]",
+                Status::Pending => "[ ]",
+            };
+            text.push_str(&format!("{mark} {}. {}\n", i + 1, s.step));
+        }
+        let mut out = ToolOutput::ok(text);
+        out.events.push(ToolEvent {
+            kind: EventKind::PlanUpdated,
+            data: json!({
+                "plan": args.plan,
+                "explanation": args.explanation,
+                "completed": done,
+                "in_progress": doing,
+                "pending": todo,
+            }),
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::Workspace;
+
+    fn ctx() -> (tempfile::TempDir, ToolContext) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Arc::new(Workspace::open(dir.path()).unwrap());
+        (dir, ToolContext::new(uuid::Uuid::now_v7(), ws))
+    }
+
+    #[tokio::test]
+    async fn a_plan_is_rendered_and_recorded_as_one_event() {
+        let (_d, ctx) = ctx();
+        let out = UpdatePlan::new()
+            .run(
+                &ctx,
+                json!({"plan": [
+                    {"step": "find callers", "status": "completed"},
+                    {"step": "rename", "status": "in_progress"},
+                    {"step": "test", "status": "pending"}
+                ], "explanation": "found 3"}),
+            )
+            .await;
+        assert_eq!(out.status, toolexec_core::CallStatus::Ok);
+        assert!(
+            out.content
+                .contains("1 completed, 1 in progress, 1 pending")
+        );
+        assert!(out.content.contains("[~] 2. rename"));
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].kind, EventKind::PlanUpdated);
+        assert_eq!(out.events[0].data["plan"][1]["status"], "in_progress");
+        assert_eq!(out.events[0].data["explanation"], "found 3");
+    }
+
+    #[tokio::test]
+    async fn two_steps_in_progress_are_refused_with_what_to_do() {
+        let (_d, ctx) = ctx();
+        let out = UpdatePlan::new()
+            .run(
+                &ctx,
+                json!({"plan": [
+                    {"step": "a", "status": "in_progress"},
+                    {"step": "b", "status": "in_progress"}
+                ]}),
+            )
+            .await;
+        assert!(out.status.is_error());
+        assert!(out.content.contains("at most one"));
+        assert!(out.events.is_empty());
+    }
+}

@@ -145,6 +145,16 @@ fn fixture_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/refactor-repo")
 }
 
+/// The fixture repository as the session is seeded with it. Its `.gitignore` is checked in as
+/// `gitignore`: under its real name it would make this repository's git ignore the fixture's
+/// `build/` and `*.orig` files, which the test needs in the tree.
+fn fixture_repo() -> BTreeMap<String, String> {
+    let mut files = text_files(&fixture_root());
+    let gitignore = files.remove("gitignore").expect("the fixture's gitignore");
+    files.insert(".gitignore".to_owned(), gitignore);
+    files
+}
+
 /// Every text file under `dir`: workspace-relative `/`-separated path → contents. Binary (non
 /// UTF-8) files are left out: session seeding takes text only.
 fn text_files(dir: &Path) -> BTreeMap<String, String> {
@@ -227,7 +237,7 @@ async fn step(
 async fn an_http_only_agent_renames_a_function_across_a_real_repository_and_the_log_shows_every_step()
  {
     let app = spawn_app().await;
-    let fixture = text_files(&fixture_root());
+    let fixture = fixture_repo();
     assert!(fixture.contains_key(".gitignore") && fixture.contains_key("build/lib/calc/ops.py"));
     let session = app
         .session(json!({"metadata": {"task": "rename add to plus"}, "files": fixture}))

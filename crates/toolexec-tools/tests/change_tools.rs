@@ -391,3 +391,22 @@ async fn a_patch_over_a_file_changed_since_it_was_read_is_refused_as_stale() {
     );
     assert_eq!(s.read("a.txt"), b"one\nmore\n");
 }
+
+#[tokio::test]
+async fn a_patch_path_with_dot_dot_through_a_symlinked_directory_changes_the_file_it_leads_to() {
+    let s = Session::new();
+    s.file("f", "root\n");
+    s.file("a/f", "inner\n");
+    s.file("a/b/keep", "x\n");
+    std::os::unix::fs::symlink("a/b", s.root.join("in_dir")).unwrap();
+    s.call("read_file", json!({"file_path": "f"})).await;
+    s.call("read_file", json!({"file_path": "a/f"})).await;
+    // `in_dir/../f` is `a/f` on disk (the kernel follows in_dir first), not `f`.
+    let patch = "*** Begin Patch\n*** Update File: f\n@@\n-root\n+root changed\n*** Update File: in_dir/../f\n@@\n-inner\n+inner changed\n*** End Patch\n";
+    let out = s.call("apply_patch", json!({"patch": patch})).await;
+    assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+    assert_eq!(s.read("f"), b"root changed\n");
+    assert_eq!(s.read("a/f"), b"inner changed\n");
+    let paths: Vec<&str> = out.changes.iter().map(|c| c.change.path.as_str()).collect();
+    assert_eq!(paths, ["f", "a/f"]);
+}

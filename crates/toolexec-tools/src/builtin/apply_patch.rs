@@ -273,11 +273,22 @@ impl Plan {
             denied: e.is_guardrail(),
         };
         let display = Workspace::display_path(path).map_err(|e| jail(&e))?;
-        if let Some(at) = self.find(&display) {
+        // The text form folds `..` without following symlinks (`link/../f` is shown as `f`,
+        // but the kernel reads `target/../f`), so it may name an entry only when the path has
+        // no `..`; otherwise only the filesystem's answer counts.
+        let lexical = !path.split('/').any(|c| c == "..");
+        if lexical && let Some(at) = self.find(&display) {
             return Ok(at);
         }
         let (resolved, original) = match ws.read(path) {
             Ok(file) => (file.path, Some((file.bytes, file.sha256))),
+            Err(JailError::NotFound { .. }) if !lexical => {
+                return Err(Failure::error(format!(
+                    "{}: '{path}' does not exist. Name a file the patch creates or moves to \
+                     without '..' (for example '{display}' if that is the one you mean).",
+                    where_in_patch(op)
+                )));
+            }
             Err(JailError::NotFound { .. }) => (display.clone(), None),
             Err(JailError::TooLarge { size, limit, .. }) => {
                 return Err(Failure::error(format!(

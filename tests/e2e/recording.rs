@@ -219,3 +219,25 @@ async fn with_the_store_down_calls_get_503_and_nothing_runs() {
     assert_eq!(w["status"], "ok", "{w}");
     assert_eq!(app.get("/readyz").await.status(), 200);
 }
+
+async fn writes_per_read(app: &toolexec_tests::app::TestApp) -> f64 {
+    let sid = app.session(json!({"files": {"a.txt": "x\n"}})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = app.metric("toolexec_store_commit_batch_size_sum").await;
+    let r = app
+        .call(&sid, "r1", "read_file", json!({"file_path": "a.txt"}))
+        .await;
+    assert_eq!(r["status"], "ok");
+    app.metric("toolexec_store_commit_batch_size_sum").await - before
+}
+
+#[tokio::test]
+async fn a_read_is_recorded_in_one_write_unless_the_operator_wants_its_start_durable_first() {
+    let app = spawn_app().await;
+    assert_eq!(writes_per_read(&app).await, 1.0);
+    let strict =
+        toolexec_tests::app::spawn_app_with(|c| c.durable_start_for_read_only = true).await;
+    assert_eq!(writes_per_read(&strict).await, 2.0);
+}

@@ -23,9 +23,14 @@ pub struct TestApp {
 
 /// A server on a fresh Postgres database, single local tenant.
 pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Like [`spawn_app`], with the configuration adjusted first.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let db = Arc::new(TestPgDatabase::create().await);
     let data = Arc::new(tempfile::tempdir().expect("tempdir"));
-    let config = Config {
+    let mut config = Config {
         bind: "127.0.0.1:0".into(),
         database_url: Some(db.url().to_owned()),
         data_dir: data.path().to_owned(),
@@ -34,6 +39,7 @@ pub async fn spawn_app() -> TestApp {
         max_db_connections: 8,
         ..Config::default()
     };
+    adjust(&mut config);
     TestApp::start(config, data, Some(db)).await
 }
 
@@ -154,6 +160,18 @@ impl TestApp {
             )
             .await;
         r.remove(0)
+    }
+
+    /// One sample of the service's Prometheus metrics (0 if absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").await.text().await.expect("metrics");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
     }
 
     pub async fn events(&self, session_id: &str) -> Vec<Value> {

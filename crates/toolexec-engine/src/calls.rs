@@ -3,8 +3,9 @@
 //!
 //! Recording rules: a mutating call's `invocation.started` is durable before the tool runs
 //! (`Write::Start`), its side effects and `invocation.finished` after (`Write::Finish`). A
-//! read-only call has no side effect to guard, so it is recorded in one write after it ran
-//! (`Write::Record`) — and in every case no result reaches the client before it is durable.
+//! read-only call has no side effect to guard, so by default it is recorded in one write after it
+//! ran (`Write::Record`; `EngineConfig::durable_start_for_read_only` makes it take the two-write
+//! path too) — and in every case no result reaches the client before it is durable.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -426,38 +427,45 @@ impl Engine {
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
         let ctx = self.tool_context(session, rt);
-        if tool.spec().read_only {
+        let read_only = tool.spec().read_only;
+        if read_only && !self.config.durable_start_for_read_only {
             let out = {
                 let _shared = rt.schedule.read().await;
                 tool.run(&ctx, call.arguments.clone()).await
             };
             let recorded = self.outcome(session, &invocation, out, t0);
-            self.commit_record(guard, rt, call, invocation, recorded)
-                .await
-        } else {
-            let _alone = rt.schedule.write().await;
-            let invocation_id = invocation.id;
-            let key = key_of(&invocation);
-            match self.recorder.write(Write::Start { invocation }).await {
-                Err(e) => return Err(e.into()),
-                Ok(Err(WriteError::DuplicateCall(other))) => {
-                    drop(guard);
-                    return self.adopt_recorded(rt, call, args_hash, other).await;
-                }
-                Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
-                Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
-                Ok(Ok(_)) => rt.remember(key),
-            }
-            let out = tool.run(&ctx, call.arguments.clone()).await;
-            let stub = NewInvocationRef {
-                id: invocation_id,
-                call_id: &call.id,
-                name: &call.name,
-            };
-            let recorded = self.outcome_for(session, stub, out, t0);
-            self.commit_finish(guard, session.id, invocation_id, recorded)
-                .await
+            return self
+                .commit_record(guard, rt, call, invocation, recorded)
+                .await;
         }
+        // A mutating call runs alone; a read-only one (recorded durably first only because the
+        // operator asked for it) still shares the session with other reads.
+        let (_shared, _alone) = if read_only {
+            (Some(rt.schedule.read().await), None)
+        } else {
+            (None, Some(rt.schedule.write().await))
+        };
+        let invocation_id = invocation.id;
+        let key = key_of(&invocation);
+        match self.recorder.write(Write::Start { invocation }).await {
+            Err(e) => return Err(e.into()),
+            Ok(Err(WriteError::DuplicateCall(other))) => {
+                drop(guard);
+                return self.adopt_recorded(rt, call, args_hash, other).await;
+            }
+            Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
+            Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
+            Ok(Ok(_)) => rt.remember(key),
+        }
+        let out = tool.run(&ctx, call.arguments.clone()).await;
+        let stub = NewInvocationRef {
+            id: invocation_id,
+            call_id: &call.id,
+            name: &call.name,
+        };
+        let recorded = self.outcome_for(session, stub, out, t0);
+        self.commit_finish(guard, session.id, invocation_id, recorded)
+            .await
     }
 
     fn tools_for(&self, session: &Session) -> Vec<String> {

@@ -39,6 +39,11 @@ pub struct EngineConfig {
     pub limits: Limits,
     /// Concurrent group-commit loops. Two keep one transaction filling while another commits.
     pub recorder_writers: usize,
+    /// Record `invocation.started` durably before read-only tools run too (two writes per call
+    /// instead of one). Off by default: a read-only tool has no side effect to guard, and its
+    /// result is returned only once recorded either way. For audits that must see every
+    /// attempt, even one the service crashed during.
+    pub durable_start_for_read_only: bool,
 }
 
 impl EngineConfig {
@@ -48,6 +53,7 @@ impl EngineConfig {
             workspace_root: workspace_root.into(),
             limits: Limits::default(),
             recorder_writers: 2,
+            durable_start_for_read_only: false,
         }
     }
 }

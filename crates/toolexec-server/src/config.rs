@@ -32,6 +32,8 @@ pub struct Config {
     pub log_format: String,
     /// Concurrent group-commit loops of the recorder.
     pub recorder_writers: usize,
+    /// Record `invocation.started` durably before read-only tools run too (see docs/design.md).
+    pub durable_start_for_read_only: bool,
     /// Per-tenant request rate (token bucket refill per second); 0 turns the limit off.
     pub rate_limit_per_second: f64,
     /// Per-tenant burst (bucket size).
@@ -90,6 +92,7 @@ impl Default for Config {
             trusted_identity_header: None,
             log_format: "json".into(),
             recorder_writers: 2,
+            durable_start_for_read_only: false,
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
@@ -115,6 +118,10 @@ impl std::fmt::Debug for Config {
             .field("trusted_identity_header", &self.trusted_identity_header)
             .field("log_format", &self.log_format)
             .field("recorder_writers", &self.recorder_writers)
+            .field(
+                "durable_start_for_read_only",
+                &self.durable_start_for_read_only,
+            )
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("max_concurrent_requests", &self.max_concurrent_requests)

@@ -88,6 +88,7 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
     let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
     engine_config.limits = (&config.limits).into();
     engine_config.recorder_writers = config.recorder_writers;
+    engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let engine = Engine::start(store, registry, engine_config)
         .await
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;

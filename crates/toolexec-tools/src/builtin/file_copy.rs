@@ -8,14 +8,12 @@
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
-use toolexec_core::{
-    Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
-};
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, jail_failure, read_before_write};
+use super::{Action, blocking, jail_failure, read_before_write, written_change};
 use crate::reads::WriteCheck;
-use crate::workspace::{Before, Copied, JailError, Workspace, human_bytes};
-use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::workspace::{Copied, JailError, Workspace, human_bytes};
+use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
 
 /// Copies up to this size are recorded with their contents (as a blob); bigger ones with their
 /// hash and size only (`after: None`), so copying a large asset does not double its storage in
@@ -186,36 +184,12 @@ fn copy(
             written.path
         ));
     }
-    let (kind, how) = match &written.before {
-        Before::Absent => (FileChangeKind::Created, "created".to_owned()),
-        before => (
-            FileChangeKind::Modified,
-            format!(
-                "replaced the previous {}",
-                before
-                    .size()
-                    .map_or_else(|| "contents".to_owned(), human_bytes)
-            ),
-        ),
-    };
-    let change = FileChange {
-        kind,
-        path: written.path.clone(),
-        before_sha256: written.before.sha256().map(str::to_owned),
-        after_sha256: Some(written.sha256.clone()),
-        before_size: written.before.size(),
-        after_size: Some(written.size),
-        after_stored: kept.is_some(),
-        capability: Capability::ContentFromSource,
-    };
+    let (change, how) = written_change(&written, Capability::ContentFromSource, kept);
     ToolOutput::ok(format!(
         "Copied {source} ({size}) to {} ({how}).",
         written.path
     ))
-    .with_change(RecordedChange {
-        change,
-        after: kept,
-    })
+    .with_change(change)
 }
 
 #[cfg(test)]

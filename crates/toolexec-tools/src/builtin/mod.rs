@@ -3,10 +3,12 @@ use std::sync::Arc;
 
 use toolexec_core::Capability;
 
+use crate::RecordedChange;
 use crate::Tool;
 use crate::ToolOutput;
 use crate::reads::{ReadTracker, WriteCheck};
-use crate::workspace::{Before, JailError, UnreadReason, human_bytes};
+use crate::workspace::{Before, JailError, UnreadReason, Written, human_bytes};
+use toolexec_core::{FileChange, FileChangeKind};
 
 pub mod apply_patch;
 pub mod edit_file;
@@ -37,6 +39,38 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(update_plan::UpdatePlan::new()),
         Arc::new(read_output::ReadOutput::new()),
     ]
+}
+
+/// What a completed write recorded, and how to say it: `created`, or `replaced the previous
+/// 2.0 KiB`. `after` is kept as the blob when given (`after_stored` says whether it was).
+pub(crate) fn written_change(
+    written: &Written,
+    capability: Capability,
+    after: Option<Vec<u8>>,
+) -> (RecordedChange, String) {
+    let (kind, how) = match &written.before {
+        Before::Absent => (FileChangeKind::Created, "created".to_owned()),
+        before => (
+            FileChangeKind::Modified,
+            format!(
+                "replaced the previous {}",
+                before
+                    .size()
+                    .map_or_else(|| "contents".to_owned(), human_bytes)
+            ),
+        ),
+    };
+    let change = FileChange {
+        kind,
+        path: written.path.clone(),
+        before_sha256: written.before.sha256().map(str::to_owned),
+        after_sha256: Some(written.sha256.clone()),
+        before_size: written.before.size(),
+        after_size: Some(written.size),
+        after_stored: after.is_some(),
+        capability,
+    };
+    (RecordedChange { change, after }, how)
 }
 
 /// A jail refusal as the model sees it: `denied` for guardrails, `error` otherwise.

@@ -2,13 +2,10 @@
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
-use toolexec_core::{
-    Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
-};
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, jail_failure, plural, read_before_write};
-use crate::workspace::{Before, human_bytes};
-use crate::{RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use super::{Action, blocking, jail_failure, plural, read_before_write, written_change};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 const DESCRIPTION: &str = "\
 Writes a file in the workspace: creates it (and any missing parent directories) or replaces its \
@@ -120,35 +117,12 @@ impl Tool for WriteFile {
                 written.path
             ));
         }
-        let (kind, how) = match &written.before {
-            Before::Absent => (FileChangeKind::Created, "created".to_owned()),
-            before => (
-                FileChangeKind::Modified,
-                format!(
-                    "replaced the previous {}",
-                    before
-                        .size()
-                        .map_or_else(|| "contents".to_owned(), human_bytes)
-                ),
-            ),
-        };
-        let change = FileChange {
-            kind,
-            path: written.path.clone(),
-            before_sha256: written.before.sha256().map(str::to_owned),
-            after_sha256: Some(written.sha256.clone()),
-            before_size: written.before.size(),
-            after_size: Some(written.size),
-            after_stored: true,
-            capability: Capability::FsWrite,
-        };
+        let (change, how) =
+            written_change(&written, Capability::FsWrite, Some(content.into_bytes()));
         ToolOutput::ok(format!(
             "Wrote {lines} ({size}) to {} ({how}).",
             written.path
         ))
-        .with_change(RecordedChange {
-            change,
-            after: Some(content.into_bytes()),
-        })
+        .with_change(change)
     }
 }

@@ -255,6 +255,10 @@ pub(crate) fn notes(report: &WalkReport) -> Vec<String> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their fixtures on the host"
+)]
 mod tests {
     use std::fs;
 

@@ -1,6 +1,10 @@
 //! edit_file, apply_patch, read_many_files, file_copy and file_delete as a caller uses them:
 //! read-before-write, recorded changes, and the refusals a model has to recover from.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test helpers fail the test loudly"

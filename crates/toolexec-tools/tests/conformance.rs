@@ -5,6 +5,10 @@
 //! One deliberate difference: our patches are all-or-nothing, so scenario 015 (Codex keeps the
 //! file added before a later operation failed) must leave the workspace exactly as it was.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test helpers fail the test loudly"

@@ -1,6 +1,10 @@
 //! The file tools as a caller uses them: through `Registry::builtin()`, argument validation and
 //! `run`, against a real workspace.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test helpers fail the test loudly"

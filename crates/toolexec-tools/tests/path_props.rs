@@ -9,6 +9,10 @@
 //! name is a prefix of, holding a sentinel and a file hard-linked into the workspace) is ever
 //! read, created, modified or deleted.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test helpers fail the test loudly"

@@ -1,5 +1,9 @@
 //! grep and glob as a caller uses them: exclusions, .gitignore, caps, read-recording, symlinks.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test helpers fail the test loudly"

@@ -193,6 +193,10 @@ fn copy(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their fixtures on the host"
+)]
 mod tests {
     use std::sync::Arc;
 

@@ -262,6 +262,10 @@ impl Listing {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests build their fixtures on the host"
+)]
 mod tests {
     use std::fs;
 

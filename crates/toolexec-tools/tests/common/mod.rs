@@ -1,6 +1,10 @@
 //! Helpers for the fixture-folder tests: a session over a fresh workspace seeded from an
 //! `input/` tree, and exact tree comparison.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests build hostile layouts and check results on the host, outside the jail"
+)]
+#![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     dead_code,

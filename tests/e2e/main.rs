@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod http_jail;
+mod http_scenarios;
 mod openapi;
 mod problems;
 mod recording;

@@ -555,3 +555,73 @@ async fn read_output_pages_through_a_truncated_result_of_the_same_session_only()
         "{denied}"
     );
 }
+
+#[tokio::test]
+async fn a_nul_character_is_refused_as_invalid_arguments_and_recorded_not_a_503() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let args = json!({"file_path": "a.txt", "content": "a\u{0}b"});
+    let r = app.call(&sid, "w1", "write_file", args.clone()).await;
+    assert_eq!(r["status"], "invalid_arguments", "{r}");
+    assert!(
+        r["content"].as_str().unwrap().contains("arguments/content"),
+        "{r}"
+    );
+    assert!(
+        !app.data
+            .path()
+            .join("workspaces")
+            .join(&sid)
+            .join("a.txt")
+            .exists()
+    );
+    // Recorded (without the NUL), and a retry is still recognised as the same call.
+    let again = app.call(&sid, "w1", "write_file", args).await;
+    assert_eq!(again, r);
+    let inv: Value = app
+        .get(&format!(
+            "/v1/invocations/{}",
+            r["invocation_id"].as_str().unwrap()
+        ))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(inv["arguments"]["content"], "a\u{FFFD}b");
+}
+
+#[tokio::test]
+async fn output_with_a_nul_character_is_recorded_and_shown_with_a_replacement_character() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Past the first 8 KiB, where the binary check looks, a NUL slips into text output.
+    let mut bytes = "x".repeat(9000).into_bytes();
+    bytes.extend_from_slice(b"\nbefore\0after\n");
+    std::fs::write(
+        app.data
+            .path()
+            .join("workspaces")
+            .join(&sid)
+            .join("late.txt"),
+        bytes,
+    )
+    .unwrap();
+    let r = app
+        .call(&sid, "r1", "read_file", json!({"file_path": "late.txt"}))
+        .await;
+    assert!(r["status"] == "ok" || r["status"] == "error", "{r}");
+    if r["status"] == "ok" {
+        assert!(
+            r["content"]
+                .as_str()
+                .unwrap()
+                .contains("before\u{FFFD}after")
+        );
+    }
+}

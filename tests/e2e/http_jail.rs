@@ -253,8 +253,10 @@ impl<'a> Jail<'a> {
         };
         let content = result["content"].as_str().unwrap_or_default();
         let lower = content.to_lowercase();
-        if !matches!(result["status"].as_str(), Some("denied" | "error"))
-            || result["is_error"] != true
+        if !matches!(
+            result["status"].as_str(),
+            Some("denied" | "error" | "invalid_arguments")
+        ) || result["is_error"] != true
         {
             self.fail(format!(
                 "{tool} {args}: not refused: {} {content}",
@@ -968,12 +970,9 @@ async fn every_attack_on_the_jail_over_http_is_refused_recorded_and_changes_noth
     );
 }
 
-/// On Postgres a `\u0000` anywhere in a call's arguments cannot be recorded (`jsonb` refuses
-/// it), so the call is answered `503 store unavailable` instead of being refused as an invalid
-/// path and recorded; in-process (and on SQLite) it is refused as invalid. Un-ignore once the
-/// engine records such calls.
+/// A `\u0000` anywhere in a call's arguments is refused as `invalid_arguments` by the engine
+/// (no database text type holds it) and recorded without it — not a `503` from Postgres.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "known bug: a NUL byte in the arguments gets 503 on Postgres, not a recorded refusal"]
 async fn a_nul_byte_in_a_path_is_refused_as_invalid_and_recorded_over_http() {
     let app = spawn_app().await;
     let failures = nul_bytes(&app).await;

@@ -129,6 +129,8 @@ pub struct Invocation {
     pub name: String,
     #[schema(value_type = Object)]
     pub arguments: serde_json::Value,
+    /// SHA-256 of the canonical JSON of the arguments as sent: the call's identity for retries.
+    pub arguments_sha256: String,
     pub status: InvocationStatus,
     pub is_error: bool,
     /// What the model was shown (possibly truncated). `None` while running.

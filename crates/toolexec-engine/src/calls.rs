@@ -19,7 +19,7 @@ use toolexec_store::{Assigned, Blob, CallKey, NewInvocation, Outcome, Write, Wri
 use toolexec_tools::ToolOutput;
 use uuid::Uuid;
 
-use crate::canonical::arguments_sha256;
+use crate::canonical::{arguments_sha256, nul_pointer, without_nul};
 use crate::metrics::Metrics;
 use crate::sessions::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
@@ -214,7 +214,7 @@ impl Engine {
                 continue;
             }
             if let Some(inv) = existing.remove(&c.id) {
-                if inv.name != c.name || arguments_sha256(&inv.arguments) != hashes[i] {
+                if inv.name != c.name || inv.arguments_sha256 != hashes[i] {
                     return Err(reused(&c.id));
                 }
                 plans[i] = Some(Plan::Recorded(Box::new(inv)));
@@ -323,7 +323,7 @@ impl Engine {
         other: Uuid,
     ) -> Result<CallResult> {
         let inv = self.store.invocation(rt.session.tenant_id, other).await?;
-        if inv.name != call.name || arguments_sha256(&inv.arguments) != args_hash {
+        if inv.name != call.name || inv.arguments_sha256 != args_hash {
             return Err(reused(&call.id));
         }
         rt.remember(CallKey {
@@ -376,7 +376,9 @@ impl Engine {
             session_id: session.id,
             call_id: call.id.clone(),
             name: call.name.clone(),
-            arguments: call.arguments.clone(),
+            // Recorded without NUL characters (no database text type holds them); the hash is
+            // of the arguments as sent, so a retry is still recognised.
+            arguments: without_nul(&call.arguments),
             arguments_sha256: args_hash.to_owned(),
             read_only: tool.as_ref().is_none_or(|t| t.spec().read_only),
             capabilities: tool
@@ -405,8 +407,20 @@ impl Engine {
                     self.tools_for(session).join(", ")
                 ),
             )),
-            Some(_) => match self.registry.validate(&call.name, &call.arguments) {
-                Some(Err(e)) => Some((CallStatus::InvalidArguments, e.to_model_text(&call.name))),
+            Some(_) => match (
+                nul_pointer(&call.arguments, String::new()),
+                self.registry.validate(&call.name, &call.arguments),
+            ) {
+                (Some(at), _) => Some((
+                    CallStatus::InvalidArguments,
+                    format!(
+                        "Invalid arguments for {}: arguments{at} contains a NUL character (\\u0000), which no argument may hold (in a path it makes an invalid path). Remove it and call again.",
+                        call.name
+                    ),
+                )),
+                (None, Some(Err(e))) => {
+                    Some((CallStatus::InvalidArguments, e.to_model_text(&call.name)))
+                }
                 _ => None,
             },
         };
@@ -519,10 +533,16 @@ impl Engine {
             "call read_output with invocation_id \"{}\" to page through the full output",
             inv.id
         );
-        let (content, truncated) = truncate(&out.content, limit, &hint);
+        // Text with NUL cannot be stored (nor is it useful to a model): shown as U+FFFD.
+        let full = if out.content.contains('\0') {
+            out.content.replace('\0', "\u{FFFD}")
+        } else {
+            out.content
+        };
+        let (content, truncated) = truncate(&full, limit, &hint);
         let mut blobs = Vec::new();
         let output_sha256 = truncated.as_ref().map(|_| {
-            let blob = Blob::new(out.content.clone().into_bytes());
+            let blob = Blob::new(full.clone().into_bytes());
             let sha = blob.sha256.clone();
             blobs.push(blob);
             sha

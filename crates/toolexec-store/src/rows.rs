@@ -29,7 +29,8 @@ macro_rules! session_columns {
 macro_rules! invocation_columns {
     () => {
         "i.id AS i_id, i.session_id AS i_session_id, i.call_id AS i_call_id, i.name AS i_name, \
-         i.arguments AS i_arguments, i.status AS i_status, i.is_error AS i_is_error, \
+         i.arguments AS i_arguments, i.arguments_sha256 AS i_arguments_sha256, \
+         i.status AS i_status, i.is_error AS i_is_error, \
          i.content AS i_content, i.truncated AS i_truncated, i.output_chars AS i_output_chars, \
          i.read_only AS i_read_only, i.capabilities AS i_capabilities, \
          i.started_at AS i_started_at, i.finished_at AS i_finished_at, \
@@ -168,6 +169,7 @@ pub(crate) fn invocation(row: &impl Columns) -> Result<Invocation> {
         call_id: row.text("i_call_id")?,
         name: row.text("i_name")?,
         arguments: row.json("i_arguments")?,
+        arguments_sha256: row.text("i_arguments_sha256")?,
         status: invocation_status(&row.text("i_status")?)?,
         is_error: row.boolean("i_is_error")?,
         content: row.opt_text("i_content")?,

@@ -1255,24 +1255,3 @@ mod replicas {
         assert_eq!(seqs, one_to(seqs.len() as i64));
     }
 }
-
-#[tokio::test]
-#[ignore = "a timing probe, not a test: cargo nextest run -p toolexec-tests --run-ignored all probe"]
-async fn probe_commit_latency() {
-    let db = TestPgDatabase::create().await;
-    let store: std::sync::Arc<dyn toolexec_store::Store> = std::sync::Arc::new(db.store().await);
-    let t = store.ensure_tenant("t").await.unwrap();
-    let s = store
-        .create_session(&new_session(&t), vec![], vec![])
-        .await
-        .unwrap();
-    let n = 500;
-    let start = std::time::Instant::now();
-    for i in 0..n {
-        store
-            .commit(vec![record(call(s.id, &format!("c{i}")), "x")])
-            .await
-            .unwrap();
-    }
-    eprintln!("PROBE commit of one Record: {:?} each", start.elapsed() / n);
-}

@@ -269,9 +269,9 @@ async fn seq_stays_gapless_and_ordered_under_concurrent_batches() {
     assert_eq!(s["last_seq"], 130);
 }
 
-#[tokio::test]
-async fn an_over_long_output_is_truncated_for_the_model_and_kept_in_full() {
-    let app = spawn_app().await;
+/// A session whose read_file output limit is 500 characters, and a read of a 300-line file in
+/// it: the session id and the (truncated) result.
+async fn truncated_read(app: &toolexec_tests::app::TestApp) -> (String, Value) {
     let body: String = (1..=300).map(|i| format!("line number {i}\n")).collect();
     let sid = app
         .session(
@@ -284,6 +284,13 @@ async fn an_over_long_output_is_truncated_for_the_model_and_kept_in_full() {
     let r = app
         .call(&sid, "c1", "read_file", json!({"file_path": "big.txt"}))
         .await;
+    (sid, r)
+}
+
+#[tokio::test]
+async fn an_over_long_output_is_truncated_for_the_model_and_kept_in_full() {
+    let app = spawn_app().await;
+    let (_, r) = truncated_read(&app).await;
     assert_eq!(r["status"], "ok");
     let shown = r["content"].as_str().unwrap();
     assert!(shown.contains("read_output"), "{shown}");
@@ -509,18 +516,7 @@ async fn update_plan_records_the_plan_in_the_log() {
 #[tokio::test]
 async fn read_output_pages_through_a_truncated_result_of_the_same_session_only() {
     let app = spawn_app().await;
-    let body: String = (1..=300).map(|i| format!("line number {i}\n")).collect();
-    let sid = app
-        .session(
-            json!({"files": {"big.txt": body}, "policy": {"output_limits": {"read_file": 500}}}),
-        )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let r = app
-        .call(&sid, "c1", "read_file", json!({"file_path": "big.txt"}))
-        .await;
+    let (sid, r) = truncated_read(&app).await;
     let inv = r["invocation_id"].as_str().unwrap();
     assert!(!r["content"].as_str().unwrap().contains("line number 150\n"));
     let page = app

@@ -1,11 +1,14 @@
 //! Postgres backend: the production store, shared by every API replica.
 //!
-//! A commit is five round trips whatever the size of the batch: `BEGIN`; lock the sessions of the
+//! A commit is usually one round trip: a batch planned from this store's cached session state,
+//! written by one statement that first checks the cache under `FOR UPDATE`
+//! ([`WRITE_PLAN_IF_CURRENT`]). When the cache is stale (another writer moved on), the batch
+//! takes the locked path, five round trips whatever its size: `BEGIN`; lock the sessions of the
 //! batch (`FOR UPDATE`, in id order so that concurrent batches cannot deadlock); read the
 //! invocations the batch refers to; one statement that writes everything (data-modifying CTEs
 //! over `UNNEST`ed arrays: blobs, invocations, finishes, events, `last_seq`); `COMMIT`.
-//! Per-write failures are decided between the reads and the write (see [`crate::plan`]), never by
-//! a constraint violation, which would abort the transaction and every other write of the batch.
+//! Per-write failures are decided before the write (see [`crate::plan`]), never by a constraint
+//! violation, which would abort the transaction and every other write of the batch.
 use std::str::FromStr;
 use std::time::Duration;
 

@@ -76,15 +76,7 @@ async fn a_newcomer_can_write_and_read_a_file_and_see_both_invocations_and_the_c
         toolexec_core::sha256_hex(b"hi\nthere\n")
     );
 
-    let inv: Value = app
-        .get(&format!(
-            "/v1/invocations/{}",
-            w["invocation_id"].as_str().unwrap()
-        ))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let inv: Value = app.invocation_of(&w).await;
     assert_eq!(inv["call_id"], "call_1");
     assert_eq!(inv["status"], "ok");
     assert_eq!(inv["capabilities"], json!(["fs.write"]));
@@ -150,15 +142,7 @@ async fn invalid_arguments_name_the_json_pointer_and_the_schema_rule() {
     assert!(r["content"].as_str().unwrap().contains("required"), "{r}");
 
     // Recorded like any call.
-    let inv: Value = app
-        .get(&format!(
-            "/v1/invocations/{}",
-            r["invocation_id"].as_str().unwrap()
-        ))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let inv: Value = app.invocation_of(&r).await;
     assert_eq!(inv["status"], "invalid_arguments");
 }
 
@@ -501,15 +485,7 @@ async fn update_plan_records_the_plan_in_the_log() {
         .expect("plan event");
     assert_eq!(plan["data"]["plan"][1]["step"], "edit");
     assert_eq!(plan["invocation_id"], r["invocation_id"]);
-    let inv: Value = app
-        .get(&format!(
-            "/v1/invocations/{}",
-            r["invocation_id"].as_str().unwrap()
-        ))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let inv: Value = app.invocation_of(&r).await;
     assert_eq!(inv["side_effects"][0]["kind"], "plan.updated");
 }
 
@@ -577,15 +553,7 @@ async fn a_nul_character_is_refused_as_invalid_arguments_and_recorded_not_a_503(
     // Recorded (without the NUL), and a retry is still recognised as the same call.
     let again = app.call(&sid, "w1", "write_file", args).await;
     assert_eq!(again, r);
-    let inv: Value = app
-        .get(&format!(
-            "/v1/invocations/{}",
-            r["invocation_id"].as_str().unwrap()
-        ))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let inv: Value = app.invocation_of(&r).await;
     assert_eq!(inv["arguments"]["content"], "a\u{FFFD}b");
 }
 

@@ -162,6 +162,14 @@ impl TestApp {
         r.remove(0)
     }
 
+    /// `GET /v1/invocations/{id}` for a call result's invocation.
+    pub async fn invocation_of(&self, result: &Value) -> Value {
+        let id = result["invocation_id"].as_str().expect("invocation_id");
+        let resp = self.get(&format!("/v1/invocations/{id}")).await;
+        assert_eq!(resp.status(), 200);
+        resp.json().await.expect("invocation json")
+    }
+
     /// One sample of the service's Prometheus metrics (0 if absent).
     pub async fn metric(&self, name: &str) -> f64 {
         let text = self.get("/metrics").await.text().await.expect("metrics");

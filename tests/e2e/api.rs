@@ -12,7 +12,8 @@ async fn health_and_readiness_report_the_store_in_use() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["status"], "ready");
     assert_eq!(body["store"], "postgres");
-    assert!(body["sandbox"].as_str().unwrap().len() > 3);
+    assert_eq!(body["sandbox"]["mode"], "enforced", "{body}");
+    assert_eq!(body["sandbox"]["ready"], true, "{body}");
 }
 
 #[tokio::test]

@@ -10,5 +10,7 @@ mod openapi;
 mod problems;
 mod recording;
 mod refactor;
+mod sandbox_escape;
+mod shell;
 mod store;
 mod tenancy;

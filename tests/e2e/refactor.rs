@@ -3,11 +3,12 @@
 //! patch, copy, delete, glob — and the session's event log shows every step, every refusal and
 //! every file it changed.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use toolexec_core::sha256_hex;
 use toolexec_tests::app::{TestApp, spawn_app};
+use toolexec_tests::fixtures::text_files;
 
 /// `calc/ops.py` after the one `edit_file` of the refactor.
 const OPS_AFTER: &str = r#""""Arithmetic on two numbers."""
@@ -142,7 +143,7 @@ const CALL_SITES_PATCH: &str = r#"*** Begin Patch
 *** End Patch"#;
 
 fn fixture_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/refactor-repo")
+    toolexec_tests::fixtures::fixture_dir("refactor-repo")
 }
 
 /// The fixture repository as the session is seeded with it. Its `.gitignore` is checked in as
@@ -153,29 +154,6 @@ fn fixture_repo() -> BTreeMap<String, String> {
     let gitignore = files.remove("gitignore").expect("the fixture's gitignore");
     files.insert(".gitignore".to_owned(), gitignore);
     files
-}
-
-/// Every text file under `dir`: workspace-relative `/`-separated path → contents. Binary (non
-/// UTF-8) files are left out: session seeding takes text only.
-fn text_files(dir: &Path) -> BTreeMap<String, String> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(root, &path, out);
-            } else if let Ok(text) = String::from_utf8(std::fs::read(&path).unwrap()) {
-                let relative = path.strip_prefix(root).unwrap();
-                let parts: Vec<_> = relative
-                    .components()
-                    .map(|c| c.as_os_str().to_str().unwrap())
-                    .collect();
-                out.insert(parts.join("/"), text);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
 }
 
 /// The file text behind read_file's `cat -n` view (every line shown, no notes expected).

@@ -21,6 +21,35 @@ pub struct TestApp {
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
+/// The real sandbox, with the init binary this package builds (cargo builds a package's
+/// binaries with its integration tests, into the directory above the test binary's `deps/`).
+pub fn sandbox_config() -> toolexec_sandbox::SandboxConfig {
+    let exe = std::env::current_exe().expect("current exe");
+    let init = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("toolexec-test-sandbox-init"))
+        .expect("target directory");
+    assert!(
+        init.exists(),
+        "{} missing: run the tests with cargo (it builds the package's binaries)",
+        init.display()
+    );
+    toolexec_sandbox::SandboxConfig {
+        init: Some(init),
+        ..toolexec_sandbox::SandboxConfig::default()
+    }
+}
+
+/// A data directory the sandbox user can traverse (tempdir makes it 0700).
+pub fn data_dir() -> Arc<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod data dir");
+    Arc::new(dir)
+}
+
 /// A server on a fresh Postgres database, single local tenant.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
@@ -29,7 +58,7 @@ pub async fn spawn_app() -> TestApp {
 /// Like [`spawn_app`], with the configuration adjusted first.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let db = Arc::new(TestPgDatabase::create().await);
-    let data = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let data = data_dir();
     let mut config = Config {
         bind: "127.0.0.1:0".into(),
         database_url: Some(db.url().to_owned()),
@@ -37,6 +66,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
         node: Some("test-node".into()),
         log_format: "text".into(),
         max_db_connections: 8,
+        sandbox: sandbox_config(),
         ..Config::default()
     };
     adjust(&mut config);
@@ -45,12 +75,13 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
 
 /// A server on the embedded SQLite store, the zero-configuration default.
 pub async fn spawn_sqlite_app() -> TestApp {
-    let data = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let data = data_dir();
     let config = Config {
         bind: "127.0.0.1:0".into(),
         data_dir: data.path().to_owned(),
         node: Some("test-node".into()),
         log_format: "text".into(),
+        sandbox: sandbox_config(),
         ..Config::default()
     };
     TestApp::start(config, data, None).await

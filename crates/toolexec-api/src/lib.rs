@@ -39,8 +39,6 @@ pub struct ApiConfig {
     pub body_limit_bytes: usize,
     /// Requests in flight beyond which new ones get 503 `overloaded`.
     pub max_concurrent_requests: usize,
-    /// How the sandbox for process tools is set up, for `/readyz`.
-    pub sandbox_mode: String,
 }
 
 impl Default for ApiConfig {
@@ -48,7 +46,6 @@ impl Default for ApiConfig {
         Self {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
-            sandbox_mode: "none: no process-running tools are installed".into(),
         }
     }
 }

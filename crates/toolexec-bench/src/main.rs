@@ -1,10 +1,15 @@
-//! `toolexec-bench`: measures recorded calls over HTTP against the Postgres store, next to a
-//! baseline measured in the same run on the same database: plain Postgres inserts of the rows a
-//! call records (one invocation, two events), one transaction per call.
+//! `toolexec-bench`: measures toolexec next to a baseline measured in the same run.
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (Postgres on 127.0.0.1:5432, trust auth;
-//! override with `--admin-url`). It creates and drops its own database.
+//! - `calls`: recorded calls over HTTP against the Postgres store, next to plain Postgres inserts
+//!   of the rows a call records (one invocation, two events), one transaction per call.
+//! - `shell`: sandboxed `shell` calls (`true`) over HTTP, recorded, next to a raw spawn of
+//!   `/bin/bash -c true` from the bench process; plus the sandbox alone (no HTTP, no recording).
+//!
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`; Postgres on 127.0.0.1:5432,
+//! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
+
+mod shell;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -46,6 +51,22 @@ enum Command {
         #[arg(long, default_value = "per-client")]
         sessions: SessionMode,
     },
+    /// Sandboxed `shell` calls (`true`) over HTTP, with a raw bash spawn as the baseline.
+    Shell {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Client counts to measure (concurrent loops, each with its own session).
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,10 +92,15 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Command::Shell {
+            admin_url,
+            seconds,
+            clients,
+        } => shell::run(&admin_url, Duration::from_secs(seconds), &clients).await,
     }
 }
 
-struct Stats {
+pub(crate) struct Stats {
     calls: u64,
     elapsed: Duration,
     latencies_us: Vec<u64>,
@@ -94,7 +120,7 @@ impl Stats {
 }
 
 /// Runs `clients` loops of `op` for `dur` and collects per-op latencies.
-async fn drive<F, Fut>(clients: usize, dur: Duration, op: F) -> anyhow::Result<Stats>
+pub(crate) async fn drive<F, Fut>(clients: usize, dur: Duration, op: F) -> anyhow::Result<Stats>
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -137,24 +163,98 @@ async fn calls(
     client_counts: &[usize],
     shared_session: bool,
 ) -> anyhow::Result<()> {
-    let db_name = format!("toolexec_bench_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(admin_url)
-        .await
-        .with_context(|| format!("connecting to {admin_url}"))?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-        .execute(&mut admin)
-        .await?;
-    let db_url = match admin_url.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{db_name}"),
-        None => anyhow::bail!("admin url has no database part"),
-    };
-    let result = run_all(&db_url, dur, client_counts, shared_session).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {db_name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await?;
+    let db = BenchDb::create(admin_url).await?;
+    let result = run_all(&db.url, dur, client_counts, shared_session).await;
+    db.drop().await?;
     result
+}
+
+/// A database of its own for one bench run, created from the admin URL and dropped at the end.
+pub(crate) struct BenchDb {
+    admin: sqlx::PgConnection,
+    name: String,
+    pub url: String,
+}
+
+impl BenchDb {
+    pub async fn create(admin_url: &str) -> anyhow::Result<Self> {
+        let name = format!("toolexec_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(admin_url)
+            .await
+            .with_context(|| format!("connecting to {admin_url}"))?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        let url = match admin_url.rsplit_once('/') {
+            Some((base, _)) => format!("{base}/{name}"),
+            None => anyhow::bail!("admin url has no database part"),
+        };
+        Ok(Self { admin, name, url })
+    }
+
+    pub async fn drop(mut self) -> anyhow::Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut self.admin)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The real service on port 0, on a runtime of its own (2 worker threads, as it would have in
+/// its own process on this machine), so that the load generator's tasks do not queue in front of
+/// the service's.
+pub(crate) struct Server {
+    pub base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    pub async fn start(config: toolexec_server::Config) -> anyhow::Result<Self> {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let state = toolexec_server::build_state(&config).await?;
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let _ = addr_tx.send(listener.local_addr()?);
+                toolexec_server::serve(state, listener, async {
+                    let _ = stop_rx.await;
+                })
+                .await
+            })
+        });
+        match addr_rx.await {
+            Ok(addr) => Ok(Self {
+                base: format!("http://{addr}"),
+                stop: stop_tx,
+                thread,
+            }),
+            Err(_) => {
+                let why = match thread.join() {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Ok(Ok(())) => "it stopped".into(),
+                    Err(_) => "it panicked".into(),
+                };
+                anyhow::bail!("the service did not start: {why}")
+            }
+        }
+    }
+
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("service thread panicked"))?
+    }
 }
 
 async fn run_all(
@@ -174,27 +274,8 @@ async fn run_all(
         rate_limit_per_second: 0.0,
         ..Default::default()
     };
-    // The service runs on a runtime of its own (as it would in its own process), so that the
-    // load generator's tasks do not queue in front of the service's.
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
-    let server = std::thread::spawn(move || -> anyhow::Result<()> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let state = toolexec_server::build_state(&config).await?;
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let _ = addr_tx.send(listener.local_addr()?);
-            toolexec_server::serve(state, listener, async {
-                let _ = stop_rx.await;
-            })
-            .await
-        })
-    });
-    let addr = addr_rx.await.context("the service did not start")?;
-    let base = format!("http://{addr}");
+    let server = Server::start(config).await?;
+    let base = server.base.clone();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
@@ -323,6 +404,15 @@ async fn run_all(
     println!(
         "ratio = toolexec recorded calls/s ÷ plain-insert transactions/s (same rows, same database, same run)"
     );
+    print_recorder_stats(&http, &base).await?;
+    server.stop().await?;
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
+/// The recorder's group-commit statistics from the service's `/metrics` (whole run).
+pub(crate) async fn print_recorder_stats(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
     let metrics = http
         .get(format!("{base}/metrics"))
         .send()
@@ -347,16 +437,10 @@ async fn run_all(
             value("toolexec_store_commit_batch_size_sum ") / commits,
         );
     }
-    let _ = stop_tx.send(());
-    server
-        .join()
-        .map_err(|_| anyhow::anyhow!("service thread panicked"))??;
-    pool.close().await;
-    let _ = std::fs::remove_dir_all(&data);
     Ok(())
 }
 
-fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+pub(crate) fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     let dir =
         std::env::temp_dir().join(format!("toolexec-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;

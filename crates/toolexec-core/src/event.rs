@@ -29,10 +29,16 @@ pub enum EventKind {
     /// `update_plan` replaced the session's plan (the todo list).
     #[serde(rename = "plan.updated")]
     PlanUpdated,
+    /// `shell` started a background process.
+    #[serde(rename = "process.started")]
+    ProcessStarted,
+    /// A background process exited (recorded by the call that first saw it, or at close).
+    #[serde(rename = "process.exited")]
+    ProcessExited,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -41,6 +47,8 @@ impl EventKind {
         EventKind::FileModified,
         EventKind::FileDeleted,
         EventKind::PlanUpdated,
+        EventKind::ProcessStarted,
+        EventKind::ProcessExited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +61,8 @@ impl EventKind {
             EventKind::FileModified => "file.modified",
             EventKind::FileDeleted => "file.deleted",
             EventKind::PlanUpdated => "plan.updated",
+            EventKind::ProcessStarted => "process.started",
+            EventKind::ProcessExited => "process.exited",
         }
     }
 
@@ -68,6 +78,8 @@ impl EventKind {
                 | EventKind::FileModified
                 | EventKind::FileDeleted
                 | EventKind::PlanUpdated
+                | EventKind::ProcessStarted
+                | EventKind::ProcessExited
         )
     }
 }
@@ -118,6 +130,13 @@ pub struct FileChange {
     pub after_stored: bool,
     /// The capability under which the change was made (`fs.write`, `content_from_source`, …).
     pub capability: Capability,
+    /// Set when the path is a symbolic link after the change (created or modified): the link's
+    /// target text, not followed (lossily decoded if it is not UTF-8). `after_sha256` and
+    /// `after_size` are then those of this text, and the stored blob is the text. Absent for
+    /// regular files and for deletions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub symlink_target: Option<String>,
 }
 
 /// The recorded execution of one call.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio::sync::watch;
 use toolexec_core::{
-    Call, CallResult, CallStatus, Invocation, Session, SessionStatus, new_id, truncate,
+    Call, CallResult, CallStatus, Capability, Invocation, Session, SessionStatus, new_id, truncate,
 };
 use toolexec_store::{Assigned, Blob, CallKey, NewInvocation, Outcome, Write, WriteError};
 use toolexec_tools::ToolOutput;
@@ -459,6 +459,9 @@ impl Engine {
         } else {
             (None, Some(rt.schedule.write().await))
         };
+        if tool.spec().capabilities.contains(&Capability::Process) {
+            rt.ensure_baseline().await?;
+        }
         let invocation_id = invocation.id;
         let key = key_of(&invocation);
         match self.recorder.write(Write::Start { invocation }).await {
@@ -471,7 +474,10 @@ impl Engine {
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Ok(Ok(_)) => rt.remember(key),
         }
-        let out = tool.run(&ctx, call.arguments.clone()).await;
+        let mut out = tool.run(&ctx, call.arguments.clone()).await;
+        if !read_only {
+            self.record_workspace_changes(rt, &mut out).await;
+        }
         let stub = NewInvocationRef {
             id: invocation_id,
             call_id: &call.id,
@@ -480,6 +486,49 @@ impl Engine {
         let recorded = self.outcome_for(session, stub, out, t0);
         self.commit_finish(guard, session.id, invocation_id, recorded)
             .await
+    }
+
+    /// Adds to a mutating call's changes whatever else changed in the workspace since the last
+    /// scan: everything a shell command did, and what background processes did meanwhile. The
+    /// tool's own account of a path wins over the scan's. Sessions that never ran a command
+    /// have no baseline and skip this.
+    async fn record_workspace_changes(&self, rt: &SessionRuntime, out: &mut ToolOutput) {
+        let mut guard = rt.snapshot.lock().await;
+        let Some(mut snap) = guard.take() else {
+            return;
+        };
+        let ws = rt.workspace.clone();
+        let keep = self.config.limits.max_blob_bytes;
+        let t0 = Instant::now();
+        let scanned = tokio::task::spawn_blocking(move || {
+            let report = snap.rescan(&ws, keep);
+            (snap, report)
+        })
+        .await;
+        self.metrics.workspace_scan(t0.elapsed().as_secs_f64());
+        match scanned {
+            Ok((snap, Ok(report))) => {
+                *guard = Some(snap);
+                let own: std::collections::HashSet<String> =
+                    out.changes.iter().map(|c| c.change.path.clone()).collect();
+                out.changes.extend(
+                    report
+                        .changes
+                        .into_iter()
+                        .filter(|c| !own.contains(&c.change.path)),
+                );
+            }
+            Ok((snap, Err(e))) => {
+                *guard = Some(snap);
+                tracing::error!(error = %e, session = %rt.session.id, "workspace scan failed; this call's side effects may be incomplete in the log");
+                out.content.push_str(&format!(
+                    "\n[warning: the workspace could not be scanned for changes ({e}); the log may miss some of this call's file changes]"
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "workspace scan task failed");
+            }
+        }
     }
 
     fn tools_for(&self, session: &Session) -> Vec<String> {

@@ -44,6 +44,9 @@ pub struct EngineConfig {
     /// result is returned only once recorded either way. For audits that must see every
     /// attempt, even one the service crashed during.
     pub durable_start_for_read_only: bool,
+    /// Where `shell` and the process tools run commands; `None`: they answer that commands
+    /// cannot run here.
+    pub sandbox: Option<std::sync::Arc<toolexec_sandbox::Sandbox>>,
 }
 
 impl EngineConfig {
@@ -54,6 +57,7 @@ impl EngineConfig {
             limits: Limits::default(),
             recorder_writers: 2,
             durable_start_for_read_only: false,
+            sandbox: None,
         }
     }
 }

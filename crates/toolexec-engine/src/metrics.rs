@@ -25,6 +25,7 @@ pub struct Metrics {
     call_seconds: Family<ToolLabel, Histogram>,
     commit_seconds: Histogram,
     commit_batch: Histogram,
+    scan_seconds: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -47,6 +48,12 @@ impl Default for Metrics {
         );
         let commit_seconds = latency_histogram();
         let commit_batch = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        let scan_seconds = latency_histogram();
+        registry.register(
+            "workspace_scan_duration_seconds",
+            "Time to find a mutating call's file changes by scanning the workspace",
+            scan_seconds.clone(),
+        );
         registry.register("calls", "Tool calls run, by tool and status", calls.clone());
         registry.register(
             "call_duration_seconds",
@@ -69,6 +76,7 @@ impl Default for Metrics {
             call_seconds,
             commit_seconds,
             commit_batch,
+            scan_seconds,
         }
     }
 }
@@ -91,6 +99,10 @@ impl Metrics {
     pub fn commit(&self, batch: usize, seconds: f64) {
         self.commit_seconds.observe(seconds);
         self.commit_batch.observe(batch as f64);
+    }
+
+    pub fn workspace_scan(&self, seconds: f64) {
+        self.scan_seconds.observe(seconds);
     }
 
     /// Prometheus text exposition.

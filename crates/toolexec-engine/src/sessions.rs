@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
+use toolexec_sandbox::{ProcessTable, Sandbox};
 use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
+use toolexec_tools::scan::Snapshot;
 use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
 use uuid::Uuid;
 
@@ -25,6 +27,13 @@ pub struct SessionRuntime {
     pub schedule: tokio::sync::RwLock<()>,
     /// Every call id recorded for the session: answers "is this a retry?" without a store read.
     pub calls: Mutex<HashMap<String, CallKey>>,
+    /// The session's sandbox and background processes (when the engine has a sandbox).
+    pub processes: Option<Arc<ProcessTable>>,
+    /// What the workspace looked like after the last mutating call: the next one's changes
+    /// (a shell command's, a background process's) are found by comparing with it. Taken just
+    /// before the session's first command: until then only tools change the workspace, and they
+    /// record their own changes.
+    pub snapshot: tokio::sync::Mutex<Option<Snapshot>>,
 }
 
 /// `read_output`'s view of the store: full outputs of this session's invocations only.
@@ -65,14 +74,55 @@ const MAX_RUNTIMES: usize = 10_000;
 pub const MAX_PAGE: u32 = 200;
 
 impl SessionRuntime {
-    fn new(session: Session, workspace: Workspace, calls: Vec<CallKey>) -> Self {
+    fn new(
+        session: Session,
+        workspace: Workspace,
+        calls: Vec<CallKey>,
+        sandbox: Option<&Arc<Sandbox>>,
+    ) -> Self {
+        let processes = sandbox.map(|s| {
+            Arc::new(ProcessTable::new(
+                s.clone(),
+                session.id.to_string(),
+                workspace.root_path().to_path_buf(),
+            ))
+        });
         Self {
             session,
             workspace: Arc::new(workspace),
             reads: Arc::new(ReadTracker::default()),
             schedule: tokio::sync::RwLock::new(()),
             calls: Mutex::new(calls.into_iter().map(|k| (k.call_id.clone(), k)).collect()),
+            processes,
+            snapshot: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Takes the baseline the side-effect scans compare with (hashes every file once), unless
+    /// there is one.
+    pub(crate) async fn ensure_baseline(&self) -> Result<()> {
+        let mut guard = self.snapshot.lock().await;
+        if guard.is_some() {
+            return Ok(());
+        }
+        let ws = self.workspace.clone();
+        let snap = tokio::task::spawn_blocking(move || Snapshot::capture(&ws))
+            .await
+            .map_err(|e| EngineError::Internal(format!("workspace scan: {e}")))?
+            .map_err(|e| {
+                EngineError::Unavailable(format!("the workspace cannot be scanned: {e}"))
+            })?;
+        *guard = Some(snap);
+        Ok(())
+    }
+
+    /// Whether background processes of the session still run (its runtime must then stay).
+    fn has_running_processes(&self) -> bool {
+        self.processes.as_ref().is_some_and(|p| {
+            p.list()
+                .iter()
+                .any(|p| p.state == toolexec_sandbox::ProcessState::Running)
+        })
     }
 
     /// The recorded call with this id, if any.
@@ -123,7 +173,12 @@ impl Engine {
             ))
         })?;
         let calls = self.store.call_index(session.id).await?;
-        let rt = Arc::new(SessionRuntime::new(session.clone(), workspace, calls));
+        let rt = Arc::new(SessionRuntime::new(
+            session.clone(),
+            workspace,
+            calls,
+            self.config.sandbox.as_ref(),
+        ));
         Ok(self.keep_runtime(rt))
     }
 
@@ -136,7 +191,7 @@ impl Engine {
             return existing.clone();
         }
         if map.len() >= MAX_RUNTIMES {
-            map.retain(|_, r| Arc::strong_count(r) > 1);
+            map.retain(|_, r| Arc::strong_count(r) > 1 || r.has_running_processes());
         }
         map.insert(rt.session.id, rt.clone());
         rt
@@ -153,6 +208,8 @@ impl Engine {
                 store: self.store.clone(),
                 tenant_id: session.tenant_id,
             }),
+            processes: rt.processes.clone(),
+            max_timeout_ms: self.config.limits.max_timeout_ms,
         }
     }
 
@@ -176,6 +233,17 @@ impl Engine {
         }
         if let Some(policy) = &new.policy {
             check_policy(policy, limits)?;
+            let egress = self
+                .config
+                .sandbox
+                .as_ref()
+                .is_some_and(|s| s.config().egress);
+            if policy.network == toolexec_core::NetworkPolicy::Allow && !egress {
+                return Err(invalid(
+                    "policy_above_ceiling",
+                    "policy.network: this service gives commands no network (sandbox.egress is off); create the session with network \"none\"".into(),
+                ));
+            }
             for tool in policy.output_limits.keys() {
                 if self.registry.get(tool).is_none() {
                     return Err(invalid(
@@ -240,7 +308,18 @@ impl Engine {
         let dir = self.workspace_dir(id);
         let workspace = Workspace::create(&dir)
             .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?;
-        let rt = Arc::new(SessionRuntime::new(session.clone(), workspace, Vec::new()));
+        if let Err(e) = self.give_workspace_to_sandbox(&dir) {
+            remove_dir(&dir);
+            return Err(EngineError::Internal(format!(
+                "cannot hand the workspace to the sandbox user: {e}"
+            )));
+        }
+        let rt = Arc::new(SessionRuntime::new(
+            session.clone(),
+            workspace,
+            Vec::new(),
+            self.config.sandbox.as_ref(),
+        ));
 
         let mut events = vec![NewEvent {
             kind: EventKind::SessionCreated,
@@ -357,11 +436,39 @@ impl Engine {
             .await?)
     }
 
-    /// Closes a session: records `session.closed`, then removes its workspace. The log stays.
+    /// The sandboxed commands run as an unprivileged user: it must own the workspace (files the
+    /// service writes later inherit the owner of their directory).
+    fn give_workspace_to_sandbox(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        let Some(sandbox) = &self.config.sandbox else {
+            return Ok(());
+        };
+        match sandbox.workspace_owner() {
+            Some((uid, gid)) => std::os::unix::fs::chown(dir, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes a session: stops its background processes, records `session.closed` (with how
+    /// each process ended), then removes its workspace. The log stays.
     pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        let mut processes = Vec::new();
+        if let Some(rt) = self.cached_runtime(tenant_id, id)?
+            && let Some(table) = &rt.processes
+        {
+            table.shutdown().await;
+            processes = table
+                .take_exits()
+                .into_iter()
+                .map(|p| json!({"process_id": p.id, "command": p.command, "state": p.state, "output_bytes": p.output_bytes}))
+                .collect();
+        }
         let session = self
             .store
-            .close_session(tenant_id, id, json!({"node": self.config.node}))
+            .close_session(
+                tenant_id,
+                id,
+                json!({"node": self.config.node, "processes": processes}),
+            )
             .await?;
         let rt = self.runtimes.lock().ok().and_then(|mut m| m.remove(&id));
         // Wait for running calls of the session to finish before the workspace goes away.

@@ -41,6 +41,8 @@ pub struct Config {
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
     pub limits: LimitsConfig,
+    /// How `shell` commands are isolated (see docs/operator.md, "Sandbox").
+    pub sandbox: toolexec_sandbox::SandboxConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -97,6 +99,7 @@ impl Default for Config {
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
             limits: LimitsConfig::default(),
+            sandbox: toolexec_sandbox::SandboxConfig::default(),
         }
     }
 }
@@ -126,6 +129,7 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("limits", &self.limits)
+            .field("sandbox", &self.sandbox)
             .finish()
     }
 }

@@ -89,6 +89,20 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
     engine_config.limits = (&config.limits).into();
     engine_config.recorder_writers = config.recorder_writers;
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
+    let sandbox =
+        toolexec_sandbox::Sandbox::probe(config.sandbox.clone(), &config.workspace_root()).await;
+    let status = sandbox.status();
+    if status.ready {
+        tracing::info!(mode = status.mode, detail = %status.detail, "sandbox");
+    } else {
+        tracing::error!(detail = %status.detail, "sandbox unavailable: shell calls fail closed and /readyz reports not ready");
+    }
+    if status.mode == "unsandboxed" {
+        tracing::warn!(
+            "sandbox.mode = \"unsandboxed\": commands run on the host without isolation"
+        );
+    }
+    engine_config.sandbox = Some(sandbox);
     let engine = Engine::start(store, registry, engine_config)
         .await
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;
@@ -102,7 +116,6 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
         config: ApiConfig {
             body_limit_bytes: config.body_limit_bytes,
             max_concurrent_requests: config.max_concurrent_requests,
-            ..ApiConfig::default()
         },
     }))
 }

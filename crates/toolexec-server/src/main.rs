@@ -71,10 +71,29 @@ fn init_tracing(format: &str) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // The sandbox init (see toolexec_sandbox::init) is this same binary: it must run before any
+    // thread exists (unshare of a user namespace and fork need a single-threaded process).
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(SANDBOX_INIT_ARG)) {
+        toolexec_sandbox::init::main()
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+/// argv[1] that turns this binary into the sandbox init.
+const SANDBOX_INIT_ARG: &str = toolexec_sandbox::init::SUBCOMMAND;
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config = Config::load(cli.config.as_deref()).context("loading configuration")?;
+    let mut config = Config::load(cli.config.as_deref()).context("loading configuration")?;
+    if config.sandbox.init.is_none() {
+        // Unless the operator names another init, commands start through this binary.
+        config.sandbox.init = std::env::current_exe().ok();
+    }
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             init_tracing(&config.log_format);

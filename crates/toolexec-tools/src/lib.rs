@@ -6,6 +6,9 @@
 //! Tools never touch the filesystem except through [`workspace::Workspace`], which resolves every
 //! path in the kernel beneath the workspace directory (`openat2` with `RESOLVE_BENEATH`).
 //!
+//! [`scan`] finds what a process (a sandboxed shell command) changed in the workspace, recorded
+//! like the file tools' changes.
+//!
 //! Shared by several tools: [`patch`] (the apply_patch format, parsing and applying to text),
 //! `walk` (the jailed tree walk of grep and glob, with `.gitignore` rules) and `text` (decoding
 //! files for editing, line endings, near-match hints).
@@ -25,6 +28,7 @@ pub mod builtin;
 pub mod patch;
 pub mod reads;
 pub mod registry;
+pub mod scan;
 pub(crate) mod text;
 pub(crate) mod walk;
 pub mod workspace;
@@ -43,6 +47,11 @@ pub struct ToolContext {
     pub policy: Policy,
     pub env: BTreeMap<String, String>,
     pub outputs: Arc<dyn OutputSource>,
+    /// The session's sandbox and background processes; `None` where no commands can run (the
+    /// process tools then say so).
+    pub processes: Option<Arc<toolexec_sandbox::ProcessTable>>,
+    /// The operator's ceiling on a command's timeout, milliseconds.
+    pub max_timeout_ms: u64,
 }
 
 impl ToolContext {
@@ -55,6 +64,8 @@ impl ToolContext {
             policy: Policy::default(),
             env: BTreeMap::new(),
             outputs: Arc::new(NoOutputs),
+            processes: None,
+            max_timeout_ms: 600_000,
         }
     }
 }

@@ -18,7 +18,16 @@
 //! descriptor, never a directory or what a symlink points to. Copying
 //! ([`Workspace::copy_file_if`]) streams a file of any size into a fresh temp file renamed over
 //! the destination, hashing on the way. Walking ([`WorkspaceDir::open_child`],
-//! [`WorkspaceDir::read_child`]) goes one real directory or file at a time, symlinks refused.
+//! [`WorkspaceDir::read_child`]) goes one real directory or file at a time, symlinks refused;
+//! the workspace scanner ([`crate::scan`]) walks with [`Workspace::open_dir_exact`],
+//! [`WorkspaceDir::stat_child`], [`WorkspaceDir::hash_child`] and [`WorkspaceDir::link_target`].
+//!
+//! Ownership: sandboxed commands run as an unprivileged user that owns the workspace, and must be
+//! able to change what the service wrote. So when the service runs as root, a file it writes
+//! (a fresh inode, renamed over the target) gets the owner and group of the file it replaces, and
+//! a new file or directory gets those of the directory it is created in; the `chown` is made on
+//! the new descriptor, never by name. A hard-linked target's owner is not copied (the link may
+//! lead to a file from outside the workspace). A service that is not root changes no owners.
 //!
 //! This module must not build host paths from workspace paths and open them with `std::fs`: the
 //! only `std::fs` call is [`Workspace::create`]'s `mkdir -p` of the root itself.
@@ -263,6 +272,77 @@ pub struct Entry {
     raw: CString,
 }
 
+impl Entry {
+    /// The name as the kernel has it (not necessarily UTF-8).
+    pub fn name_bytes(&self) -> &[u8] {
+        self.raw.to_bytes()
+    }
+}
+
+/// An entry's metadata as `lstat` sees it (a symlink itself, never what it points to), from
+/// [`WorkspaceDir::stat_child`] or, for an opened file, [`HashedFile::stat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildStat {
+    pub kind: EntryKind,
+    pub dev: u64,
+    pub ino: u64,
+    /// File type and permission bits (`st_mode`).
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// Size in bytes (for a symlink, the length of its target text).
+    pub size: u64,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub mtime_ns: i128,
+    /// Last status change (any write, chmod, link count change, rename), nanoseconds since the
+    /// Unix epoch. Unlike the mtime, the kernel always sets it to the current time: a process
+    /// cannot backdate it.
+    pub ctime_ns: i128,
+}
+
+impl ChildStat {
+    #[allow(
+        clippy::useless_conversion,
+        reason = "the widths of the stat fields differ between architectures"
+    )]
+    fn from_stat(st: &Stat) -> Self {
+        let kind = match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => EntryKind::File,
+            FileType::Directory => EntryKind::Dir,
+            FileType::Symlink => EntryKind::Symlink,
+            _ => EntryKind::Other,
+        };
+        const NANOS: i128 = 1_000_000_000;
+        Self {
+            kind,
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+            mode: u32::from(st.st_mode),
+            nlink: u64::from(st.st_nlink),
+            uid: st.st_uid,
+            gid: st.st_gid,
+            size: file_size(st),
+            mtime_ns: i128::from(st.st_mtime) * NANOS + i128::from(st.st_mtime_nsec),
+            ctime_ns: i128::from(st.st_ctime) * NANOS + i128::from(st.st_ctime_nsec),
+        }
+    }
+}
+
+/// A regular file hashed by [`WorkspaceDir::hash_child`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashedFile {
+    /// Lowercase hex SHA-256 of the `size` bytes read.
+    pub sha256: String,
+    /// Bytes read and hashed: the size the file had when it was opened (less if it shrank while
+    /// it was read; a file growing meanwhile is read only up to that size).
+    pub size: u64,
+    /// The bytes, when there were at most the `keep_up_to` asked for.
+    pub kept: Option<Vec<u8>>,
+    /// The metadata of the file that was opened and read, taken before reading.
+    pub stat: ChildStat,
+}
+
 /// A directory inside the workspace, held open for listing and for walking down without
 /// following symlinks.
 #[derive(Debug)]
@@ -380,7 +460,9 @@ impl Workspace {
     ///
     /// The target is replaced by renaming a fresh temp file over it, so a symlink or a hard link
     /// at the target is never written through. A symlink at the target is refused outright;
-    /// an existing file's permission bits (and, where allowed, owner) are kept.
+    /// an existing file's permission bits are kept, and when the service runs as root so is its
+    /// owner (a new file, and every directory created on the way, gets the owner of the
+    /// directory it is created in; see the module docs).
     pub fn write_if<E>(
         &self,
         path: &str,
@@ -433,6 +515,36 @@ impl Workspace {
             .relative_path_of(fd.as_fd())
             .unwrap_or_else(|| shown.clone());
         Ok(WorkspaceDir { fd, path: resolved })
+    }
+
+    /// Opens a directory by a workspace-relative path built from entry names while walking
+    /// ([`Entry::name_bytes`] joined with `/`; empty or `.` for the root), following no symlink
+    /// anywhere on the path, not even one that stays inside, and crossing no mount. Unlike
+    /// [`Workspace::open_dir`], this is for walkers that keep paths rather than descriptors: the
+    /// directory reached is the one at that path now, or an error (a component turned into a
+    /// symlink or a file is [`JailError::SymlinkLoop`] or [`JailError::NotADirectory`]).
+    pub fn open_dir_exact(&self, path: &[u8]) -> Result<WorkspaceDir, JailError> {
+        let kernel: &[u8] = if path.is_empty() { b"." } else { path };
+        let shown = String::from_utf8_lossy(kernel).into_owned();
+        if kernel.contains(&0) {
+            return Err(JailError::InvalidPath {
+                path: shorten(&shown.replace('\0', "\\0")),
+                reason: "it contains a NUL byte".to_owned(),
+            });
+        }
+        let fd = openat2_retry(
+            self.root.as_fd(),
+            kernel,
+            OFlags::RDONLY
+                | OFlags::DIRECTORY
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL_NO_SYMLINKS,
+        )
+        .map_err(|e| errno_to_jail(e, &shown, "open directory"))?;
+        Ok(WorkspaceDir { fd, path: shown })
     }
 
     /// Deletes one regular file. See [`Workspace::remove_file_if`].
@@ -631,12 +743,17 @@ impl Workspace {
             });
         }
         for component in missing {
-            match rustix::fs::mkdirat(&current, *component, Mode::from_raw_mode(NEW_DIR_MODE)) {
-                Ok(()) | Err(Errno::EXIST) => {}
+            let created = match rustix::fs::mkdirat(
+                &current,
+                *component,
+                Mode::from_raw_mode(NEW_DIR_MODE),
+            ) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
                 Err(e) => return Err(errno_to_jail(e, shown, "create a parent directory of")),
-            }
+            };
             // Something raced into the name we just created: NO_SYMLINKS refuses a symlink.
-            current = openat2_retry(
+            let child = openat2_retry(
                 current.as_fd(),
                 *component,
                 dir_flags | OFlags::NOFOLLOW,
@@ -644,6 +761,14 @@ impl Workspace {
                 JAIL_NO_SYMLINKS,
             )
             .map_err(|e| errno_to_jail(e, shown, "open a parent directory of"))?;
+            if created {
+                // Changed on the descriptor just opened (a real directory, no symlink), never
+                // by name: a name swapped since the mkdir cannot redirect the chown.
+                if let Some(owner) = owner_of_new(&current) {
+                    give_to(child.as_fd(), owner, shown);
+                }
+            }
+            current = child;
         }
         Ok(current)
     }
@@ -835,6 +960,71 @@ impl WorkspaceDir {
         rustix::fs::readlinkat(&self.fd, entry.raw.as_c_str(), Vec::new())
             .ok()
             .map(|target| target.to_string_lossy().into_owned())
+    }
+
+    /// The metadata of this directory itself.
+    pub fn stat(&self) -> Result<ChildStat, JailError> {
+        fstat(&self.fd, &self.path).map(|st| ChildStat::from_stat(&st))
+    }
+
+    /// The metadata of an entry as it is now, with one `statat(AT_SYMLINK_NOFOLLOW)` relative
+    /// to this directory: a symlink is described, never followed, and nothing is opened.
+    pub fn stat_child(&self, entry: &Entry) -> Result<ChildStat, JailError> {
+        rustix::fs::statat(&self.fd, entry.raw.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .map(|st| ChildStat::from_stat(&st))
+            .map_err(|e| errno_to_jail(e, &self.child_path(entry), "inspect"))
+    }
+
+    /// Hashes a regular file entry, streaming it (never whole in memory unless it is kept), and
+    /// keeps its bytes in [`HashedFile::kept`] only when there are at most `keep_up_to` of them.
+    ///
+    /// The entry is opened relative to this directory without following a symlink at its name,
+    /// non-blocking, and checked on the opened descriptor before anything is read: FIFOs,
+    /// sockets, devices and directories are refused ([`JailError::NotARegularFile`],
+    /// [`JailError::IsADirectory`]), and so are files with more than one hard link
+    /// ([`JailError::HardLink`]: one may be a file from outside the workspace), and files over
+    /// `max_bytes` ([`JailError::TooLarge`]). At most the size seen at the open is read, so a
+    /// file that keeps growing cannot keep the hash going.
+    pub fn hash_child(
+        &self,
+        entry: &Entry,
+        keep_up_to: usize,
+        max_bytes: u64,
+    ) -> Result<HashedFile, JailError> {
+        let path = self.child_path(entry);
+        let fd = openat2_retry(
+            self.fd.as_fd(),
+            entry.raw.as_c_str(),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            JAIL_NO_SYMLINKS,
+        )
+        .map_err(|e| errno_to_jail(e, &path, "open"))?;
+        let st = fstat(&fd, &path)?;
+        check_streamable(&st, &path)?;
+        let stat = ChildStat::from_stat(&st);
+        if stat.size > max_bytes {
+            return Err(JailError::TooLarge {
+                path,
+                size: stat.size,
+                limit: max_bytes,
+            });
+        }
+        let (sha256, size, kept) = hash_prefix(File::from(fd), stat.size, keep_up_to, &path)?;
+        Ok(HashedFile {
+            sha256,
+            size,
+            kept,
+            stat,
+        })
+    }
+
+    /// The target of a symlink entry as raw bytes (not followed). A name that is not a symlink
+    /// (any more) is an error.
+    pub fn link_target(&self, entry: &Entry) -> Result<Vec<u8>, JailError> {
+        rustix::fs::readlinkat(&self.fd, entry.raw.as_c_str(), Vec::new())
+            .map(std::ffi::CString::into_bytes)
+            .map_err(|e| errno_to_jail(e, &self.child_path(entry), "read the symlink"))
     }
 
     fn child_path(&self, entry: &Entry) -> String {
@@ -1087,14 +1277,21 @@ fn replace_file_with<T>(
     )
     .map_err(|e| errno_to_jail(e, shown, "create a temp file for"))?;
     let result = (|| {
-        if let Some(st) = keep {
-            // Best effort: only a privileged service can give the file back to its owner.
-            let _ = rustix::fs::fchown(
-                &fd,
-                Some(rustix::fs::Uid::from_raw(st.st_uid)),
-                Some(rustix::fs::Gid::from_raw(st.st_gid)),
-            );
-            // The umask applied to the create; the old bits are restored exactly.
+        // A service running as root hands the new inode to the replaced file's owner, or for a
+        // new file to its directory's owner, so that an unprivileged sandboxed process (the
+        // owner of the workspace) can go on changing what the service wrote. A hard-linked
+        // target's owner is not trusted (it may be a file from outside the workspace): the
+        // replacement then gets the directory's owner too.
+        let owner = match keep {
+            Some(st) if st.st_nlink <= 1 => running_as_root().then_some((st.st_uid, st.st_gid)),
+            _ => owner_of_new(parent),
+        };
+        if let Some(owner) = owner {
+            give_to(fd.as_fd(), owner, shown);
+        }
+        if keep.is_some() {
+            // The umask applied to the create (and a chown may clear set-id bits); the old
+            // permission bits are restored exactly.
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
                 .map_err(|e| io_err("set permissions of")(e.into()))?;
         }
@@ -1121,6 +1318,36 @@ fn replace_file_with<T>(
             let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
             Err(e)
         }
+    }
+}
+
+/// Whether the service runs as root. Only then does the jail change owners (see
+/// [`owner_of_new`]); otherwise everything it creates simply belongs to the service's user.
+fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// The owner (uid, gid) a file or directory created in `dir` is given: `dir`'s own, when the
+/// service runs as root; `None` (no chown at all) otherwise or if `dir` cannot be inspected.
+fn owner_of_new(dir: &OwnedFd) -> Option<(u32, u32)> {
+    if !running_as_root() {
+        return None;
+    }
+    rustix::fs::fstat(dir).ok().map(|st| (st.st_uid, st.st_gid))
+}
+
+/// Changes the owner of an open file or directory (`O_PATH` descriptors too). A failure is
+/// logged, not fatal: the write itself succeeded, only the sandbox may not be able to change it.
+fn give_to(fd: BorrowedFd<'_>, (uid, gid): (u32, u32), shown: &str) {
+    let result = rustix::fs::chownat(
+        fd,
+        c"",
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::EMPTY_PATH,
+    );
+    if let Err(e) = result {
+        tracing::warn!(path = shown, uid, gid, error = %e, "could not change the owner");
     }
 }
 
@@ -1194,6 +1421,46 @@ fn hash_stream(mut source: File, shown: &str) -> Result<String, JailError> {
         source,
     })?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// SHA-256 of the first `limit` bytes of `source` (fewer if it ends first), streamed; the bytes
+/// are kept when `limit` is at most `keep_up_to`. Returns (SHA-256, bytes read, kept bytes).
+fn hash_prefix(
+    source: File,
+    limit: u64,
+    keep_up_to: usize,
+    shown: &str,
+) -> Result<(String, u64, Option<Vec<u8>>), JailError> {
+    use sha2::Digest;
+    let read_err = |source: io::Error| JailError::Io {
+        path: shown.to_owned(),
+        op: "read",
+        source,
+    };
+    let mut source = source.take(limit);
+    if let Ok(small) = usize::try_from(limit)
+        && small <= keep_up_to
+    {
+        let mut bytes = Vec::with_capacity(small);
+        source.read_to_end(&mut bytes).map_err(read_err)?;
+        return Ok((sha256_hex(&bytes), bytes.len() as u64, Some(bytes)));
+    }
+    let mut hasher = sha2::Sha256::new();
+    let buffer_len = usize::try_from(limit).map_or(COPY_BUFFER_BYTES, |l| l.min(COPY_BUFFER_BYTES));
+    let mut buf = vec![0u8; buffer_len.max(1)];
+    let mut size: u64 = 0;
+    loop {
+        match source.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                size += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_err(e)),
+        }
+    }
+    Ok((hex::encode(hasher.finalize()), size, None))
 }
 
 /// `.<name>.toolexec-<random>.tmp`, kept within `NAME_MAX`.
@@ -1551,6 +1818,65 @@ mod tests {
         assert!(root.read_child(link).is_err());
         assert_eq!(root.read_child(real).unwrap().bytes, b"x");
         assert!(root.modified(real).is_some());
+    }
+
+    #[test]
+    fn as_root_what_the_jail_creates_goes_to_the_directorys_owner_and_rewrites_keep_theirs() {
+        use std::os::unix::fs::MetadataExt;
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: only a service running as root changes owners");
+            return;
+        }
+        let chown = |path: &Path, uid: u32, gid: u32| {
+            let fd =
+                rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap();
+            rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            )
+            .unwrap();
+        };
+        let (dir, ws) = workspace();
+        let owner = |rel: &str| {
+            let meta = std::fs::symlink_metadata(dir.path().join(rel)).unwrap();
+            (meta.uid(), meta.gid())
+        };
+        chown(dir.path(), 65534, 65534);
+        std::fs::write(dir.path().join("theirs.txt"), "old").unwrap();
+        chown(&dir.path().join("theirs.txt"), 1234, 5678);
+        std::fs::write(dir.path().join("root.txt"), "old").unwrap();
+
+        ws.write("new/sub/file.txt", b"new").unwrap();
+        ws.write("theirs.txt", b"rewritten").unwrap();
+        ws.write("root.txt", b"rewritten").unwrap();
+        assert_eq!(owner("new"), (65534, 65534));
+        assert_eq!(owner("new/sub"), (65534, 65534));
+        assert_eq!(owner("new/sub/file.txt"), (65534, 65534));
+        assert_eq!(
+            owner("theirs.txt"),
+            (1234, 5678),
+            "a rewrite keeps the owner"
+        );
+        assert_eq!(owner("root.txt"), (0, 0), "a rewrite keeps the owner");
+
+        // A copy lands in a directory with another owner; a hard-linked target's owner is not
+        // copied (the link may lead out of the workspace): its directory's owner is used.
+        std::fs::create_dir(dir.path().join("other")).unwrap();
+        chown(&dir.path().join("other"), 4321, 4321);
+        let allow = |_: &str, _: &Before| Ok::<(), ()>(());
+        ws.copy_file_if("theirs.txt", "other/copy.txt", 0, allow)
+            .unwrap()
+            .unwrap();
+        assert_eq!(owner("other/copy.txt"), (4321, 4321));
+        std::fs::hard_link(
+            dir.path().join("theirs.txt"),
+            dir.path().join("other/linked.txt"),
+        )
+        .unwrap();
+        ws.write("other/linked.txt", b"replaced").unwrap();
+        assert_eq!(owner("other/linked.txt"), (4321, 4321));
+        assert_eq!(owner("theirs.txt"), (1234, 5678));
     }
 
     #[test]

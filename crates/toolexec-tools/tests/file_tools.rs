@@ -56,11 +56,11 @@ impl Session {
 }
 
 #[test]
-fn the_catalog_describes_the_file_tools_truthfully() {
+fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
-    use Capability::{ContentFromSource, FsRead, FsWrite};
+    use Capability::{ContentFromSource, FsRead, FsWrite, Process};
     use TruncationMode::{HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 12] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 16] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -77,6 +77,16 @@ fn the_catalog_describes_the_file_tools_truthfully() {
             HeadTail,
         ),
         ("file_delete", false, &[FsWrite], 50_000, HeadTail),
+        (
+            "shell",
+            false,
+            &[Process, FsRead, FsWrite],
+            50_000,
+            HeadTail,
+        ),
+        ("process_read", true, &[Process], 70_000, Tail),
+        ("process_write", false, &[Process], 1_000, Tail),
+        ("process_kill", false, &[Process], 1_000, Tail),
         ("update_plan", false, &[], 50_000, HeadTail),
         ("read_output", true, &[], 50_000, HeadTail),
     ];

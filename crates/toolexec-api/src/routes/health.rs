@@ -47,6 +47,16 @@ async fn healthz() -> Json<Health> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxReadiness {
+    /// `enforced`, `unsandboxed` (the operator turned isolation off: commands run on the host),
+    /// `unavailable` (commands fail closed) or `none` (no sandbox configured).
+    pub mode: String,
+    pub ready: bool,
+    /// What is enforced, or why the sandbox is unusable.
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Readiness {
     /// `ready` or `not_ready`.
     pub status: &'static str,
@@ -54,13 +64,15 @@ pub struct Readiness {
     pub store: &'static str,
     /// `ok`, or why the store is not usable.
     pub store_status: String,
-    /// How process-running tools are sandboxed (or that none are installed).
-    pub sandbox: String,
+    /// Whether `shell` and the process tools can run commands, and how they are isolated.
+    pub sandbox: SandboxReadiness,
     /// How requests are authenticated.
     pub auth: &'static str,
 }
 
-/// Readiness: the store answers and the sandbox is usable. 503 with the same body otherwise.
+/// Readiness: the store answers and the sandbox is usable (a sandbox that failed its start-up
+/// self-check makes the instance not ready: its commands would fail closed). 503 with the same
+/// body otherwise.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Ready", body = Readiness),
@@ -73,12 +85,24 @@ async fn readyz(State(state): State<SharedState>) -> Response {
         Ok(Err(e)) => format!("unreachable: {e}"),
         Err(_) => format!("no answer within {} ms", READY_TIMEOUT.as_millis()),
     };
-    let ready = store_status == "ok";
+    let sandbox = match state.engine.config().sandbox.as_ref().map(|s| s.status()) {
+        Some(s) => SandboxReadiness {
+            mode: s.mode.to_owned(),
+            ready: s.ready,
+            detail: s.detail,
+        },
+        None => SandboxReadiness {
+            mode: "none".into(),
+            ready: true,
+            detail: "no sandbox configured: shell and the process tools answer that commands cannot run here".into(),
+        },
+    };
+    let ready = store_status == "ok" && sandbox.ready;
     let body = Readiness {
         status: if ready { "ready" } else { "not_ready" },
         store: store.backend(),
         store_status,
-        sandbox: state.config.sandbox_mode.clone(),
+        sandbox,
         auth: state.auth.describe(),
     };
     let code = if ready {

@@ -411,6 +411,7 @@ impl Plan {
                     after_size: entry.current.as_ref().map(|c| c.len() as u64),
                     after_stored: entry.current.is_some(),
                     capability: Capability::FsWrite,
+                    symlink_target: None,
                 },
                 after: entry.current.clone(),
             });

@@ -217,6 +217,7 @@ fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
         after_size: Some(written.size),
         after_stored: true,
         capability: Capability::FsWrite,
+        symlink_target: None,
     };
     ToolOutput::ok(content).with_change(RecordedChange {
         change,

@@ -125,6 +125,7 @@ fn delete(
         after_size: None,
         after_stored: false,
         capability: Capability::FsWrite,
+        symlink_target: None,
     };
     ToolOutput::ok(format!("Deleted {} ({}).", removed.path, human_bytes(size))).with_change(
         RecordedChange {

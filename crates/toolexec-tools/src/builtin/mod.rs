@@ -17,9 +17,13 @@ pub mod file_delete;
 pub mod glob;
 pub mod grep;
 pub mod list_dir;
+pub mod process_kill;
+pub mod process_read;
+pub mod process_write;
 pub mod read_file;
 pub mod read_many_files;
 pub mod read_output;
+pub mod shell;
 pub mod update_plan;
 pub mod write_file;
 
@@ -36,6 +40,10 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(list_dir::ListDir::new()),
         Arc::new(file_copy::FileCopy::new()),
         Arc::new(file_delete::FileDelete::new()),
+        Arc::new(shell::Shell::new()),
+        Arc::new(process_read::ProcessRead::new()),
+        Arc::new(process_write::ProcessWrite::new()),
+        Arc::new(process_kill::ProcessKill::new()),
         Arc::new(update_plan::UpdatePlan::new()),
         Arc::new(read_output::ReadOutput::new()),
     ]
@@ -69,6 +77,7 @@ pub(crate) fn written_change(
         after_size: Some(written.size),
         after_stored: after.is_some(),
         capability,
+        symlink_target: None,
     };
     (RecordedChange { change, after }, how)
 }

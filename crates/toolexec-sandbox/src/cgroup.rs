@@ -1,0 +1,339 @@
+//! Control groups for sandboxed commands, created beneath the service's own cgroup (never at the
+//! hierarchy root, and the service's processes are never moved).
+//!
+//! - per **session**, in the v1 `pids`, `memory` and `cpu` hierarchies: the session's limits
+//!   (process count, memory, CPU bandwidth), shared by all its commands, background ones included,
+//!   so one session's fork or memory bomb cannot starve another;
+//! - per **command**, in the cgroup v2 hierarchy (`/sys/fs/cgroup/unified` on hybrid hosts, or
+//!   `/sys/fs/cgroup`): `cgroup.kill` stops the whole process tree at once, forks racing the kill
+//!   included, and `cgroup.events` says when it is empty.
+//!
+//! Hosts without these hierarchies (or a service that is not root) still get the PID namespace
+//! (killing the outer init kills every process of the command) and the rlimits; `/readyz` says which.
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The limits a session's cgroups enforce.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    pub pids: u64,
+    /// CPU bandwidth in cores (1.0 = one full core).
+    pub cpu_cores: f64,
+}
+
+const V1_CONTROLLERS: [&str; 3] = ["pids", "memory", "cpu"];
+
+/// The cgroup directories this service instance owns.
+#[derive(Debug)]
+pub struct Cgroups {
+    /// `(controller, <mount>/<own path>/toolexec-<pid>)` for each v1 controller found.
+    v1: Vec<(&'static str, PathBuf)>,
+    /// `<v2 mount>/<own path>/toolexec-<pid>`.
+    v2: PathBuf,
+    next: AtomicU64,
+}
+
+fn own_path(controller: &str) -> io::Result<String> {
+    let text = fs::read_to_string("/proc/self/cgroup")?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(ctrls), Some(path)) = (ctrls, path) else {
+            continue;
+        };
+        if ctrls.split(',').any(|c| c == controller) {
+            return Ok(path.trim_start_matches('/').to_owned());
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("no '{controller}' line in /proc/self/cgroup"),
+    ))
+}
+
+/// `toolexec-<pid>-<n>`: unique per instance, also for several instances in one process (tests).
+fn prefix() -> String {
+    static INSTANCE: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "toolexec-{}-{}",
+        std::process::id(),
+        INSTANCE.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Cgroups {
+    /// Finds the hierarchies, removes what dead instances left behind, and creates this
+    /// instance's directories. Fails unless at least the v2 hierarchy (for `cgroup.kill`) is
+    /// usable.
+    pub fn setup() -> Result<Self, String> {
+        let v2_mount = if Path::new("/sys/fs/cgroup/unified/cgroup.procs").exists() {
+            PathBuf::from("/sys/fs/cgroup/unified")
+        } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            return Err("no cgroup v2 hierarchy mounted".into());
+        };
+        let v2_parent = v2_mount.join(own_path("").map_err(|e| format!("cgroup v2: {e}"))?);
+        if !v2_parent.join("cgroup.kill").exists() && v2_parent != v2_mount {
+            return Err("cgroup.kill missing (Linux 5.14+ needed)".into());
+        }
+        cleanup_stale(&v2_parent);
+        let name = prefix();
+        let v2 = v2_parent.join(&name);
+        fs::create_dir_all(&v2).map_err(|e| format!("cannot create {}: {e}", v2.display()))?;
+        let mut v1 = Vec::new();
+        for ctrl in V1_CONTROLLERS {
+            let mount = Path::new("/sys/fs/cgroup").join(ctrl);
+            if !mount.join("tasks").exists() {
+                continue;
+            }
+            let Ok(own) = own_path(ctrl) else { continue };
+            let parent = mount.join(own);
+            cleanup_stale(&parent);
+            let dir = parent.join(&name);
+            match fs::create_dir_all(&dir) {
+                Ok(()) => v1.push((ctrl, dir)),
+                Err(e) => {
+                    tracing::warn!(controller = ctrl, error = %e, "cgroup v1 controller not usable")
+                }
+            }
+        }
+        Ok(Self {
+            v1,
+            v2,
+            next: AtomicU64::new(1),
+        })
+    }
+
+    /// Whether a memory cgroup limits each session.
+    pub fn limits_memory(&self) -> bool {
+        self.v1.iter().any(|(c, _)| *c == "memory")
+    }
+
+    /// Which limits are enforced by cgroups (for `/readyz`).
+    pub fn describe(&self) -> String {
+        let ctrls: Vec<&str> = self.v1.iter().map(|(c, _)| *c).collect();
+        format!(
+            "cgroup.kill per command; session limits by {}",
+            if ctrls.is_empty() {
+                "rlimits only".to_owned()
+            } else {
+                format!("v1 {}", ctrls.join(", "))
+            }
+        )
+    }
+
+    /// A session's cgroups with its limits.
+    pub fn session(&self, name: &str, limits: &CgroupLimits) -> io::Result<SessionGroup> {
+        let mut dirs = Vec::new();
+        let mut memory = None;
+        for (ctrl, base) in &self.v1 {
+            let dir = base.join(name);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            match *ctrl {
+                "pids" => write_file(&dir.join("pids.max"), &limits.pids.to_string())?,
+                "memory" => {
+                    write_file(
+                        &dir.join("memory.limit_in_bytes"),
+                        &limits.memory_bytes.to_string(),
+                    )?;
+                    // With swap accounting, swap counts too (else a memory bomb just swaps).
+                    let memsw = dir.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write_file(&memsw, &limits.memory_bytes.to_string())?;
+                    }
+                    memory = Some(dir.clone());
+                }
+                "cpu" => {
+                    let period: u64 = 100_000;
+                    let quota = (limits.cpu_cores * period as f64).round().max(1000.0) as u64;
+                    write_file(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
+                    write_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                }
+                _ => {}
+            }
+            dirs.push(dir);
+        }
+        Ok(SessionGroup { dirs, memory })
+    }
+
+    /// A fresh v2 cgroup for one command.
+    pub fn command(&self) -> io::Result<CommandGroup> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let dir = self.v2.join(format!("c{n}"));
+        fs::create_dir(&dir)?;
+        Ok(CommandGroup { dir })
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        kill_tree(&self.v2);
+        for (_, dir) in &self.v1 {
+            remove_tree(dir);
+        }
+    }
+}
+
+/// A session's v1 cgroups (limits). Removed when dropped (after its commands are gone).
+#[derive(Debug)]
+pub struct SessionGroup {
+    dirs: Vec<PathBuf>,
+    memory: Option<PathBuf>,
+}
+
+impl SessionGroup {
+    /// `cgroup.procs` of each of the session's cgroups, opened for the child to join them.
+    pub fn procs_files(&self) -> io::Result<Vec<OwnedFd>> {
+        self.dirs.iter().map(|d| open_procs(d)).collect()
+    }
+
+    /// How many times the kernel's OOM killer struck in this session so far.
+    pub fn oom_kills(&self) -> u64 {
+        let Some(dir) = &self.memory else { return 0 };
+        fs::read_to_string(dir.join("memory.oom_control"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill "))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for SessionGroup {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            remove_tree(dir);
+        }
+    }
+}
+
+/// One command's v2 cgroup. Dropping it kills whatever is left in it and removes it.
+#[derive(Debug)]
+pub struct CommandGroup {
+    dir: PathBuf,
+}
+
+impl CommandGroup {
+    pub fn procs_file(&self) -> io::Result<OwnedFd> {
+        open_procs(&self.dir)
+    }
+
+    /// SIGKILLs every process in the cgroup (new forks included) and waits, bounded, until it
+    /// is empty.
+    pub fn kill(&self) {
+        kill_and_wait(&self.dir);
+    }
+
+    /// Host pids of the processes in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !populated(&self.dir)
+    }
+}
+
+impl Drop for CommandGroup {
+    fn drop(&mut self) {
+        kill_and_wait(&self.dir);
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+fn open_procs(dir: &Path) -> io::Result<OwnedFd> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.procs"))?;
+    Ok(OwnedFd::from(file))
+}
+
+fn write_file(path: &Path, value: &str) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(value.as_bytes())
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+fn populated(dir: &Path) -> bool {
+    match fs::read_to_string(dir.join("cgroup.events")) {
+        Ok(t) => t.lines().any(|l| l.trim() == "populated 1"),
+        // v1 directory (no cgroup.events): look at its tasks.
+        Err(_) => fs::read_to_string(dir.join("tasks")).is_ok_and(|t| !t.trim().is_empty()),
+    }
+}
+
+fn kill_and_wait(dir: &Path) {
+    if !populated(dir) {
+        return;
+    }
+    let _ = write_file(&dir.join("cgroup.kill"), "1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut delay = Duration::from_micros(200);
+    while populated(dir) && Instant::now() < deadline {
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(20));
+    }
+    if populated(dir) {
+        tracing::error!(dir = %dir.display(), "cgroup still populated 5 s after cgroup.kill");
+    }
+}
+
+/// Kills (v2) and removes a cgroup directory and everything beneath it, deepest first.
+fn kill_tree(dir: &Path) {
+    kill_and_wait(dir);
+    remove_tree(dir);
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                kill_tree(&e.path());
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while let Err(e) = fs::remove_dir(dir) {
+        if e.kind() == io::ErrorKind::NotFound || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Removes the `toolexec-<pid>` directories of instances that no longer run (a crash leaves
+/// them behind), killing anything still in them.
+fn cleanup_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("toolexec-"))
+            .and_then(|p| p.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            tracing::info!(dir = %e.path().display(), "removing cgroups of a stopped instance");
+            kill_tree(&e.path());
+        }
+    }
+}

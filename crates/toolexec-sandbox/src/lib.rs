@@ -1,0 +1,699 @@
+//! The shell sandbox: every command of the `shell` tool runs as
+//!
+//! ```text
+//! service (root) ─fork─▶ [join the session's and the command's cgroups; setgroups(0);
+//!                          setresgid/setresuid(unprivileged); PDEATHSIG; empty environment
+//!                          but the command's] ─exec─▶ toolexec-sandbox-init
+//!     unshare(user, mount, pid, net, ipc, uts, cgroup) ─fork─▶ pid 1: tmpfs root, read-only
+//!     /usr and /etc, /workspace read-write, private /tmp, /proc, minimal /dev, pivot_root, lo
+//!     up, drop all capabilities ─fork─▶ rlimits, no_new_privs, Landlock, seccomp
+//!     ─exec─▶ /bin/bash -c COMMAND
+//! ```
+//!
+//! The namespaces and mounts are the ones bubblewrap sets up (see `namespaces`), made by our own
+//! init instead: no external binary to install, and one exec fewer per command (exec dominates
+//! the cost of a sandboxed command on small VMs). The uid drop happens in the service before the
+//! init runs — a sandbox started by root keeps root's powers otherwise — and the init starts
+//! with only the command's environment, so `/proc/1/environ` holds nothing of the service's.
+//! See docs/security.md for what each layer guarantees.
+//!
+//! [`Sandbox::probe`] checks all of this at start-up by running a command that reports its own
+//! credentials; if anything is missing the sandbox is unavailable and `shell` fails closed.
+mod background;
+pub mod cgroup;
+pub mod egress;
+pub mod init;
+mod namespaces;
+mod run;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use background::{ProcessInfo, ProcessRead, ProcessState, ProcessTable};
+pub use cgroup::CgroupLimits;
+pub use run::{Finished, KillReason, RunLimits};
+
+/// Whether commands run sandboxed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// Namespaces, unprivileged uid, Landlock, seccomp, cgroups; fail closed if unavailable.
+    #[default]
+    Enforce,
+    /// No isolation at all: commands run as the service's user on the host. Only for
+    /// development; shown in `/readyz` and on every shell result.
+    Unsandboxed,
+}
+
+/// The operator's sandbox settings (`[sandbox]` in the config file).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    pub mode: SandboxMode,
+    /// `toolexec-sandbox-init`; default: next to the running executable (or in its parent
+    /// directory, where cargo puts binaries for tests).
+    pub init: Option<PathBuf>,
+    /// The unprivileged user and group commands run as when the service is root.
+    pub uid: u32,
+    pub gid: u32,
+    /// Host directories bound read-only at the same place in the sandbox (besides `/usr`, whose
+    /// `/bin`, `/lib`, `/lib64`, `/sbin` links are recreated). Each must exist.
+    pub ro_binds: Vec<PathBuf>,
+    /// Size of the private `/tmp` (a tmpfs), bytes.
+    pub tmp_size_bytes: u64,
+    /// Memory of all the session's processes together, bytes.
+    pub memory_bytes: u64,
+    /// Processes (and threads) of all the session's processes together.
+    pub pids: u64,
+    /// CPU bandwidth of the session, in cores.
+    pub cpu_cores: f64,
+    /// CPU time of one command, seconds (RLIMIT_CPU).
+    pub cpu_seconds: u64,
+    /// Largest file a command may write, bytes (RLIMIT_FSIZE).
+    pub file_size_bytes: u64,
+    /// Open files per process (RLIMIT_NOFILE).
+    pub open_files: u64,
+    /// Output captured from one command (stdout and stderr together), bytes; past it the
+    /// command is stopped.
+    pub max_output_bytes: usize,
+    /// Background processes a session may have running at once.
+    pub max_background: usize,
+    /// Longest a background process may run (unless its call asks for less), milliseconds.
+    pub max_background_ms: u64,
+    /// Variables of the service's environment passed to commands (for example a proxy setting).
+    pub env_passthrough: Vec<String>,
+    /// Whether sessions whose policy allows the network get egress (through the service's
+    /// filtering proxy). When false, `policy.network = "allow"` is refused at session creation.
+    pub egress: bool,
+    /// Non-public networks the egress proxy may reach anyway (CIDRs, e.g. an internal package
+    /// mirror). Loopback, private, link-local and metadata addresses are refused otherwise.
+    pub egress_allow_cidrs: Vec<String>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::Enforce,
+            init: None,
+            uid: 65534,
+            gid: 65534,
+            ro_binds: vec![PathBuf::from("/etc")],
+            tmp_size_bytes: 256 * 1024 * 1024,
+            memory_bytes: 1024 * 1024 * 1024,
+            pids: 256,
+            cpu_cores: 1.0,
+            cpu_seconds: 600,
+            file_size_bytes: 1024 * 1024 * 1024,
+            open_files: 1024,
+            max_output_bytes: 1024 * 1024,
+            max_background: 8,
+            max_background_ms: 3_600_000,
+            env_passthrough: Vec::new(),
+            egress: true,
+            egress_allow_cidrs: Vec::new(),
+        }
+    }
+}
+
+/// Why a command could not be run. The command did not start (or started unsandboxed never).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("the sandbox is unavailable: {0}")]
+    Unavailable(String),
+    #[error("the sandbox could not be set up for this command: {0}")]
+    Setup(String),
+    #[error("{0}")]
+    Limit(String),
+}
+
+/// What `/readyz` shows about the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SandboxStatus {
+    /// `enforced`, `unsandboxed` or `unavailable`.
+    pub mode: &'static str,
+    pub ready: bool,
+    pub detail: String,
+}
+
+/// The fixed part of every command's environment.
+const BASE_ENV: [(&str, &str); 4] = [
+    (
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ),
+    ("HOME", "/workspace"),
+    ("LANG", "C.UTF-8"),
+    ("TERM", "dumb"),
+];
+
+/// The sandbox of a service instance. Shared by all sessions.
+#[derive(Debug)]
+pub struct Sandbox {
+    config: SandboxConfig,
+    init: PathBuf,
+    /// The init, opened once by the service: commands exec it through `/proc/self/fd`, so the
+    /// sandbox user needs execute permission on the file but not search permission on the
+    /// directories above it (a build under `/root`, say).
+    init_file: Option<std::fs::File>,
+    cgroups: Option<cgroup::Cgroups>,
+    status: Mutex<SandboxStatus>,
+    /// Values of `env_passthrough` read once at start-up.
+    passthrough: Vec<(String, String)>,
+    /// Who the egress proxies let sessions reach (`Err`: the configured allow-list is invalid).
+    egress_policy: Result<Arc<egress::EgressPolicy>, String>,
+    /// Where the sessions' egress proxy sockets live (beside the workspaces, never inside one).
+    egress_dir: PathBuf,
+    drop_privileges: bool,
+}
+
+/// A command to start.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The workspace on the host (bound at `/workspace`).
+    pub workspace: PathBuf,
+    /// Working directory relative to the workspace (`""` for the workspace itself); the caller
+    /// checked it is a directory inside it.
+    pub workdir: String,
+    pub command: String,
+    /// The session's variables (override the base ones).
+    pub env: BTreeMap<String, String>,
+    /// The session's egress proxy socket, when the command may use the network.
+    pub egress_socket: Option<PathBuf>,
+}
+
+/// A session's running egress proxy.
+#[derive(Debug)]
+pub struct EgressHandle {
+    pub path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EgressHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A started command and what the service holds of it.
+pub(crate) struct Spawned {
+    pub child: tokio::process::Child,
+    pub group: Option<cgroup::CommandGroup>,
+    /// False when the init failed before the command started: the reason is on
+    /// the child's stderr.
+    pub started: bool,
+}
+
+impl Sandbox {
+    /// Builds the sandbox and checks it works (see [`Sandbox::status`]). Never fails: an
+    /// unusable sandbox reports `ready: false`, and every command fails closed.
+    ///
+    /// The probe runs in a directory made beneath `workspace_root`, so that a root the sandbox
+    /// user cannot reach (a parent directory with mode 0700, say) shows up here.
+    pub async fn probe(config: SandboxConfig, workspace_root: &Path) -> Arc<Self> {
+        let init = config.init.clone().unwrap_or_else(default_init_path);
+        let root = rustix::process::geteuid().is_root();
+        let cgroups = if root {
+            match cgroup::Cgroups::setup() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cgroups unavailable: limits by rlimits only, tree kill by PID namespace");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let passthrough = config
+            .env_passthrough
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
+            .collect();
+        let sandbox = Arc::new(Self {
+            drop_privileges: root,
+            init_file: std::fs::File::open(&init).ok(),
+            egress_policy: egress::EgressPolicy::new(&config.egress_allow_cidrs).map(Arc::new),
+            egress_dir: workspace_root.join(".egress"),
+            init,
+            cgroups,
+            passthrough,
+            status: Mutex::new(SandboxStatus {
+                mode: "unavailable",
+                ready: false,
+                detail: "not probed yet".into(),
+            }),
+            config,
+        });
+        let status = sandbox.self_check(workspace_root).await;
+        if let Ok(mut s) = sandbox.status.lock() {
+            *s = status;
+        }
+        sandbox
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    pub fn status(&self) -> SandboxStatus {
+        self.status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(SandboxStatus {
+                mode: "unavailable",
+                ready: false,
+                detail: "status lock poisoned".into(),
+            })
+    }
+
+    /// The user and group that must own workspaces, when commands run as another user than
+    /// the service (the service is root and the sandbox is on).
+    pub fn workspace_owner(&self) -> Option<(u32, u32)> {
+        (self.drop_privileges && !self.is_unsandboxed())
+            .then_some((self.config.uid, self.config.gid))
+    }
+
+    pub fn is_unsandboxed(&self) -> bool {
+        self.config.mode == SandboxMode::Unsandboxed
+    }
+
+    /// Starts a session's egress proxy: a UNIX socket beside the workspaces that the sandbox of
+    /// each of its network-enabled commands gets bound in. Stops when the handle is dropped.
+    pub fn start_egress(&self, session: &str) -> Result<EgressHandle, SandboxError> {
+        let setup =
+            |what: &str, e: io::Error| SandboxError::Setup(format!("egress proxy: {what}: {e}"));
+        let policy = self
+            .egress_policy
+            .clone()
+            .map_err(|e| SandboxError::Unavailable(format!("sandbox.egress_allow_cidrs: {e}")))?;
+        std::fs::create_dir_all(&self.egress_dir).map_err(|e| setup("directory", e))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&self.egress_dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| setup("directory", e))?;
+        let path = self.egress_dir.join(format!("{session}.sock"));
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).map_err(|e| setup("bind", e))?;
+        if let Some((uid, gid)) = self.workspace_owner() {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| setup("chown", e))?;
+        }
+        let task = tokio::spawn(egress::serve(listener, policy));
+        Ok(EgressHandle { path, task })
+    }
+
+    /// The cgroups of a new session (its limits), if cgroups are in use.
+    pub fn session_group(&self, session: &str) -> io::Result<Option<cgroup::SessionGroup>> {
+        let Some(cg) = &self.cgroups else {
+            return Ok(None);
+        };
+        cg.session(
+            &format!("s-{session}"),
+            &CgroupLimits {
+                memory_bytes: self.config.memory_bytes,
+                pids: self.config.pids,
+                cpu_cores: self.config.cpu_cores,
+            },
+        )
+        .map(Some)
+    }
+
+    /// Runs a command in a throw-away workspace and checks the sandbox is what it claims.
+    async fn self_check(&self, workspace_root: &Path) -> SandboxStatus {
+        if self.is_unsandboxed() {
+            return SandboxStatus {
+                mode: "unsandboxed",
+                ready: true,
+                detail: "sandbox disabled by the operator (sandbox.mode = \"unsandboxed\"): commands run on the host as the service's user".into(),
+            };
+        }
+        let unavailable = |detail: String| SandboxStatus {
+            mode: "unavailable",
+            ready: false,
+            detail,
+        };
+        if let Err(e) = &self.egress_policy {
+            return unavailable(format!("sandbox.egress_allow_cidrs: {e}"));
+        }
+        if self.init_file.is_none() {
+            return unavailable(format!(
+                "the sandbox init cannot be opened at {} (set sandbox.init to the toolexec binary or to toolexec-sandbox-init)",
+                self.init.display()
+            ));
+        }
+        let dir = match probe_dir(workspace_root, self.workspace_owner()) {
+            Ok(d) => d,
+            Err(e) => {
+                return unavailable(format!(
+                    "cannot create a probe directory in {}: {e}",
+                    workspace_root.display()
+                ));
+            }
+        };
+        let launch = Launch {
+            workspace: dir.clone(),
+            workdir: String::new(),
+            command: "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status".into(),
+            env: BTreeMap::new(),
+            egress_socket: None,
+        };
+        let group = match self.session_group("probe") {
+            Ok(g) => g,
+            Err(e) => return unavailable(format!("cannot create the probe's cgroups: {e}")),
+        };
+        let limits = run::RunLimits {
+            timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            max_output_bytes: 64 * 1024,
+        };
+        let result = self.run(&launch, group.as_ref(), &limits).await;
+        let result = match result {
+            Err(SandboxError::Setup(m)) if m.contains("Permission denied") => {
+                Err(SandboxError::Setup(format!(
+                    "{m} (the sandbox user {}:{} must be able to execute the init {} and to traverse every directory above the workspace root {}: make them at least mode 0711, or set workspace_root)",
+                    self.config.uid,
+                    self.config.gid,
+                    self.init.display(),
+                    workspace_root.display()
+                )))
+            }
+            other => other,
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(group);
+        let finished = match result {
+            Ok(f) => f,
+            Err(e) => return unavailable(e.to_string()),
+        };
+        let out = String::from_utf8_lossy(&finished.stdout);
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
+                .unwrap_or_default()
+        };
+        let (uid, cap, nnp, seccomp) = (
+            field("Uid:"),
+            field("CapEff:"),
+            field("NoNewPrivs:"),
+            field("Seccomp:"),
+        );
+        let mut problems = Vec::new();
+        if finished.exit_code != Some(0) {
+            problems.push(format!(
+                "probe command failed: {}",
+                String::from_utf8_lossy(&finished.stderr).trim()
+            ));
+        }
+        if uid == "0" || uid.is_empty() {
+            problems.push(format!("runs as uid '{uid}'"));
+        }
+        if cap.is_empty() || cap.chars().any(|c| c != '0') {
+            problems.push(format!("effective capabilities '{cap}'"));
+        }
+        if nnp != "1" {
+            problems.push("no_new_privs not set".into());
+        }
+        if seccomp != "2" {
+            problems.push("no seccomp filter".into());
+        }
+        if !problems.is_empty() {
+            return unavailable(format!(
+                "sandbox self-check failed: {}",
+                problems.join("; ")
+            ));
+        }
+        SandboxStatus {
+            mode: "enforced",
+            ready: true,
+            detail: format!(
+                "namespaces (user, mount, pid, net, ipc, uts, cgroup), uid {uid}, no capabilities, no_new_privs, Landlock, seccomp; {}",
+                self.cgroups
+                    .as_ref()
+                    .map_or_else(|| "no cgroups: rlimits only".to_owned(), |c| c.describe())
+            ),
+        }
+    }
+
+    fn check_ready(&self) -> Result<(), SandboxError> {
+        let status = self.status();
+        if status.ready || status.detail == "not probed yet" {
+            Ok(())
+        } else {
+            Err(SandboxError::Unavailable(status.detail))
+        }
+    }
+
+    /// The environment a command starts with.
+    fn command_env(&self, launch: &Launch) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = BASE_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        for (k, v) in &self.passthrough {
+            env.insert(k.clone(), v.clone());
+        }
+        if launch.egress_socket.is_some() {
+            let proxy = format!("http://127.0.0.1:{}", egress::PROXY_PORT);
+            for k in [
+                "HTTP_PROXY",
+                "HTTPS_PROXY",
+                "http_proxy",
+                "https_proxy",
+                "ALL_PROXY",
+                "all_proxy",
+            ] {
+                env.insert(k.to_owned(), proxy.clone());
+            }
+            for k in ["NO_PROXY", "no_proxy"] {
+                env.insert(k.to_owned(), "localhost,127.0.0.1,::1".to_owned());
+            }
+        }
+        for (k, v) in &launch.env {
+            env.insert(k.clone(), v.clone());
+        }
+        env.into_iter().collect()
+    }
+
+    /// The init's arguments for a command: the filesystem layout, the limits, the command.
+    fn init_args(&self, launch: &Launch) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![init::SUBCOMMAND.into()];
+        let mut workspace = OsString::from("--workspace=");
+        workspace.push(launch.workspace.as_os_str());
+        a.push(workspace);
+        a.push(format!("--workdir={}", launch.workdir).into());
+        a.push(format!("--tmp-size={}", self.config.tmp_size_bytes).into());
+        for dir in &self.config.ro_binds {
+            let mut ro = OsString::from("--ro=");
+            ro.push(dir.as_os_str());
+            a.push(ro);
+        }
+        if let Some(sock) = &launch.egress_socket {
+            let mut e = OsString::from("--egress-socket=");
+            e.push(sock.as_os_str());
+            a.push(e);
+        }
+        a.extend(
+            init::InitLimits {
+                cpu_seconds: self.config.cpu_seconds,
+                file_size_bytes: self.config.file_size_bytes,
+                open_files: self.config.open_files,
+                // Without a memory cgroup, the per-process address space is the only memory
+                // bound (a session of several processes can then use more in total).
+                address_space_bytes: if self.cgroups.as_ref().is_some_and(|c| c.limits_memory()) {
+                    0
+                } else {
+                    self.config.memory_bytes
+                },
+            }
+            .to_args()
+            .into_iter()
+            .map(OsString::from),
+        );
+        a.push("--".into());
+        a.push("/bin/bash".into());
+        a.push("-c".into());
+        a.push(launch.command.clone().into());
+        a
+    }
+
+    /// Starts a command: stdout and stderr to `stdout`/`stderr`, stdin from `stdin`. Returns
+    /// once the sandbox is set up and the command is about to run.
+    pub(crate) async fn spawn(
+        &self,
+        launch: &Launch,
+        session: Option<&cgroup::SessionGroup>,
+        stdin: Stdio,
+        stdout: Stdio,
+        stderr: Stdio,
+    ) -> Result<Spawned, SandboxError> {
+        self.check_ready()?;
+        let setup = |what: &str, e: io::Error| SandboxError::Setup(format!("{what}: {e}"));
+        let group = match &self.cgroups {
+            Some(cg) => Some(cg.command().map_err(|e| setup("command cgroup", e))?),
+            None => None,
+        };
+        let mut procs: Vec<OwnedFd> = match session {
+            Some(s) => s.procs_files().map_err(|e| setup("session cgroup", e))?,
+            None => Vec::new(),
+        };
+        if let Some(g) = &group {
+            procs.push(g.procs_file().map_err(|e| setup("command cgroup", e))?);
+        }
+        let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| setup("status pipe", e.into()))?;
+        let mut cmd = if self.is_unsandboxed() {
+            let mut c = tokio::process::Command::new("/bin/bash");
+            c.arg("-c").arg(&launch.command);
+            c.current_dir(launch.workspace.join(&launch.workdir));
+            c
+        } else {
+            let init = match &self.init_file {
+                Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                None => self.init.clone(),
+            };
+            let mut c = tokio::process::Command::new(init);
+            c.args(self.init_args(launch));
+            c
+        };
+        // Only the command's own environment: nothing of the service's (database URL, keys)
+        // reaches the init or the command.
+        cmd.env_clear();
+        for (k, v) in self.command_env(launch) {
+            cmd.env(k, v);
+        }
+        cmd.stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        let sandboxed = !self.is_unsandboxed();
+        let drop_to =
+            (self.drop_privileges && sandboxed).then_some((self.config.uid, self.config.gid));
+        let proc_fds: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+        let status_fd = status_w.as_raw_fd();
+        let rlimits: Vec<(libc::__rlimit_resource_t, u64)> = if sandboxed {
+            Vec::new()
+        } else {
+            vec![
+                (libc::RLIMIT_CPU, self.config.cpu_seconds),
+                (libc::RLIMIT_FSIZE, self.config.file_size_bytes),
+                (libc::RLIMIT_NOFILE, self.config.open_files),
+                (libc::RLIMIT_CORE, 0),
+            ]
+        };
+        // SAFETY: the closure runs in the forked child before exec and only makes raw,
+        // async-signal-safe system calls on values prepared before the fork (no allocation,
+        // no locks).
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || child_setup(&proc_fds, status_fd, drop_to, &rlimits, sandboxed));
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| setup(&format!("starting {}", self.init.display()), e))?;
+        drop(status_w);
+        drop(procs);
+        let mut started = true;
+        if sandboxed {
+            // One byte from the init means every layer is in place; EOF means setup failed and
+            // the reason is on the command's stderr.
+            let read = tokio::task::spawn_blocking(move || {
+                let mut byte = [0u8; 1];
+                rustix::io::read(&status_r, &mut byte).map(|n| n == 1)
+            })
+            .await
+            .map_err(|e| SandboxError::Setup(format!("status pipe: {e}")))?;
+            started = matches!(read, Ok(true));
+        }
+        Ok(Spawned {
+            child,
+            group,
+            started,
+        })
+    }
+}
+
+/// In the forked child, before exec: join the cgroups (as root, before dropping privileges),
+/// pass the status descriptor as fd 3, drop to the sandbox user, die with the service.
+fn child_setup(
+    proc_fds: &[i32],
+    status_fd: i32,
+    drop_to: Option<(u32, u32)>,
+    rlimits: &[(libc::__rlimit_resource_t, u64)],
+    sandboxed: bool,
+) -> io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: raw system calls on descriptors and values owned by this (single-threaded) child.
+    #[allow(unsafe_code)]
+    unsafe {
+        for fd in proc_fds {
+            let rc = libc::write(*fd, b"0".as_ptr().cast(), 1);
+            check(rc as libc::c_int)?;
+        }
+        if sandboxed {
+            check(libc::dup2(status_fd, init::STATUS_FD))?;
+        }
+        // A session of its own: no controlling terminal shared with the service (a terminal
+        // the command could push input into), and a process group for the unsandboxed
+        // fallback tree kill.
+        check(libc::setsid())?;
+        for (resource, value) in rlimits {
+            let lim = libc::rlimit {
+                rlim_cur: *value,
+                rlim_max: *value,
+            };
+            check(libc::setrlimit(*resource, &lim))?;
+        }
+        if let Some((uid, gid)) = drop_to {
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setresgid(gid, gid, gid))?;
+            check(libc::setresuid(uid, uid, uid))?;
+        }
+        // After the credential change, which clears it.
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+fn default_init_path() -> PathBuf {
+    let name = "toolexec-sandbox-init";
+    let Ok(exe) = std::env::current_exe() else {
+        return PathBuf::from(name);
+    };
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let beside = dir.join(name);
+    if beside.exists() {
+        return beside;
+    }
+    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
+    dir.parent().map(|p| p.join(name)).unwrap_or(beside)
+}
+
+fn probe_dir(root: &Path, owner: Option<(u32, u32)>) -> io::Result<PathBuf> {
+    std::fs::create_dir_all(root)?;
+    let dir = root.join(format!(
+        "toolexec-probe-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&dir)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
+    }
+    Ok(dir)
+}

@@ -1,0 +1,202 @@
+//! A foreground command: run to the end (or to a limit), capturing stdout and stderr.
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::cgroup::SessionGroup;
+use crate::{Launch, Sandbox, SandboxError, Spawned};
+
+/// When the service stops a command.
+#[derive(Debug, Clone)]
+pub struct RunLimits {
+    pub timeout: Duration,
+    /// Stop the command after this long without any output.
+    pub idle_timeout: Option<Duration>,
+    /// stdout and stderr together; past it the command is stopped.
+    pub max_output_bytes: usize,
+}
+
+/// Why the service stopped a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    Timeout(Duration),
+    Idle(Duration),
+    OutputLimit(usize),
+}
+
+/// How a command ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The exit code of bash (`None` if it was killed by a signal).
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Set when the service stopped the command.
+    pub killed: Option<KillReason>,
+    /// The kernel's OOM killer struck a process of the command.
+    pub oom_killed: bool,
+    pub duration: Duration,
+}
+
+/// How long output is still read after the command exited (its processes are all dead by then,
+/// so the pipes are at EOF at once unless something escaped).
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+const CHUNK: usize = 64 * 1024;
+
+impl Sandbox {
+    /// Runs a command to its end, or until a limit stops it. On return, no process of the
+    /// command is left.
+    pub async fn run(
+        &self,
+        launch: &Launch,
+        session: Option<&SessionGroup>,
+        limits: &RunLimits,
+    ) -> Result<Finished, SandboxError> {
+        let t0 = Instant::now();
+        let oom_before = session.map_or(0, SessionGroup::oom_kills);
+        let Spawned {
+            mut child,
+            group,
+            started,
+        } = self
+            .spawn(
+                launch,
+                session,
+                Stdio::null(),
+                Stdio::piped(),
+                Stdio::piped(),
+            )
+            .await?;
+        if !started {
+            return Err(SandboxError::Setup(setup_failure(child).await));
+        }
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut buf_out = vec![0u8; CHUNK];
+        let mut buf_err = vec![0u8; CHUNK];
+        let deadline = tokio::time::Instant::now() + limits.timeout;
+        let mut last_output = tokio::time::Instant::now();
+        let mut killed = None;
+        let mut status = None;
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        loop {
+            if stdout.is_none() && stderr.is_none() && status.is_some() {
+                break;
+            }
+            let idle_at = limits.idle_timeout.map(|d| last_output + d);
+            let wake = match drain_until {
+                Some(t) => t,
+                None => idle_at.map_or(deadline, |i| i.min(deadline)),
+            };
+            tokio::select! {
+                n = read_some(&mut stdout, &mut buf_out) => {
+                    match n {
+                        Some(n) => { out.extend_from_slice(&buf_out[..n]); last_output = tokio::time::Instant::now(); }
+                        None => stdout = None,
+                    }
+                }
+                n = read_some(&mut stderr, &mut buf_err) => {
+                    match n {
+                        Some(n) => { err.extend_from_slice(&buf_err[..n]); last_output = tokio::time::Instant::now(); }
+                        None => stderr = None,
+                    }
+                }
+                s = child.wait(), if status.is_none() => {
+                    status = Some(s);
+                    // Anything the command left behind (`sleep 1000 &`, a setsid daemon) dies
+                    // with it: the PID namespace is gone; the cgroup kill is the second net.
+                    if let Some(g) = &group { g.kill(); }
+                    drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                _ = tokio::time::sleep_until(wake) => {
+                    if drain_until.is_some() {
+                        break;
+                    }
+                    killed = Some(if idle_at.is_some_and(|i| i <= tokio::time::Instant::now() && i < deadline) {
+                        KillReason::Idle(limits.idle_timeout.unwrap_or_default())
+                    } else {
+                        KillReason::Timeout(limits.timeout)
+                    });
+                    self.stop(&mut child, group.as_ref()).await;
+                }
+            }
+            if killed.is_none() && out.len() + err.len() > limits.max_output_bytes {
+                killed = Some(KillReason::OutputLimit(limits.max_output_bytes));
+                self.stop(&mut child, group.as_ref()).await;
+            }
+        }
+        let status = match status {
+            Some(s) => s,
+            None => child.wait().await,
+        }
+        .map_err(|e| SandboxError::Setup(format!("waiting for the command: {e}")))?;
+        drop(group);
+        let cap = limits.max_output_bytes;
+        if out.len() + err.len() > cap {
+            out.truncate(cap);
+            err.truncate(cap.saturating_sub(out.len()));
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let oom_killed = session.is_some_and(|s| s.oom_kills() > oom_before);
+        Ok(Finished {
+            exit_code: status.code(),
+            signal: status.signal(),
+            stdout: out,
+            stderr: err,
+            killed,
+            oom_killed,
+            duration: t0.elapsed(),
+        })
+    }
+
+    /// Kills the command's whole tree: the cgroup if there is one, and the outer init (its death
+    /// kills pid 1 by PDEATHSIG, which tears down the PID namespace).
+    async fn stop(
+        &self,
+        child: &mut tokio::process::Child,
+        group: Option<&crate::cgroup::CommandGroup>,
+    ) {
+        if let Some(g) = group {
+            g.kill();
+        }
+        if self.is_unsandboxed()
+            && let Some(pid) = child.id()
+        {
+            // The unsandboxed command leads its own process group.
+            let _ = rustix::process::kill_process_group(
+                rustix::process::Pid::from_raw(pid as i32).unwrap_or(rustix::process::Pid::INIT),
+                rustix::process::Signal::KILL,
+            );
+        }
+        let _ = child.start_kill();
+    }
+}
+
+/// What the init said when the sandbox failed before the command started.
+pub(crate) async fn setup_failure(mut child: tokio::process::Child) -> String {
+    let mut text = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), e.read_to_end(&mut text)).await;
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    let text = String::from_utf8_lossy(&text).trim().to_owned();
+    if text.is_empty() {
+        "toolexec-sandbox-init exited before the command started".into()
+    } else {
+        text
+    }
+}
+
+async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    match r {
+        Some(r) => match r.read(buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some(n),
+        },
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,133 @@
+//! `process_kill`: stop a background process and everything it started.
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, EventKind, OutputLimit, ToolSpec, TruncationMode};
+use toolexec_sandbox::{ProcessState, ProcessTable};
+
+use super::shell::no_sandbox;
+use crate::{Tool, ToolContext, ToolEvent, ToolOutput, parse_args};
+
+const DESCRIPTION: &str = "\
+Stops a background process (started with shell and background: true) and every process it \
+started.
+
+The signal (default TERM) goes to the process and its children; whatever has not exited 2 seconds \
+later is killed. KILL stops everything at once. Closing the session stops all its background \
+processes too.
+
+Example: {\"process_id\": \"p1\"}
+
+Limits: none; stopping an exited process just reports how it ended.";
+
+pub struct ProcessKill {
+    spec: ToolSpec,
+}
+
+impl Default for ProcessKill {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProcessKill {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "process_kill".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "process_id": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The id shell returned (\"p1\")."},
+                        "signal": {"type": "string", "enum": ["TERM", "INT", "HUP", "KILL"], "description": "Signal to send first (default TERM)."}
+                    },
+                    "required": ["process_id"],
+                    "additionalProperties": false
+                }),
+                read_only: false,
+                capabilities: vec![Capability::Process],
+                output_limit: OutputLimit::new(1_000, TruncationMode::Tail),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    process_id: String,
+    signal: Option<String>,
+}
+
+/// A process state in words.
+pub(crate) fn describe_state(state: &ProcessState) -> String {
+    match state {
+        ProcessState::Running => "running".to_owned(),
+        ProcessState::Exited {
+            exit_code,
+            signal,
+            killed_by,
+        } => {
+            let how = match (exit_code, signal) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(s)) => format!("killed by signal {s}"),
+                (None, None) => "exited".to_owned(),
+            };
+            match killed_by {
+                Some(by) => format!("{how}, stopped by {by}"),
+                None => how,
+            }
+        }
+    }
+}
+
+/// `process.exited`, if this call is the first to see the process's exit.
+pub(crate) fn exit_event(table: &ProcessTable, id: &str) -> Option<ToolEvent> {
+    let info = table.take_exit(id)?;
+    Some(ToolEvent {
+        kind: EventKind::ProcessExited,
+        data: json!({
+            "process_id": info.id,
+            "command": info.command,
+            "state": info.state,
+            "output_bytes": info.output_bytes,
+        }),
+    })
+}
+
+#[async_trait]
+impl Tool for ProcessKill {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        use rustix::process::Signal;
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(out) => return out,
+        };
+        let Some(table) = ctx.processes.clone() else {
+            return no_sandbox();
+        };
+        let signal = match args.signal.as_deref() {
+            None | Some("TERM") => Signal::TERM,
+            Some("INT") => Signal::INT,
+            Some("HUP") => Signal::HUP,
+            _ => Signal::KILL,
+        };
+        match table.kill(&args.process_id, signal).await {
+            Ok(state) => {
+                let mut out = ToolOutput::ok(format!(
+                    "Process {}: {}.",
+                    args.process_id,
+                    describe_state(&state)
+                ));
+                out.events.extend(exit_event(&table, &args.process_id));
+                out
+            }
+            Err(m) => ToolOutput::error(m),
+        }
+    }
+}

@@ -1,0 +1,1355 @@
+//! Adversarial suite: commands that try to get out of the shell sandbox, run for real through the
+//! HTTP API. Every test asserts containment (host-side when it can: the host's `/proc`, files,
+//! sockets), then that the service is still healthy and the session still runs commands.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolexec_tests::app::{TestApp, spawn_app, spawn_app_with};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn content(r: &Value) -> &str {
+    r["content"].as_str().unwrap_or_default()
+}
+
+/// The text of a `--- stdout ---` / `--- stderr ---` section of a shell result ("" if absent).
+fn section(r: &Value, name: &str) -> String {
+    let c = content(r);
+    let head = format!("--- {name} ---\n");
+    let Some(start) = c.find(&head) else {
+        return String::new();
+    };
+    let rest = &c[start + head.len()..];
+    let end = rest.find("\n--- std").map_or(rest.len(), |i| i + 1);
+    rest[..end].to_owned()
+}
+
+/// The first 2,000 and the last 500 characters of a long text (for the test's log).
+fn abbreviated(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= 3000 {
+        return text.to_owned();
+    }
+    let head: String = chars[..2000].iter().collect();
+    let tail: String = chars[chars.len() - 500..].iter().collect();
+    format!("{head}\n[… {} characters …]\n{tail}", chars.len() - 2500)
+}
+
+fn stdout(r: &Value) -> String {
+    section(r, "stdout")
+}
+
+/// A token unique to this test process and moment (nextest runs every test in its own process).
+fn unique() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}x{nanos:x}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A `sleep` duration unique to this test process: `<base>.<pid><n>` (GNU sleep takes
+/// fractions), so that host-side process scans of parallel tests do not see each other's.
+fn sleep_arg(base: u32) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{base}.{}{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Host pids whose command line (arguments joined by spaces) contains `token`. Every process of
+/// the host's `/proc` is looked at (sandboxed ones too: their PID namespaces are beneath ours),
+/// whatever its user or state; only processes whose command line cannot be read (gone meanwhile,
+/// kernel threads) are not matched.
+fn host_processes_matching(token: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline: String = String::from_utf8_lossy(&raw)
+            .trim_end_matches('\0')
+            .replace('\0', " ");
+        if cmdline.contains(token) {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    pids
+}
+
+/// What the host knows of a process, for failure messages.
+fn describe_host_process(pid: i32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let fields: Vec<&str> = status
+        .lines()
+        .filter(|l| {
+            ["State:", "PPid:", "Uid:", "NSpid:"]
+                .iter()
+                .any(|f| l.starts_with(f))
+        })
+        .collect();
+    format!("pid {pid} [{}] {cmdline}", fields.join("; "))
+}
+
+fn describe_all(pids: &[i32]) -> String {
+    pids.iter()
+        .map(|p| describe_host_process(*p))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits (up to `limit`) until no host process matches `token`; returns those still there.
+async fn wait_gone(token: &str, limit: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = host_processes_matching(token);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts that no host process matches `token` within ~3 s (kills are asynchronous).
+async fn assert_no_host_process(token: &str, context: &str) {
+    let left = wait_gone(token, Duration::from_secs(3)).await;
+    assert!(
+        left.is_empty(),
+        "{context}: processes matching {token:?} still run on the host 3 s later:\n{}",
+        describe_all(&left)
+    );
+}
+
+fn host_pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|s| {
+            !s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// A session and a counter of call ids.
+struct Sh<'a> {
+    app: &'a TestApp,
+    sid: String,
+    n: AtomicUsize,
+}
+
+impl<'a> Sh<'a> {
+    async fn new(app: &'a TestApp, body: Value) -> Sh<'a> {
+        let s = app.session(body).await;
+        Sh {
+            app,
+            sid: s["id"].as_str().expect("session id").to_owned(),
+            n: AtomicUsize::new(0),
+        }
+    }
+
+    /// One `shell` call with these arguments; the result and how long the HTTP call took.
+    async fn shell(&self, args: Value) -> (Value, Duration) {
+        let id = format!("c{}", self.n.fetch_add(1, Ordering::Relaxed));
+        let t0 = Instant::now();
+        let r = self.app.call(&self.sid, &id, "shell", args.clone()).await;
+        let took = t0.elapsed();
+        eprintln!(
+            "--- shell {args} ({:.2} s) -> status {}\n{}",
+            took.as_secs_f64(),
+            r["status"],
+            abbreviated(content(&r))
+        );
+        (r, took)
+    }
+
+    /// A command with a 20 s timeout.
+    async fn run(&self, command: &str) -> Value {
+        self.shell(json!({"command": command, "timeout_ms": 20_000}))
+            .await
+            .0
+    }
+
+    /// The service answers `/readyz` with 200 and this session still runs `echo ok`.
+    async fn assert_healthy(&self) {
+        let ready = self.app.get("/readyz").await;
+        let code = ready.status();
+        let body = ready.text().await.unwrap_or_default();
+        assert_eq!(code, 200, "/readyz after the hostile command: {body}");
+        let r = self.run("echo ok").await;
+        assert_eq!(r["status"], "ok", "follow-up echo ok: {r}");
+        assert_eq!(stdout(&r), "ok\n", "follow-up echo ok: {r}");
+    }
+}
+
+fn assert_failed(r: &Value, what: &str) {
+    assert_eq!(r["status"], "error", "{what} must fail: {r}");
+    assert!(
+        !content(r).starts_with("[exit code 0 "),
+        "{what} must fail: {r}"
+    );
+}
+
+/// Shell text running `cmd` (its stderr to stdout, for the failure messages) and printing
+/// `@@<label>:ok` or `@@<label>:denied rc=N`.
+fn attempt(label: &str, cmd: &str) -> String {
+    format!(
+        "if {{ {cmd}; }} 2>&1; then echo @@{label}:ok; else echo \"@@{label}:denied rc=$?\"; fi\n"
+    )
+}
+
+/// A `pkill -f`/`pgrep -f` pattern matching `sleep <arg>` but not its own text (which would
+/// match the bash running it).
+fn sleep_pattern(arg: &str) -> String {
+    format!("'sleep {}'", arg.replace('.', "[.]"))
+}
+
+/// Waits (up to 5 s) for the host process `sleep <arg>` itself; its pid.
+async fn wait_for_sleep(arg: &str) -> Option<i32> {
+    let want = format!("sleep\0{arg}\0");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = host_processes_matching(&format!("sleep {arg}"))
+            .into_iter()
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want.as_bytes())
+            });
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value after `<label>:` in a stdout made by [`attempt`].
+fn attempt_result(out: &str, label: &str) -> String {
+    let prefix = format!("@@{label}:");
+    out.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or("<missing>")
+        .to_owned()
+}
+
+/// `NAME` of each `NAME=value` line (lines without `=` are skipped).
+fn env_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_owned()))
+        .filter(|k| !k.is_empty() && !k.contains(' '))
+        .collect()
+}
+
+fn find_file(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(root).ok()?;
+    for e in entries.flatten() {
+        let p = e.path();
+        if e.file_name().to_str() == Some(name) {
+            return Some(p);
+        }
+        if depth > 0
+            && e.file_type().is_ok_and(|t| t.is_dir())
+            && let Some(found) = find_file(&p, name, depth - 1)
+        {
+            return Some(found);
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Secrets
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_host_secrets_and_other_sessions_files_are_unreadable() {
+    let app = spawn_app().await;
+    let ready: Value = app.get("/readyz").await.json().await.unwrap();
+    assert_eq!(ready["sandbox"]["mode"], "enforced", "{ready}");
+    let sh = Sh::new(&app, json!({})).await;
+
+    // /etc is bound read-only from the host, so /etc/shadow is there but unreadable (0640 root).
+    let r = sh.run("cat /etc/shadow").await;
+    assert_failed(&r, "cat /etc/shadow");
+    assert!(content(&r).contains("Permission denied"), "{r}");
+    assert!(!content(&r).contains("root:"), "shadow leaked: {r}");
+    assert_eq!(stdout(&r), "", "{r}");
+
+    // /root is not there at all, and none of the host's /root entries show up.
+    let r = sh.run("ls -la /root; ls -la /root/.cargo").await;
+    assert_failed(&r, "ls /root");
+    let host_root: Vec<String> = std::fs::read_dir("/root")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| n.len() >= 5)
+                .collect()
+        })
+        .unwrap_or_default();
+    for name in &host_root {
+        assert!(
+            !stdout(&r).contains(name.as_str()),
+            "host /root entry {name} visible: {r}"
+        );
+    }
+
+    // The service's data directory (its store, every workspace) is not visible.
+    let data = app.data.path().display().to_string();
+    let r = sh.run(&format!("ls -la {data}")).await;
+    assert_failed(&r, "ls of the data directory");
+    assert!(content(&r).contains("No such file or directory"), "{r}");
+
+    // Another session's workspace: write a secret there (through its own shell), then look for
+    // it from this session by its host path and by searching the filesystem.
+    let other = Sh::new(&app, json!({})).await;
+    let secret = format!("secret-{}", unique());
+    let r = other
+        .run(&format!("echo {secret} > {secret}.txt && pwd"))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let host_path = find_file(app.data.path(), &format!("{secret}.txt"), 4)
+        .expect("the other session's file on the host");
+    let r = sh
+        .run(&format!(
+            "cat {}; find / \\( -path /proc -o -path /sys -o -path /usr \\) -prune -o -name '{secret}*' -print; \
+             grep -rs {secret} /tmp /workspace /etc; ls -a /workspace",
+            host_path.display()
+        ))
+        .await;
+    assert!(
+        !stdout(&r).contains(&secret),
+        "another session's file is readable: {r}"
+    );
+    assert!(content(&r).contains("No such file or directory"), "{r}");
+
+    sh.assert_healthy().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_environment_holds_nothing_of_the_service() {
+    // The test process is the service: cargo/nextest set variables in it that must not leak.
+    let host: BTreeSet<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    assert!(
+        host.contains("CARGO_PKG_NAME") || host.iter().any(|k| k.starts_with("NEXTEST")),
+        "expected cargo/nextest variables in the test process: {host:?}"
+    );
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({"env": {"FOO": "bar"}})).await;
+    let expected: BTreeSet<String> = ["PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "FOO"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+
+    let r = sh.run("env").await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = stdout(&r);
+    assert!(
+        out.lines().any(|l| l == "FOO=bar"),
+        "session env missing: {r}"
+    );
+    let names = env_names(&out);
+    let unexpected: Vec<&String> = names.difference(&expected).collect();
+    assert!(
+        unexpected.is_empty(),
+        "unexpected variables {unexpected:?}: {r}"
+    );
+    for leak in ["CARGO", "NEXTEST", "RUST", "DATABASE", "TOOLEXEC", "PG"] {
+        assert!(!out.contains(leak), "{leak}* leaked into env: {r}");
+    }
+
+    // Every process visible in the sandbox, pid 1 (bubblewrap) first of all.
+    let r = sh
+        .run(
+            "for f in /proc/[0-9]*/environ; do echo \"== $f\"; \
+             if tr '\\0' '\\n' < $f; then echo; else echo \"unreadable rc=$?\"; fi; done",
+        )
+        .await;
+    let out = stdout(&r);
+    assert!(out.contains("== /proc/1/environ"), "{r}");
+    let names = env_names(&out);
+    let unexpected: Vec<&String> = names.difference(&expected).collect();
+    assert!(
+        unexpected.is_empty(),
+        "unexpected variables in /proc/*/environ {unexpected:?}: {r}"
+    );
+    for leak in ["CARGO", "NEXTEST", "DATABASE", "TOOLEXEC"] {
+        assert!(!out.contains(leak), "{leak}* in /proc/*/environ: {r}");
+    }
+    let r = sh.run("cat /proc/1/environ | tr '\\0' '\\n'").await;
+    let names = env_names(&stdout(&r));
+    assert!(
+        names.is_subset(&expected),
+        "/proc/1/environ shows {names:?}: {r}"
+    );
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Writing outside /workspace and /tmp
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_writes_outside_workspace_and_tmp_fail_and_tmp_is_private() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let u = unique();
+    let hostname_before = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    // A host file in /tmp the sandbox must not see.
+    let host_tmp = PathBuf::from(format!("/tmp/host-{u}"));
+    std::fs::write(&host_tmp, "host").unwrap();
+
+    let denied = [
+        ("etc", format!("touch /etc/x-{u}")),
+        ("usr", format!("touch /usr/x-{u}")),
+        ("usrbin", format!("cp /bin/true /usr/bin/x-{u}")),
+        ("root", format!("touch /x-{u}")),
+        ("mkdirroot", format!("mkdir /d-{u}")),
+        (
+            "hostname",
+            "echo evil > /proc/sys/kernel/hostname".to_owned(),
+        ),
+        ("sethostname", "hostname evil".to_owned()),
+        ("sysrq", "echo h > /proc/sysrq-trigger".to_owned()),
+        ("proc1root", format!("touch /proc/1/root/x-{u}")),
+        ("dotdot", format!("touch /workspace/../x-{u}")),
+        (
+            "symlink",
+            format!("ln -s /etc /workspace/etclink-{u} && touch /workspace/etclink-{u}/x-{u}"),
+        ),
+        ("devnew", format!("mknod /dev/x-{u} p")),
+        ("hosttmp", format!("cat /tmp/host-{u}")),
+    ];
+    let allowed = [
+        ("tmp", format!("echo t > /tmp/x-{u} && cat /tmp/x-{u}")),
+        (
+            "ws",
+            format!("echo w > /workspace/x-{u} && cat /workspace/x-{u}"),
+        ),
+        ("devnull", "echo x > /dev/null".to_owned()),
+        // POSIX shared memory (Python's multiprocessing needs it): the sandbox's own tmpfs.
+        (
+            "devshm",
+            format!("echo s > /dev/shm/x-{u} && cat /dev/shm/x-{u}"),
+        ),
+    ];
+    let script: String = denied
+        .iter()
+        .chain(allowed.iter())
+        .map(|(l, c)| attempt(l, c))
+        .collect();
+    let r = sh.run(&script).await;
+    let out = stdout(&r);
+    for (label, cmd) in &denied {
+        let res = attempt_result(&out, label);
+        assert!(
+            res.starts_with("denied"),
+            "{cmd:?} was allowed ({res}): {r}"
+        );
+    }
+    for (label, cmd) in &allowed {
+        let res = attempt_result(&out, label);
+        assert_eq!(res, "ok", "{cmd:?} failed: {r}");
+    }
+
+    // Host side: nothing appeared outside the workspace, the hostname did not change, the
+    // sandbox's /tmp file is not in the host's /tmp, the workspace file is in the workspace.
+    for p in [
+        format!("/etc/x-{u}"),
+        format!("/usr/x-{u}"),
+        format!("/usr/bin/x-{u}"),
+        format!("/x-{u}"),
+        format!("/d-{u}"),
+        format!("/tmp/x-{u}"),
+        format!("/dev/shm/x-{u}"),
+    ] {
+        assert!(!Path::new(&p).exists(), "{p} exists on the host: {r}");
+    }
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        hostname_before
+    );
+    let in_ws = find_file(app.data.path(), &format!("x-{u}"), 4)
+        .expect("the workspace file is in the data directory on the host");
+    assert_eq!(std::fs::read_to_string(&in_ws).unwrap(), "w\n");
+    let _ = std::fs::remove_file(&host_tmp);
+
+    // The sandbox's hostname is its own.
+    let r = sh.run("hostname; cat /proc/sys/kernel/hostname").await;
+    assert_eq!(stdout(&r), "sandbox\nsandbox\n", "{r}");
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Host processes
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_host_processes_are_invisible_and_unkillable() {
+    use std::os::unix::process::CommandExt;
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let me = std::process::id() as i32;
+    // A host process of the sandbox's own uid: same user, so only the namespaces and Landlock
+    // keep the sandbox from signalling it.
+    let victim_arg = sleep_arg(1270);
+    let mut victim = std::process::Command::new("sleep")
+        .arg(&victim_arg)
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .expect("spawn a host process as uid 65534");
+    let victim_pid = victim.id() as i32;
+    let victim_re = sleep_pattern(&victim_arg);
+    // The postmaster (its backends come and go with other tests' connections).
+    let postgres: Vec<i32> = host_processes_matching("bin/postgres ");
+
+    let r = sh
+        .run("ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; ps -e -o pid,user,comm")
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = stdout(&r);
+    let first = out.lines().next().unwrap_or_default();
+    let pids: Vec<i32> = first
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert!(
+        !pids.is_empty() && pids.len() <= 6,
+        "the sandbox sees {} processes: {r}",
+        pids.len()
+    );
+    assert!(pids.iter().all(|p| *p < 100), "host-like pids visible: {r}");
+    assert!(
+        !pids.contains(&me),
+        "the service's pid {me} is visible: {r}"
+    );
+    assert!(
+        !pids.contains(&victim_pid),
+        "host pid {victim_pid} visible: {r}"
+    );
+    for host_name in ["postgres", "e2e", "sleep", "cargo", "nextest", "systemd"] {
+        assert!(
+            !out.contains(host_name),
+            "host process {host_name} visible: {r}"
+        );
+    }
+
+    // Kill attempts: the sandbox's pid 1, every host pid we know, everything it may signal.
+    let mut targets = vec![me, victim_pid];
+    targets.extend(postgres.iter().take(3));
+    let kill_host = targets
+        .iter()
+        .map(|p| format!("kill -9 {p} 2>&1; echo kill{p}:rc=$?\n"))
+        .collect::<String>();
+    let r = sh
+        .run(&format!(
+            "kill -9 1 2>&1; echo kill1:rc=$?\n{kill_host}kill -9 -1 2>&1; echo killall:rc=$?\n\
+             pkill -9 -f {victim_re}; echo pkill:rc=$?\necho still-here"
+        ))
+        .await;
+    let out = stdout(&r);
+    assert!(out.contains("still-here"), "{r}");
+    for p in &targets {
+        let res = attempt_result(&out, &format!("kill{p}"));
+        assert_ne!(res, "rc=0", "kill -9 {p} succeeded in the sandbox: {r}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host's uid-65534 process was killed from the sandbox: {r}"
+    );
+    for p in &postgres {
+        assert!(host_pid_alive(*p), "postgres pid {p} died: {r}");
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
+    sh.assert_healthy().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_other_sessions_processes_are_invisible_and_unkillable() {
+    let app = spawn_app().await;
+    let a = Sh::new(&app, json!({})).await;
+    let b = Sh::new(&app, json!({})).await;
+    let arg = sleep_arg(1260);
+    let (r, _) = a
+        .shell(json!({"command": format!("sleep {arg}"), "background": true}))
+        .await;
+    assert!(content(&r).contains("Started background process p1"), "{r}");
+    let sleeper = wait_for_sleep(&arg)
+        .await
+        .expect("session A's background sleep runs on the host");
+
+    let pattern = sleep_pattern(&arg);
+    let r = b
+        .run(&format!(
+            "ps -e -o pid,args; pgrep -f {pattern}; echo pgrep:rc=$?; pkill -9 -f {pattern}; \
+             echo pkill:rc=$?; kill -9 {sleeper}; echo kill:rc=$?; kill -9 -1; echo done"
+        ))
+        .await;
+    assert!(
+        !stdout(&r).contains(&format!("sleep {arg}")),
+        "session A's process visible in B: {r}"
+    );
+    assert!(stdout(&r).contains("pgrep:rc=1"), "{r}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        host_pid_alive(sleeper),
+        "session B killed session A's process {sleeper}: {r}"
+    );
+    b.assert_healthy().await;
+    a.assert_healthy().await;
+    let resp = app.delete(&format!("/v1/sessions/{}", a.sid)).await;
+    assert_eq!(resp.status(), 200);
+    assert_no_host_process(&format!("sleep {arg}"), "after closing session A").await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Network
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_network_is_isolated() {
+    use std::os::linux::net::SocketAddrExt;
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+
+    // Listeners on the host: loopback, all interfaces, an abstract UNIX socket.
+    let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    lo.set_nonblocking(true).unwrap();
+    let lo_port = lo.local_addr().unwrap().port();
+    let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    any.set_nonblocking(true).unwrap();
+    let any_port = any.local_addr().unwrap().port();
+    // The host's own address on its outward interface, if it has a route (no packet is sent).
+    let host_ip = std::net::UdpSocket::bind("0.0.0.0:0")
+        .ok()
+        .and_then(|s| s.connect("10.255.255.1:9").ok().map(|()| s))
+        .and_then(|s| s.local_addr().ok())
+        .map(|a| a.ip().to_string());
+    let abstract_name = format!("toolexec-escape-{}", unique());
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+    let unix = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    unix.set_nonblocking(true).unwrap();
+
+    let mut tries = vec![
+        ("pg", "127.0.0.1".to_owned(), 5432),
+        ("lo", "127.0.0.1".to_owned(), lo_port),
+        ("any", "127.0.0.1".to_owned(), any_port),
+    ];
+    if let Some(ip) = &host_ip {
+        tries.push(("hostip", ip.clone(), any_port));
+        tries.push(("hostippg", ip.clone(), 5432));
+    }
+    tries.push(("ext", "1.1.1.1".to_owned(), 53));
+    let mut script: String = tries
+        .iter()
+        .map(|(l, ip, port)| {
+            attempt(
+                l,
+                &format!("timeout 5 bash -c 'echo > /dev/tcp/{ip}/{port}'"),
+            )
+        })
+        .collect();
+    script.push_str(&attempt(
+        "abstract",
+        &format!(
+            "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect(b'\\\\0{abstract_name}')\""
+        ),
+    ));
+    script.push_str(&attempt("pgsock", "ls /var/run/postgresql /run/postgresql"));
+    script.push_str(&attempt("dns", "timeout 5 getent hosts example.com"));
+    let r = sh.run(&script).await;
+    let out = stdout(&r);
+    for (label, ip, port) in &tries {
+        let res = attempt_result(&out, label);
+        assert!(
+            res.starts_with("denied"),
+            "TCP to {ip}:{port} from the sandbox: {res}: {r}"
+        );
+    }
+    for label in ["abstract", "pgsock", "dns"] {
+        let res = attempt_result(&out, label);
+        assert!(res.starts_with("denied"), "{label}: {res}: {r}");
+    }
+    // Nothing reached the host's listeners.
+    for (name, l) in [("loopback", &lo), ("any", &any)] {
+        match l.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the {name} listener got a connection from the sandbox: {other:?}"),
+        }
+    }
+    match unix.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the abstract socket got a connection from the sandbox: {other:?}"),
+    }
+
+    // Only the loopback interface exists.
+    let r = sh.run("cat /proc/net/dev; ip -o link").await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = stdout(&r);
+    let ifaces: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(name, _)| {
+            let n = name.trim();
+            (!n.is_empty() && !n.contains(' ') && !n.chars().all(|c| c.is_ascii_digit()))
+                .then_some(n)
+        })
+        .collect();
+    assert!(
+        !ifaces.is_empty() && ifaces.iter().all(|i| *i == "lo"),
+        "interfaces other than lo in /proc/net/dev: {ifaces:?}: {r}"
+    );
+    let links: Vec<&str> = out
+        .lines()
+        .filter(|l| {
+            l.split(':')
+                .next()
+                .is_some_and(|n| n.trim().parse::<u32>().is_ok())
+        })
+        .collect();
+    assert!(
+        !links.is_empty() && links.iter().all(|l| l.contains(": lo:")),
+        "ip -o link shows more than lo: {r}"
+    );
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Namespaces and privileges
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_namespaces_mounts_ptrace_and_privileges_are_denied() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let denied = [
+        ("unshareU", "unshare -U true"),
+        ("unshareR", "unshare -r true"),
+        ("unshareM", "unshare -m true"),
+        ("unshareN", "unshare -n true"),
+        ("mount", "mount -t tmpfs x /tmp"),
+        ("bindmount", "mount --bind /workspace /tmp"),
+        ("bwrap", "bwrap --ro-bind / / true"),
+        ("nsenter", "nsenter -t 1 -m true"),
+        ("setuid", "python3 -c 'import os; os.setuid(0)'"),
+        ("chroot", "chroot /tmp /bin/true"),
+        (
+            "pyunshare",
+            "python3 -c 'import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000) != 0)'",
+        ),
+    ];
+    let script: String = denied.iter().map(|(l, c)| attempt(l, c)).collect();
+    let r = sh.run(&script).await;
+    let out = stdout(&r);
+    for (label, cmd) in &denied {
+        let res = attempt_result(&out, label);
+        assert!(
+            res.starts_with("denied"),
+            "{cmd:?} was allowed ({res}): {r}"
+        );
+    }
+
+    // ptrace is refused by seccomp (PTRACE_ATTACH to pid 1 and to a child of our own).
+    let r = sh
+        .run("python3 -c 'import ctypes; print(ctypes.CDLL(None).ptrace(16, 1, 0, 0))'")
+        .await;
+    assert_eq!(stdout(&r).trim(), "-1", "{r}");
+    let r = sh
+        .run(
+            "sleep 30 & p=$!; python3 -c \"import ctypes, os; l = ctypes.CDLL(None, use_errno=True); \
+             print(l.ptrace(16, $p, 0, 0), os.strerror(ctypes.get_errno()))\"; kill $p",
+        )
+        .await;
+    assert_eq!(stdout(&r).trim(), "-1 Operation not permitted", "{r}");
+
+    // Socket families outside UNIX/INET/INET6/NETLINK: AF_VSOCK (the VM host), AF_PACKET, AF_ALG.
+    for (family, name) in [(40, "AF_VSOCK"), (17, "AF_PACKET"), (38, "AF_ALG")] {
+        let kind = if family == 38 {
+            "SOCK_SEQPACKET"
+        } else {
+            "SOCK_STREAM"
+        };
+        let kind = if family == 17 { "SOCK_RAW" } else { kind };
+        let r = sh
+            .run(&format!(
+                "python3 -c 'import socket; socket.socket({family}, socket.{kind})'"
+            ))
+            .await;
+        assert_failed(&r, name);
+        assert!(
+            content(&r).contains("PermissionError"),
+            "{name} socket not refused by seccomp: {r}"
+        );
+    }
+
+    // Credentials: unprivileged uid, no capabilities at all, no_new_privs, a seccomp filter.
+    let r = sh
+        .run("id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = stdout(&r);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"65534"), "{r}");
+    assert_eq!(lines.get(1), Some(&"65534"), "{r}");
+    for expected in [
+        "CapInh:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+    ] {
+        assert!(lines.contains(&expected), "missing {expected:?}: {r}");
+    }
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Fork bomb
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_fork_bomb_is_contained() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let other = Sh::new(&app, json!({})).await;
+    let token = format!("bomb-{}", unique());
+    let r = sh
+        .run(&format!(
+            "printf '%s\\n' ':(){{ :|:& }};:' 'sleep 30' > {token}.sh && cat {token}.sh"
+        ))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+
+    let bomb = sh.shell(json!({"command": format!("bash ./{token}.sh"), "timeout_ms": 3000}));
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let during = host_processes_matching(&token).len();
+        let t0 = Instant::now();
+        let ready = app.get("/readyz").await.status();
+        let ready_took = t0.elapsed();
+        let (echo, echo_took) = other
+            .shell(json!({"command": "echo ok", "timeout_ms": 20_000}))
+            .await;
+        (during, ready, ready_took, echo, echo_took)
+    };
+    let ((r, took), (during, ready, ready_took, echo, echo_took)) = tokio::join!(bomb, meanwhile);
+    eprintln!(
+        "bomb: {took:?}; during it: {during} processes, readyz {ready} in {ready_took:?}, \
+         echo in another session in {echo_took:?}"
+    );
+    assert!(
+        ["timed_out", "error"].contains(&r["status"].as_str().unwrap_or_default()),
+        "{r}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the bomb call took {took:?}"
+    );
+    assert!(
+        during <= 300,
+        "{during} bomb processes on the host: the pids limit (256) did not hold"
+    );
+    assert_eq!(ready, 200, "/readyz during the bomb");
+    assert_eq!(
+        echo["status"], "ok",
+        "another session during the bomb: {echo}"
+    );
+    assert_no_host_process(&token, "after the fork bomb").await;
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Memory bomb
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_memory_bomb_is_contained() {
+    let app = spawn_app_with(|c| c.sandbox.memory_bytes = 256 * 1024 * 1024).await;
+    let sh = Sh::new(&app, json!({})).await;
+    for (what, cmd) in [
+        ("one big allocation", "python3 -c 'x = bytearray(1024*1024*1024)'".to_owned()),
+        (
+            "a growing list",
+            "python3 -c 'l = []\nwhile True: l.append(bytearray(8*1024*1024))'".to_owned(),
+        ),
+        (
+            "many processes of 100 MiB each",
+            "for i in 1 2 3 4; do python3 -c 'import time; x = bytearray(100*1024*1024); time.sleep(5)' & done; \
+             rc=0; for p in $(jobs -p); do wait $p || rc=$?; done; exit $rc"
+                .to_owned(),
+        ),
+    ] {
+        let (r, took) = sh
+            .shell(json!({"command": cmd, "timeout_ms": 30_000}))
+            .await;
+        assert_eq!(r["status"], "error", "{what}: {r}");
+        let c = content(&r);
+        assert!(
+            c.contains("memory limit of 256 MiB") || c.contains("MemoryError"),
+            "{what}: the result does not say memory ran out: {r}"
+        );
+        assert!(took < Duration::from_secs(25), "{what} took {took:?}");
+        sh.assert_healthy().await;
+    }
+    // Host side: the session's memory cgroup never went past its limit.
+    let dir = find_file(
+        Path::new("/sys/fs/cgroup/memory"),
+        &format!("s-{}", sh.sid),
+        6,
+    )
+    .expect("the session's memory cgroup");
+    let max: u64 = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!("{}: max usage {max}", dir.display());
+    assert!(max <= 256 * 1024 * 1024, "the session used {max} bytes");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Disk filling
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_disk_filling_stops_at_the_file_size_limit() {
+    let app = spawn_app_with(|c| c.sandbox.file_size_bytes = 64 * 1024 * 1024).await;
+    let sh = Sh::new(&app, json!({})).await;
+    let name = format!("big-{}", unique());
+    let (r, took) = sh
+        .shell(json!({"command": format!("dd if=/dev/zero of={name} bs=1M count=4000"), "timeout_ms": 60_000}))
+        .await;
+    assert_failed(&r, "dd past the file size limit");
+    assert!(
+        content(&r).contains("File too large")
+            || content(&r).contains("signal 25")
+            || content(&r).contains("File size limit exceeded"),
+        "{r}"
+    );
+    assert!(
+        !content(&r).contains("timed out"),
+        "dd ran to the timeout ({took:?}) instead of stopping at the limit: {r}"
+    );
+    let host = find_file(app.data.path(), &name, 4).expect("the file on the host");
+    let size = std::fs::metadata(&host).unwrap().len();
+    assert!(
+        size <= 64 * 1024 * 1024,
+        "{name} is {size} bytes on the host"
+    );
+    let r = sh.run(&format!("stat -c %s {name}")).await;
+    assert_eq!(stdout(&r).trim(), size.to_string(), "{r}");
+
+    // The same through a descriptor opened for append, and in /tmp.
+    let r = sh
+        .run(&format!(
+            "head -c 70000000 /dev/zero >> {name}; echo rc=$?; stat -c %s {name}; \
+             dd if=/dev/zero of=/tmp/big bs=1M count=200; stat -c '%s %n' /tmp/big"
+        ))
+        .await;
+    let size = std::fs::metadata(&host).unwrap().len();
+    assert!(size <= 64 * 1024 * 1024, "{name} grew to {size} bytes: {r}");
+    assert!(
+        stdout(&r).contains(&format!("{} /tmp/big", 64 * 1024 * 1024)),
+        "/tmp/big not stopped at 64 MiB: {r}"
+    );
+    // Many files under the limit each: the private /tmp is capped by its size (256 MiB).
+    let r = sh
+        .run(
+            "for i in 1 2 3 4 5 6; do dd if=/dev/zero of=/tmp/f$i bs=1M count=60; done; \
+             du -sm /tmp | cut -f1",
+        )
+        .await;
+    assert!(content(&r).contains("No space left on device"), "{r}");
+    let used: u64 = stdout(&r)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(used <= 257, "/tmp holds {used} MiB: {r}");
+    // The limit cannot be raised from inside.
+    let r = sh
+        .run(&format!(
+            "ulimit -f unlimited; echo raise:rc=$?; ulimit -H -f; \
+             head -c 70000000 /dev/zero > again-{name}; stat -c %s again-{name}"
+        ))
+        .await;
+    assert!(stdout(&r).contains("raise:rc=1"), "{r}");
+    assert!(
+        stdout(&r).contains(&(64 * 1024 * 1024).to_string()),
+        "the second file passed the limit: {r}"
+    );
+    // (Big files make every later call slower: the service scans the workspace for changes.)
+    let r = sh.run(&format!("rm -f {name} again-{name}")).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Endless output
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_endless_output_stops_at_the_output_cap() {
+    let app = spawn_app_with(|c| c.sandbox.max_output_bytes = 64 * 1024).await;
+    let sh = Sh::new(&app, json!({})).await;
+    let token = format!("yes-{}", unique());
+    for cmd in [
+        format!("yes {token}"),
+        format!("yes {token} >&2"),
+        format!("yes {token} & yes {token} >&2"),
+    ] {
+        let (r, took) = sh
+            .shell(json!({"command": cmd, "timeout_ms": 60_000}))
+            .await;
+        assert_eq!(r["status"], "error", "{r}");
+        assert!(
+            content(&r).contains("the output cap"),
+            "not stopped at the output cap: {r}"
+        );
+        assert!(took < Duration::from_secs(5), "{cmd} took {took:?}");
+        assert!(
+            content(&r).len() < 60_000,
+            "{} bytes of content",
+            content(&r).len()
+        );
+        assert_no_host_process(&token, &cmd).await;
+    }
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. Processes left behind by a command
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_processes_left_behind_die_with_the_command() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let cases = [
+        (sleep_arg(1234), "sleep {} & echo started"),
+        (sleep_arg(1235), "setsid sleep {} & echo started"),
+        (sleep_arg(1236), "nohup sleep {} & echo started"),
+        (
+            sleep_arg(1237),
+            "(setsid bash -c 'sleep {}' &); echo started",
+        ),
+        (
+            sleep_arg(1238),
+            "(setsid sleep {} </dev/null >/dev/null 2>&1 &); echo started",
+        ),
+        (
+            sleep_arg(1239),
+            "python3 -c 'import os, time\nif os.fork() == 0:\n  os.setsid()\n  if os.fork() == 0:\n    os.closerange(0, 1024)\n    os.execvp(\"sleep\", [\"sleep\", \"{}\"])\n' ; echo started",
+        ),
+    ];
+    for (arg, template) in &cases {
+        let cmd = template.replace("{}", arg);
+        let (r, took) = sh
+            .shell(json!({"command": cmd, "timeout_ms": 20_000}))
+            .await;
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(stdout(&r).contains("started"), "{r}");
+        assert!(took < Duration::from_secs(5), "{cmd:?} took {took:?}");
+        assert_no_host_process(&format!("sleep {arg}"), &cmd).await;
+    }
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. Input, idle and time limits
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_commands_waiting_for_input_end() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+
+    let (r, took) = sh
+        .shell(json!({"command": "read x; echo \"got:$x rc=$?\"; cat; python3 -c 'input()' 2>&1 | tail -n 1", "timeout_ms": 10_000}))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(stdout(&r).starts_with("got: rc=1\n"), "{r}");
+    assert!(stdout(&r).contains("EOFError"), "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    let idle = sleep_arg(30);
+    let (r, took) = sh
+        .shell(json!({"command": format!("sleep {idle}"), "idle_timeout_ms": 500}))
+        .await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(content(&r).contains("no output for 500 ms"), "{r}");
+    assert!(content(&r).contains("waiting for input"), "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_no_host_process(&format!("sleep {idle}"), "after the idle timeout").await;
+
+    let slow = sleep_arg(31);
+    let (r, took) = sh
+        .shell(json!({"command": format!("sleep {slow}"), "timeout_ms": 1000}))
+        .await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(content(&r).contains("timed out after 1000 ms"), "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_no_host_process(&format!("sleep {slow}"), "after the timeout").await;
+
+    // A command that ignores the signals it can catch and keeps printing: still stopped.
+    let stubborn = sleep_arg(32);
+    let (r, took) = sh
+        .shell(json!({"command": format!("trap '' TERM INT HUP; while :; do sleep {stubborn}; done"), "timeout_ms": 1000}))
+        .await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_no_host_process(&format!("sleep {stubborn}"), "after the timeout").await;
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. The timeout kills the whole tree
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_timeout_kills_the_whole_tree() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let (a, b, c) = (sleep_arg(1240), sleep_arg(1241), sleep_arg(60));
+    let cmd = format!("(sleep {a} &); setsid sleep {b} & sleep {c}");
+    let (r, took) = sh.shell(json!({"command": cmd, "timeout_ms": 1000})).await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(content(&r).contains("timed out after 1000 ms"), "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    for arg in [&a, &b, &c] {
+        assert_no_host_process(&format!("sleep {arg}"), &cmd).await;
+    }
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13. Background processes and session close
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_background_processes_do_not_outlive_session_close() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let (arg, child_arg) = (sleep_arg(1250), sleep_arg(1251));
+    let (r, took) = sh
+        .shell(json!({"command": format!("(setsid sleep {child_arg} &); sleep {arg}"), "background": true}))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(content(&r).contains("Started background process p1"), "{r}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let sleeper = wait_for_sleep(&arg)
+        .await
+        .expect("the background sleep runs on the host");
+    let status = std::fs::read_to_string(format!("/proc/{sleeper}/status")).unwrap();
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t65534\t")),
+        "the background process does not run as 65534: {status}"
+    );
+    assert!(
+        wait_for_sleep(&child_arg).await.is_some(),
+        "the setsid grandchild runs on the host"
+    );
+    sh.assert_healthy().await;
+
+    let resp = app.delete(&format!("/v1/sessions/{}", sh.sid)).await;
+    assert_eq!(resp.status(), 200);
+    assert_no_host_process(&format!("sleep {arg}"), "after the session was closed").await;
+    assert_no_host_process(
+        &format!("sleep {child_arg}"),
+        "after the session was closed",
+    )
+    .await;
+
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status(), 200);
+    let fresh = Sh::new(&app, json!({})).await;
+    fresh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 14. The service's session and controlling terminal
+// ---------------------------------------------------------------------------------------------
+
+/// Fields of `/proc/<pid>/stat` after the command name: state, ppid, pgrp, session, tty_nr, …
+fn stat_fields(pid: &str) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after.split_whitespace().map(str::to_owned).collect()
+}
+
+/// A sandboxed command must not share the service's session: if it did, it would have the
+/// service's controlling terminal (when an operator runs the service from a shell) as
+/// `/dev/tty`, and could type into that shell with `TIOCSTI` or read what the operator types
+/// (the bubblewrap `--new-session` / CVE-2017-5226 class).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_the_services_session_and_terminal_are_out_of_reach() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let arg = sleep_arg(1280);
+    let (r, _) = sh
+        .shell(json!({"command": format!("sleep {arg}"), "background": true}))
+        .await;
+    assert!(content(&r).contains("Started background process p1"), "{r}");
+    let sleeper = wait_for_sleep(&arg)
+        .await
+        .expect("the background sleep runs on the host");
+    let service = stat_fields("self");
+    let sandboxed = stat_fields(&sleeper.to_string());
+    // [3] is the session id, [4] the controlling terminal.
+    eprintln!(
+        "service: session {} tty {}; sandboxed sleep (pid {sleeper}): session {} tty {}",
+        service[3], service[4], sandboxed[3], sandboxed[4]
+    );
+
+    // From inside: try to open the controlling terminal and push a character into its input.
+    let r = sh
+        .run(
+            "python3 -c \"import os, fcntl, termios\nfd = os.open('/dev/tty', os.O_RDWR)\n\
+             fcntl.ioctl(fd, termios.TIOCSTI, b'#')\nprint('INJECTED')\" 2>&1 | tail -n 1; \
+             python3 -c 'import os; print(\"sid\", os.getsid(0))'",
+        )
+        .await;
+    assert!(
+        !stdout(&r).contains("INJECTED"),
+        "the sandbox pushed input into the service's controlling terminal: {r}"
+    );
+    assert_ne!(
+        sandboxed[3], service[3],
+        "the sandboxed process (host pid {sleeper}) is in the service's session {}: it shares \
+         its controlling terminal (tty_nr {}); the sandbox needs setsid() (bubblewrap's \
+         --new-session) before the command runs. In the sandbox: {r}",
+        service[3], service[4]
+    );
+    sh.assert_healthy().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 15. Inherited descriptors
+// ---------------------------------------------------------------------------------------------
+
+/// `fd -> target` of a host process's open descriptors.
+fn host_fds(pid: i32) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut fds: Vec<(String, String)> = entries
+        .flatten()
+        .map(|e| {
+            let target = std::fs::read_link(e.path())
+                .map(|t| t.display().to_string())
+                .unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), target)
+        })
+        .collect();
+    fds.sort();
+    fds
+}
+
+/// No descriptor of the service (its database connections, its listening socket, the data
+/// directory, the cgroup files it writes) reaches a sandboxed command — nor any descriptor the
+/// service itself inherited without close-on-exec (systemd socket activation, a supervisor's
+/// pipe, `toolexec serve 9>>log`): Landlock does not restrict descriptors already open, so the
+/// sandbox has to close everything above 2 before the command runs. This test fails wherever
+/// the service (the test process) holds such a descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_no_descriptor_of_the_service_is_inherited() {
+    // A descriptor the service holds without close-on-exec (as a supervisor's pipe or a shell
+    // redirection would be): it must not reach a command.
+    let leak = std::fs::File::open("/etc/hostname").unwrap();
+    rustix::io::fcntl_setfd(&leak, rustix::io::FdFlags::empty()).unwrap();
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    // Inside: what `ls` inherits (its own directory descriptor aside).
+    let r = sh.run("ls -l /proc/self/fd/").await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let fds: Vec<String> = stdout(&r)
+        .lines()
+        .filter_map(|l| l.split_once(" -> "))
+        .filter_map(|(left, target)| {
+            let fd = left.rsplit(' ').next()?;
+            (!(fd == "3" && target.starts_with("/proc/"))).then(|| format!("{fd} -> {target}"))
+        })
+        .collect();
+    assert!(
+        fds.len() == 3
+            && fds[0] == "0 -> /dev/null"
+            && fds[1].starts_with("1 -> pipe:")
+            && fds[2].starts_with("2 -> pipe:"),
+        "a command inherits more than stdin/stdout/stderr: {fds:?}: {r}"
+    );
+
+    // Host side, for a foreground command while it runs.
+    let fg = sleep_arg(1291);
+    let run = sh.shell(json!({"command": format!("sleep {fg}"), "timeout_ms": 2000}));
+    let look = async {
+        let pid = wait_for_sleep(&fg).await;
+        pid.map(|p| (p, host_fds(p)))
+    };
+    let ((r, _), seen) = tokio::join!(run, look);
+    assert_eq!(r["status"], "timed_out", "{r}");
+    let (pid, fds) = seen.expect("the foreground sleep ran on the host");
+    eprintln!("sleep {fg} (host pid {pid}): {fds:?}");
+    assert!(
+        fds.len() == 3
+            && fds[0].1 == "/dev/null"
+            && fds[1].1.starts_with("pipe:")
+            && fds[2].1.starts_with("pipe:"),
+        "descriptors of a foreground command: {fds:?}"
+    );
+
+    // Host side, for a background command and every process of its tree.
+    let arg = sleep_arg(1290);
+    let (r, _) = sh
+        .shell(json!({"command": format!("sleep {arg}"), "background": true}))
+        .await;
+    assert!(content(&r).contains("Started background process p1"), "{r}");
+    let sleeper = wait_for_sleep(&arg)
+        .await
+        .expect("the background sleep runs on the host");
+    let fds = host_fds(sleeper);
+    eprintln!("sleep {arg} (host pid {sleeper}): {fds:?}");
+    assert_eq!(fds.len(), 3, "{fds:?}");
+    for (fd, target) in &fds {
+        assert!(
+            target.starts_with("pipe:"),
+            "fd {fd} of the background command is {target}"
+        );
+    }
+    for pid in host_processes_matching(&format!("sleep {arg}")) {
+        let fds = host_fds(pid);
+        eprintln!("{}: {fds:?}", describe_host_process(pid));
+        for (fd, target) in &fds {
+            assert!(
+                target.starts_with("pipe:") || target == "/dev/null",
+                "fd {fd} of {} is {target}",
+                describe_host_process(pid)
+            );
+        }
+    }
+    sh.assert_healthy().await;
+}

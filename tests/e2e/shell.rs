@@ -627,3 +627,81 @@ async fn an_operator_without_egress_refuses_sessions_that_ask_for_network() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "policy_above_ceiling", "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_stops_background_processes_and_they_are_recorded_as_interrupted() {
+    let app = spawn_app().await;
+    let sid = session_with(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "b1",
+            "shell",
+            json!({"command": "sleep 4321.5", "background": true}),
+        )
+        .await;
+    assert!(content(&r).contains("process p1"), "{}", content(&r));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !host_has(&["sleep", "4321.5"]) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        host_has(&["sleep", "4321.5"]),
+        "the background process runs on the host"
+    );
+    let app = app.restart().await;
+    // The process died with the service that started it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while host_has(&["sleep", "4321.5"]) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        !host_has(&["sleep", "4321.5"]),
+        "the background process outlived the service"
+    );
+    let first = app
+        .call(&sid, "r1", "process_read", json!({"process_id": "p1"}))
+        .await;
+    assert_eq!(first["status"], "error");
+    assert!(
+        content(&first).contains("the service restarted"),
+        "{}",
+        content(&first)
+    );
+    let again = app
+        .call(&sid, "r2", "process_kill", json!({"process_id": "p1"}))
+        .await;
+    assert!(
+        content(&again).contains("the service restarted"),
+        "{}",
+        content(&again)
+    );
+    let events = app.events(&sid).await;
+    let exits: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "process.exited")
+        .collect();
+    assert_eq!(exits.len(), 1, "recorded once: {exits:?}");
+    assert_eq!(exits[0]["invocation_id"], first["invocation_id"]);
+    assert_eq!(exits[0]["data"]["state"]["state"], "interrupted");
+    // A new process never reuses the id of one from before the restart.
+    let r = app
+        .call(
+            &sid,
+            "b2",
+            "shell",
+            json!({"command": "sleep 1", "background": true}),
+        )
+        .await;
+    assert!(!content(&r).contains("process p1."), "{}", content(&r));
+}
+
+/// Whether a host process has exactly this command line.
+fn host_has(argv: &[&str]) -> bool {
+    let cmdline = argv.join("\0");
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| c.strip_suffix(b"\0").unwrap_or(&c) == cmdline.as_bytes())
+            .unwrap_or(false)
+    })
+}

@@ -178,7 +178,7 @@ async fn measure_with(
         idle_timeout: None,
         max_output_bytes: direct.config().max_output_bytes,
     };
-    let table = Arc::new(ProcessTable::new(direct, "bench", direct_ws));
+    let table = Arc::new(ProcessTable::new(direct, "bench", direct_ws, 1));
 
     // One session per client slot: agents working side by side.
     let slots = client_counts.iter().copied().max().unwrap_or(1);

@@ -64,6 +64,29 @@ impl OutputSource for RecordedOutputs {
             .await
             .map_err(|e| format!("The recorded output cannot be read right now ({e}); try again."))
     }
+
+    async fn process_started(
+        &self,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Option<serde_json::Value> {
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .events(self.tenant_id, session_id, after, crate::MAX_EVENTS_PAGE)
+                .await
+                .ok()?;
+            let last = page.last()?.seq;
+            if let Some(e) = page
+                .into_iter()
+                .find(|e| e.kind == EventKind::ProcessStarted && e.data["process_id"] == process_id)
+            {
+                return Some(e.data);
+            }
+            after = last;
+        }
+    }
 }
 
 /// Most sessions whose runtime a node keeps; idle ones beyond it are dropped (and rebuilt from
@@ -80,11 +103,15 @@ impl SessionRuntime {
         calls: Vec<CallKey>,
         sandbox: Option<&Arc<Sandbox>>,
     ) -> Self {
+        // Each shell call starts at most one background process, so numbering above the
+        // session's recorded shell calls never reuses an id of an earlier run of the service.
+        let first_id = calls.iter().filter(|k| k.name == "shell").count() as u64 + 1;
         let processes = sandbox.map(|s| {
             Arc::new(ProcessTable::new(
                 s.clone(),
                 session.id.to_string(),
                 workspace.root_path().to_path_buf(),
+                first_id,
             ))
         });
         Self {

@@ -124,6 +124,8 @@ pub struct ProcessTable {
     next: AtomicU64,
     /// The session's egress proxy, started with its first network-enabled command.
     egress: Mutex<Option<crate::EgressHandle>>,
+    /// Ids of processes of an earlier run of the service already reported as interrupted.
+    gone_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for ProcessTable {
@@ -135,15 +137,23 @@ impl std::fmt::Debug for ProcessTable {
 }
 
 impl ProcessTable {
-    pub fn new(sandbox: Arc<Sandbox>, session: impl Into<String>, workspace: PathBuf) -> Self {
+    /// `first_id`: the number of the first process id (`p<N>`). Ids must not repeat within a
+    /// session across restarts, so the caller starts above every id the session could have used.
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        session: impl Into<String>,
+        workspace: PathBuf,
+        first_id: u64,
+    ) -> Self {
         Self {
             sandbox,
             session: session.into(),
             workspace,
             group: OnceLock::new(),
             procs: Mutex::new(BTreeMap::new()),
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(first_id.max(1)),
             egress: Mutex::new(None),
+            gone_reported: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -457,6 +467,21 @@ impl ProcessTable {
             return None;
         }
         Some(p.info())
+    }
+
+    /// Whether this node knows the process (it started it since the service started).
+    pub fn knows(&self, id: &str) -> bool {
+        self.get(id).is_ok()
+    }
+
+    /// True the first time it is asked for an id this node does not know (a process of an
+    /// earlier run of the service): its interruption is then recorded once.
+    pub fn first_report_of_gone(&self, id: &str) -> bool {
+        !self.knows(id)
+            && self
+                .gone_reported
+                .lock()
+                .is_ok_and(|mut g| g.insert(id.to_owned()))
     }
 
     /// Exits not yet handed out by [`ProcessTable::take_exit`].

@@ -143,6 +143,9 @@ pub struct SandboxStatus {
     pub detail: String,
 }
 
+/// Longest the init may take to set up the sandbox before the command starts.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The fixed part of every command's environment.
 const BASE_ENV: [(&str, &str); 4] = [
     (
@@ -606,10 +609,24 @@ impl Sandbox {
             let read = tokio::task::spawn_blocking(move || {
                 let mut byte = [0u8; 1];
                 rustix::io::read(&status_r, &mut byte).map(|n| n == 1)
-            })
-            .await
-            .map_err(|e| SandboxError::Setup(format!("status pipe: {e}")))?;
-            started = matches!(read, Ok(true));
+            });
+            // Setting up takes milliseconds; an init stuck on the way is killed (with its
+            // cgroup), which also ends the blocked read.
+            match tokio::time::timeout(SETUP_TIMEOUT, read).await {
+                Ok(Ok(read)) => started = matches!(read, Ok(true)),
+                Ok(Err(e)) => return Err(SandboxError::Setup(format!("status pipe: {e}"))),
+                Err(_) => {
+                    if let Some(g) = &group {
+                        g.kill();
+                    }
+                    let mut child = child;
+                    let _ = child.start_kill();
+                    return Err(SandboxError::Setup(format!(
+                        "the sandbox was not set up within {} s",
+                        SETUP_TIMEOUT.as_secs()
+                    )));
+                }
+            }
         }
         Ok(Spawned {
             child,

@@ -48,7 +48,7 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
         );
     }
     let ws = open_dir(65534);
-    let table = ProcessTable::new(sandbox.clone(), "t1", ws.path().to_path_buf());
+    let table = ProcessTable::new(sandbox.clone(), "t1", ws.path().to_path_buf(), 1);
     let limits = RunLimits {
         timeout: Duration::from_secs(10),
         idle_timeout: None,

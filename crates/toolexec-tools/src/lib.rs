@@ -76,6 +76,16 @@ impl ToolContext {
 pub trait OutputSource: Send + Sync {
     /// The full output, or a sentence for the model saying why there is none.
     async fn output(&self, session_id: Uuid, invocation_id: Uuid) -> Result<String, String>;
+
+    /// The `process.started` record of a background process of this session, if the log has
+    /// one (a process of an earlier run of the service, gone with it).
+    async fn process_started(
+        &self,
+        _session_id: Uuid,
+        _process_id: &str,
+    ) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// No recorded outputs (a context outside a running service).

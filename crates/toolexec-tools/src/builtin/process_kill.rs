@@ -82,6 +82,34 @@ pub(crate) fn describe_state(state: &ProcessState) -> String {
     }
 }
 
+/// For an id this node does not know: if the session's log says the process was started (by an
+/// earlier run of the service, which took it down when it stopped), the answer says so and the
+/// first call to ask records its `process.exited` as interrupted.
+pub(crate) async fn unknown_process(
+    ctx: &ToolContext,
+    table: &ProcessTable,
+    id: &str,
+    message: String,
+) -> ToolOutput {
+    let Some(started) = ctx.outputs.process_started(ctx.session_id, id).await else {
+        return ToolOutput::error(message);
+    };
+    let mut out = ToolOutput::error(format!(
+        "Process {id} is not running: the service restarted after it was started, and background processes do not survive a restart. Start it again with shell and background: true if you still need it."
+    ));
+    if table.first_report_of_gone(id) {
+        out.events.push(ToolEvent {
+            kind: EventKind::ProcessExited,
+            data: json!({
+                "process_id": id,
+                "command": started["command"],
+                "state": {"state": "interrupted", "reason": "the service restarted"},
+            }),
+        });
+    }
+    out
+}
+
 /// `process.exited`, if this call is the first to see the process's exit.
 pub(crate) fn exit_event(table: &ProcessTable, id: &str) -> Option<ToolEvent> {
     let info = table.take_exit(id)?;
@@ -127,7 +155,7 @@ impl Tool for ProcessKill {
                 out.events.extend(exit_event(&table, &args.process_id));
                 out
             }
-            Err(m) => ToolOutput::error(m),
+            Err(m) => unknown_process(ctx, &table, &args.process_id, m).await,
         }
     }
 }

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::process_kill::{describe_state, exit_event};
+use super::process_kill::{describe_state, exit_event, unknown_process};
 use super::shell::no_sandbox;
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -84,7 +84,7 @@ impl Tool for ProcessRead {
         let wait = Duration::from_millis(args.wait_ms.unwrap_or(0));
         let read = match table.read(&args.process_id, args.after, wait).await {
             Ok(r) => r,
-            Err(m) => return ToolOutput::error(m),
+            Err(m) => return unknown_process(ctx, &table, &args.process_id, m).await,
         };
         let mut text = format!(
             "[process {}: {}; output bytes {}..{}{}; next: after={}]\n",

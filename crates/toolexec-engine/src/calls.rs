@@ -505,7 +505,15 @@ impl Engine {
             (snap, report)
         })
         .await;
-        self.metrics.workspace_scan(t0.elapsed().as_secs_f64());
+        let mode = match &scanned {
+            Ok((_, Ok(report))) => match report.full_walk {
+                None => "events".to_owned(),
+                Some(reason) => format!("{reason:?}"),
+            },
+            _ => "failed".to_owned(),
+        };
+        self.metrics
+            .workspace_scan(&mode, t0.elapsed().as_secs_f64());
         match scanned {
             Ok((snap, Ok(report))) => {
                 *guard = Some(snap);

@@ -26,6 +26,13 @@ pub struct Metrics {
     commit_seconds: Histogram,
     commit_batch: Histogram,
     scan_seconds: Histogram,
+    scans: Family<ScanLabel, Counter>,
+}
+
+/// How a workspace scan found its changes: `events` (inotify) or why it walked the tree.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ScanLabel {
+    pub mode: String,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -49,6 +56,12 @@ impl Default for Metrics {
         let commit_seconds = latency_histogram();
         let commit_batch = Histogram::new(exponential_buckets(1.0, 2.0, 10));
         let scan_seconds = latency_histogram();
+        let scans = Family::<ScanLabel, Counter>::default();
+        registry.register(
+            "workspace_scans",
+            "Workspace scans by mode: events (inotify, no walk) or the reason for a full walk",
+            scans.clone(),
+        );
         registry.register(
             "workspace_scan_duration_seconds",
             "Time to find a mutating call's file changes by scanning the workspace",
@@ -77,6 +90,7 @@ impl Default for Metrics {
             commit_seconds,
             commit_batch,
             scan_seconds,
+            scans,
         }
     }
 }
@@ -101,8 +115,13 @@ impl Metrics {
         self.commit_batch.observe(batch as f64);
     }
 
-    pub fn workspace_scan(&self, seconds: f64) {
+    pub fn workspace_scan(&self, mode: &str, seconds: f64) {
         self.scan_seconds.observe(seconds);
+        self.scans
+            .get_or_create(&ScanLabel {
+                mode: mode.to_owned(),
+            })
+            .inc();
     }
 
     /// Prometheus text exposition.

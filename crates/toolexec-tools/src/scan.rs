@@ -5,9 +5,42 @@
 //! the engine asks a [`Snapshot`] of the workspace what was created, modified and deleted since
 //! the last scan. A snapshot keeps, for every regular file and symlink, its metadata (device,
 //! inode, size, mtime and ctime to the nanosecond, mode, link count) and the SHA-256 of its
-//! contents. A rescan makes one `statat(AT_SYMLINK_NOFOLLOW)` per entry and hashes only the
-//! entries whose metadata changed, so an unchanged workspace of ten thousand files costs a few
-//! milliseconds.
+//! contents, and a rescan hashes again only the entries whose metadata changed.
+//!
+//! **What a rescan looks at.** A capture puts an inotify watch on every directory of the
+//! workspace, and a rescan on every directory that appeared since. Inotify watches inodes, so
+//! what a sandboxed process does through its own mount of the workspace is reported too. A
+//! rescan reads the events queued since the last scan and inspects only the names they give (one
+//! `statat(AT_SYMLINK_NOFOLLOW)` each), walks the directories that appeared or were moved in
+//! (watching them before listing them), and drops the records below those that went away: an
+//! unchanged workspace costs one read of the event queue, whatever its size. It also inspects,
+//! events or not:
+//!
+//! - files with more than one hard link: a write through another of their names is reported on
+//!   that name's directory only (which may be outside the workspace);
+//! - the racily clean entries of the previous scan (below), and the entries it could not inspect.
+//!
+//! It walks the whole workspace instead (one `statat` per entry, hashing only what changed;
+//! [`ScanReport::full_walk`] says so and why, see [`FullWalkReason`]) when the events cannot be
+//! trusted to tell everything:
+//!
+//! - the snapshot has no inotify instance (it could not be created, or a watch could not be
+//!   added, as at the per-user limits), or the event queue overflowed;
+//! - a directory went unwatched: the previous scan could not open, list or watch it (or it is
+//!   too deep to open), or its watch went away while it may still be there;
+//! - a hard link may have hidden a write. A file's link count is its own attribute: making or
+//!   removing a link tells the directory of the file's other names nothing, and a write through
+//!   the link is reported on the link's directory only. So a rescan walks when a file gained a
+//!   link (its other names may be anywhere), when a name made since the last scan was deleted or
+//!   replaced (a temporary file, or a link written through and removed), and when a directory
+//!   was made or moved in (it was not watched while it was filled);
+//! - [`FULL_WALK_INTERVAL`] passed since the last full walk: inotify reports no write through a
+//!   shared memory mapping until the mapping goes away, and no hard link made to a workspace
+//!   file from outside the workspace.
+//!
+//! Renamed directories, files written in place or replaced by a rename (editors, `sed -i`,
+//! bytecode caches) and deletions of files the last scan recorded are followed from the events.
+//! A snapshot without inotify always walks.
 //!
 //! **Racily clean files.** Timestamps are coarse (the kernel stamps files from a clock that
 //! advances once per tick, and some filesystems keep whole seconds only), so a file rewritten
@@ -25,7 +58,10 @@
 //! opened beneath the workspace root with no symlink allowed anywhere on the path
 //! ([`Workspace::open_dir_exact`]), entries are inspected relative to their directory's
 //! descriptor, and a file is opened non-blocking without following a symlink at its name and
-//! checked on the opened descriptor before a byte is read. What is recorded:
+//! checked on the opened descriptor before a byte is read. A watch is added through the
+//! descriptor the walk opened (`/proc/self/fd/N`), never by path, so the directory watched is the
+//! one listed. An event only says which name to look at again: what is recorded is what the
+//! inspection finds. What is recorded:
 //!
 //! - Regular files, with the SHA-256 of their contents, hashed streaming (at most the size seen at
 //!   the open is read, so a file that keeps growing cannot keep the scan going). Their contents
@@ -39,20 +75,27 @@
 //!   and given in [`FileChange::symlink_target`]). A change between a regular file and a symlink
 //!   at the same path is reported as `modified`.
 //! - Not directories themselves, only what is in them: a directory that appears or disappears
-//!   shows as its files created or deleted. Everything is walked, `.git`, `node_modules` and
-//!   `target` included: replaying a session needs all of it.
+//!   shows as its files created or deleted (a renamed one as deletions and creations).
+//!   Everything is walked, `.git`, `node_modules` and `target` included: replaying a session
+//!   needs all of it.
 //! - Not FIFOs, sockets and devices: they are ignored (never opened).
 //!
 //! A race never fails the scan: an entry that disappears between the listing and its inspection
 //! is gone, a directory that disappears or turns into a symlink or file before it is opened has
 //! its previous contents reported deleted, and an entry that changes type between its `stat` and
 //! its open is left as the previous scan saw it (its new metadata differs, so the next rescan
-//! looks again). A directory or entry that cannot be inspected for another reason (permissions,
-//! a mount point, a path over `PATH_MAX`) also keeps its previous records rather than reporting
-//! them deleted. Only an unusable workspace root is an error.
-use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//! looks again: the change also queued an event). A directory or entry that cannot be inspected
+//! for another reason (permissions, a mount point, a path over `PATH_MAX`) also keeps its
+//! previous records rather than reporting them deleted. Only an unusable workspace root is an
+//! error.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::mem::MaybeUninit;
+use std::ops::Bound;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
 use toolexec_core::{Capability, FileChange, FileChangeKind, sha256_hex};
 
 use crate::RecordedChange;
@@ -73,21 +116,76 @@ const COARSE_MARGIN: Duration = Duration::from_secs(2);
 /// terabytes, and hashing it would stall the session.
 pub const MAX_HASH_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
+/// How long a snapshot relies on inotify alone: the first rescan this long after the last full
+/// walk walks the whole workspace again. Inotify reports no write through a shared memory
+/// mapping until the mapping goes away (a background process may keep one for hours), and no
+/// hard link made to a workspace file from outside the workspace; this bounds how late such a
+/// change is found.
+pub const FULL_WALK_INTERVAL: Duration = Duration::from_secs(60);
+
+/// What a directory's watch reports: names created, deleted and moved in it, files in it written
+/// or changed (permissions, timestamps, link count through this name), and the directory itself
+/// deleted or moved. `IN_EXCL_UNLINK`: nothing about a file once unlinked (writing to a deleted
+/// file still open changes nothing in the workspace). No `IN_DONT_FOLLOW`: the watch is added
+/// through `/proc/self/fd/N`, a link that must be followed to the directory the walk opened.
+const WATCH_MASK: WatchFlags = WatchFlags::CREATE
+    .union(WatchFlags::DELETE)
+    .union(WatchFlags::MODIFY)
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::CLOSE_WRITE)
+    .union(WatchFlags::MOVED_FROM)
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::MOVE_SELF)
+    .union(WatchFlags::ONLYDIR)
+    .union(WatchFlags::EXCL_UNLINK);
+
+/// Events that make or remove a name. On a directory (`IN_ISDIR`), what is below the name is
+/// looked at again: walked if it is a directory now, forgotten otherwise.
+const STRUCTURAL: ReadFlags = ReadFlags::CREATE
+    .union(ReadFlags::DELETE)
+    .union(ReadFlags::MOVED_FROM)
+    .union(ReadFlags::MOVED_TO);
+
+/// Bytes read from the inotify descriptor at once (an event is 16 bytes and its name).
+const EVENT_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Events one rescan reads at most (the kernel queues 16,384 by default, but a process can queue
+/// them as fast as they are read): past this the rescan walks the whole workspace.
+const MAX_EVENTS: usize = 1 << 20;
+
 /// A path relative to the workspace root as raw bytes, components joined with `/`.
 type Key = Box<[u8]>;
 
 type Sha = [u8; 32];
 
 /// What the last scan saw of the workspace: every regular file and symlink with its metadata and
-/// content hash. [`Snapshot::default`] is an empty workspace (a rescan of it reports every file
-/// as created).
-#[derive(Debug, Clone, Default)]
+/// content hash, and the inotify watches of its directories. [`Snapshot::default`] is an empty
+/// workspace without inotify (a rescan of it reports every file as created). It is `Send`: it
+/// can be kept between calls and moved to a blocking thread for a rescan.
+#[derive(Debug, Default)]
 pub struct Snapshot {
     entries: BTreeMap<Key, Record>,
     /// When the scan that recorded `entries` started, nanoseconds since the Unix epoch.
     started_ns: i128,
     /// Counts the scans.
     generation: u64,
+    /// The directory watches; `None` without inotify (it could not be set up, a watch could not
+    /// be added, or the snapshot is a default or a clone), and then every rescan walks.
+    watcher: Option<Watcher>,
+}
+
+impl Clone for Snapshot {
+    /// The same records without inotify (two snapshots cannot share one event queue): the
+    /// clone's rescans walk the whole workspace.
+    fn clone(&self) -> Self {
+        Self {
+            entries: self.entries.clone(),
+            started_ns: self.started_ns,
+            generation: self.generation,
+            watcher: None,
+        }
+    }
 }
 
 /// What a rescan found.
@@ -100,6 +198,34 @@ pub struct ScanReport {
     pub files: usize,
     /// Entries whose contents were read by this rescan (files hashed, symlinks read).
     pub hashed: usize,
+    /// Why this rescan walked the whole workspace (one `statat` per entry) rather than look only
+    /// at what inotify reported; `None` when it did not.
+    pub full_walk: Option<FullWalkReason>,
+}
+
+/// Why a rescan walked the whole workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullWalkReason {
+    /// The snapshot has no inotify instance: it could not be created (the per-user instance
+    /// limit, `fs.inotify.max_user_instances`), a watch could not be added (the per-user watch
+    /// limit, `fs.inotify.max_user_watches`), or the snapshot is a default or a clone.
+    NoInotify,
+    /// Events were lost: the kernel's queue overflowed (`IN_Q_OVERFLOW`), could not be read, or
+    /// held more than one rescan reads.
+    EventsLost,
+    /// A directory was not watched: the previous scan could not open, list or watch it, or its
+    /// watch went away while it may still be there (the root's, an unmount).
+    Unwatched,
+    /// A file gained a hard link: its other names, anywhere in the workspace, are looked at too.
+    HardLink,
+    /// A directory was made (or moved in from outside the watched tree): it was not watched
+    /// while it was filled, and a hard link made and removed in it would have gone unnoticed.
+    NewDirectory,
+    /// A file made since the previous scan was deleted or replaced: it may have been a hard link
+    /// to a file elsewhere in the workspace, written through and removed.
+    TransientFile,
+    /// [`FULL_WALK_INTERVAL`] passed since the last full walk.
+    Periodic,
 }
 
 /// The metadata compared between scans.
@@ -136,6 +262,13 @@ impl Meta {
         [self.mtime_ns, self.ctime_ns]
             .into_iter()
             .any(|t| t.saturating_add(margin_ns(t)) >= scan_started_ns)
+    }
+
+    /// Whether the next rescan inspects the entry even if no event names it: a file with more
+    /// than one link (written through another name, its directory hears nothing), or a racily
+    /// clean one.
+    fn recheck(&self, scan_started_ns: i128) -> bool {
+        self.nlink > 1 || self.racy(scan_started_ns)
     }
 }
 
@@ -207,18 +340,434 @@ impl Record {
     }
 }
 
+/// The inotify side of a snapshot: one instance, a watch on every directory of the workspace.
+#[derive(Debug)]
+struct Watcher {
+    fd: OwnedFd,
+    /// Watch descriptor → the workspace-relative path of the directory it watches (empty for the
+    /// root), where the walk that added the watch found it.
+    dirs: HashMap<i32, Key>,
+    /// The reverse: the watched directories.
+    wds: BTreeMap<Key, i32>,
+    /// Watches taken out of the maps during a scan: removed at its end unless a walk found their
+    /// directory again (a moved directory keeps its watch, under its new path).
+    orphans: Vec<i32>,
+    /// Entries the next rescan inspects whatever the events say (see [`Meta::recheck`]), and
+    /// entries this one could not inspect.
+    recheck: BTreeSet<Key>,
+    /// Set when the next rescan cannot trust the events alone.
+    walk_next: Option<FullWalkReason>,
+    /// A watch could not be added: the snapshot drops its inotify instance after this scan.
+    failed: bool,
+    last_full_walk: Instant,
+    /// Tests: how many more watches may be added before `inotify_add_watch` "fails" with
+    /// `ENOSPC`, as at the per-user watch limit.
+    #[cfg(test)]
+    watch_budget: Option<usize>,
+}
+
+/// What the events say to look at.
+#[derive(Debug, Default)]
+struct Plan {
+    /// Directory → names in it to inspect → whether a directory was created, deleted or moved at
+    /// the name (then what is below it is looked at again too).
+    dirs: BTreeMap<Key, BTreeMap<Key, bool>>,
+    /// The previous scan's entries to inspect again ([`Watcher::recheck`]).
+    carried: Vec<Key>,
+}
+
+impl Plan {
+    fn touch(&mut self, dir: &[u8], name: &[u8], structural: bool) {
+        let names = match self.dirs.get_mut(dir) {
+            Some(names) => names,
+            None => self.dirs.entry(dir.into()).or_default(),
+        };
+        match names.get_mut(name) {
+            Some(flag) => *flag |= structural,
+            None => {
+                names.insert(name.into(), structural);
+            }
+        }
+    }
+}
+
+impl Watcher {
+    fn new() -> Option<Self> {
+        match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
+            Ok(fd) => Some(Self {
+                fd,
+                dirs: HashMap::new(),
+                wds: BTreeMap::new(),
+                orphans: Vec::new(),
+                recheck: BTreeSet::new(),
+                // Nothing is watched yet.
+                walk_next: Some(FullWalkReason::Unwatched),
+                failed: false,
+                last_full_walk: Instant::now(),
+                #[cfg(test)]
+                watch_budget: None,
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "inotify is unavailable (fs.inotify.max_user_instances?): every rescan of this workspace walks all of it"
+                );
+                None
+            }
+        }
+    }
+
+    /// Watches an open directory (or finds its watch), known by `path` from now on.
+    fn watch(&mut self, dir: &WorkspaceDir, path: &[u8]) {
+        if self.failed {
+            return;
+        }
+        match self.add_watch(dir) {
+            Ok(wd) => self.map(wd, path),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "a workspace directory cannot be watched (fs.inotify.max_user_watches?): every rescan of this workspace walks all of it from now on"
+                );
+                self.failed = true;
+            }
+        }
+    }
+
+    fn add_watch(&mut self, dir: &WorkspaceDir) -> Result<i32, Errno> {
+        #[cfg(test)]
+        if let Some(budget) = self.watch_budget.as_mut() {
+            if *budget == 0 {
+                return Err(Errno::NOSPC);
+            }
+            *budget -= 1;
+        }
+        let by_fd = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
+        inotify::add_watch(&self.fd, by_fd.as_str(), WATCH_MASK)
+    }
+
+    /// Records that `wd` watches the directory at `path`, and nothing else watches it (a
+    /// directory found again at a new path keeps its watch descriptor).
+    fn map(&mut self, wd: i32, path: &[u8]) {
+        if let Some(old_path) = self.dirs.get(&wd) {
+            if **old_path == *path {
+                return;
+            }
+            if self.wds.get(&**old_path) == Some(&wd) {
+                self.wds.remove(&**old_path);
+            }
+        }
+        if let Some(old_wd) = self.wds.get(path).copied()
+            && old_wd != wd
+            && self.dirs.get(&old_wd).is_some_and(|p| **p == *path)
+        {
+            self.dirs.remove(&old_wd);
+            self.orphans.push(old_wd);
+        }
+        self.dirs.insert(wd, path.into());
+        self.wds.insert(path.into(), wd);
+    }
+
+    /// Forgets the directory at `path` and every one below it.
+    fn forget_below(&mut self, path: &[u8]) {
+        if path.is_empty() {
+            return self.forget_all();
+        }
+        let (start, end) = subtree_bounds(path);
+        let mut gone: Vec<Key> = self
+            .wds
+            .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
+            .map(|(key, _)| key.clone())
+            .collect();
+        gone.push(path.into());
+        for key in gone {
+            if let Some(wd) = self.wds.remove(&key)
+                && self.dirs.get(&wd) == Some(&key)
+            {
+                self.dirs.remove(&wd);
+                self.orphans.push(wd);
+            }
+        }
+    }
+
+    fn forget_all(&mut self) {
+        self.orphans.extend(self.dirs.drain().map(|(wd, _)| wd));
+        self.wds.clear();
+    }
+
+    /// Removes the watches no directory was found for again.
+    fn release_orphans(&mut self) {
+        for wd in std::mem::take(&mut self.orphans) {
+            if !self.dirs.contains_key(&wd) {
+                // A watch whose directory was deleted is gone already (EINVAL): nothing to do.
+                let _ = inotify::remove_watch(&self.fd, wd);
+            }
+        }
+    }
+
+    /// Reads every queued event: what to inspect, or why the whole workspace must be walked.
+    /// `entries`: the previous scan's records (the workspace as the watches' paths describe it).
+    fn drain(&mut self, entries: &BTreeMap<Key, Record>) -> Result<Plan, FullWalkReason> {
+        let mut untrusted = self.walk_next.take();
+        if untrusted.is_none() && self.last_full_walk.elapsed() >= FULL_WALK_INTERVAL {
+            untrusted = Some(FullWalkReason::Periodic);
+        }
+        let mut plan = Plan::default();
+        let mut names = Names::default();
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); EVENT_BUFFER_BYTES];
+        let Self { fd, dirs, wds, .. } = self;
+        let mut reader = inotify::Reader::new(&*fd, &mut buf);
+        let mut count = 0usize;
+        // Even when the events will not be used, the queue is emptied: what they report is
+        // covered by the walk that follows.
+        loop {
+            let event = match reader.next() {
+                Ok(event) => event,
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => continue,
+                Err(_) => {
+                    untrusted.get_or_insert(FullWalkReason::EventsLost);
+                    break;
+                }
+            };
+            count += 1;
+            if count > MAX_EVENTS {
+                untrusted.get_or_insert(FullWalkReason::EventsLost);
+                break;
+            }
+            let mask = event.events();
+            if mask.contains(ReadFlags::QUEUE_OVERFLOW) {
+                untrusted.get_or_insert(FullWalkReason::EventsLost);
+                continue;
+            }
+            if untrusted.is_some() {
+                continue;
+            }
+            let wd = event.wd();
+            // Not mapped: a watch forgotten (its directory went away, or is watched under a new
+            // path); whatever it reports is seen from the directory's current parent.
+            if !dirs.contains_key(&wd) {
+                continue;
+            }
+            if mask.contains(ReadFlags::UNMOUNT) {
+                untrusted = Some(FullWalkReason::Unwatched);
+                continue;
+            }
+            if mask.contains(ReadFlags::DELETE_SELF) {
+                names.deleted_dirs.insert(wd);
+                continue;
+            }
+            if mask.contains(ReadFlags::IGNORED) {
+                // The watch went away: its directory was deleted (its parent reports that too),
+                // or is still there, unwatched for a while (a filesystem unmounted).
+                if !names.deleted_dirs.contains(&wd) {
+                    untrusted = Some(FullWalkReason::Unwatched);
+                    continue;
+                }
+                if let Some(path) = dirs.remove(&wd) {
+                    if wds.get(&path) == Some(&wd) {
+                        wds.remove(&path);
+                    }
+                    if path.is_empty() {
+                        untrusted = Some(FullWalkReason::Unwatched);
+                        continue;
+                    }
+                    let (parent, name) = split(&path);
+                    plan.touch(parent, name, true);
+                }
+                continue;
+            }
+            // Events on the directory itself (attributes, moved) need nothing more: its parent
+            // reports the name moved.
+            let (Some(dir), Some(name)) = (dirs.get(&wd), event.file_name()) else {
+                continue;
+            };
+            let name = name.to_bytes();
+            let structural = mask.intersects(STRUCTURAL);
+            if structural
+                && let Err(reason) = names.follow(entries, dir, name, mask, event.cookie())
+            {
+                untrusted = Some(reason);
+                continue;
+            }
+            plan.touch(dir, name, structural && mask.contains(ReadFlags::ISDIR));
+        }
+        if untrusted.is_none() {
+            untrusted = names.finish().err();
+        }
+        if let Some(reason) = untrusted {
+            return Err(reason);
+        }
+        for key in std::mem::take(&mut self.recheck) {
+            let (dir, name) = split(&key);
+            plan.touch(dir, name, false);
+            plan.carried.push(key);
+        }
+        Ok(plan)
+    }
+}
+
+/// What may hold a name, as far as the events read so far tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Occupant {
+    /// What the previous scan recorded there (a file whose other links, if any, are inspected
+    /// at every rescan), nothing since a deletion, or a file moved from such a name.
+    Known,
+    /// Something the previous scan did not record (nothing then, or not a file or symlink).
+    Unrecorded,
+    /// Made since (`IN_CREATE`, or moved from a name that was not [`Occupant::Known`]): a new
+    /// file, or a hard link to a file anywhere in the workspace.
+    Fresh,
+}
+
+/// Follows the names made, deleted and moved while the events are read, to tell when something
+/// may have happened that no event reports: a file written through a hard link that was made
+/// and removed since the previous scan (the link count is the file's own attribute: its
+/// directory hears nothing), or anything done in a new directory before it was watched.
+#[derive(Debug, Default)]
+struct Names {
+    occupants: HashMap<Key, Occupant>,
+    /// Files being moved, by cookie: whether what moved was [`Occupant::Known`].
+    moving: HashMap<u32, bool>,
+    /// Directories being moved (within the watched tree), by cookie.
+    moving_dirs: BTreeSet<u32>,
+    /// Watches whose directory was deleted (`IN_DELETE_SELF`).
+    deleted_dirs: BTreeSet<i32>,
+}
+
+impl Names {
+    fn follow(
+        &mut self,
+        entries: &BTreeMap<Key, Record>,
+        dir: &[u8],
+        name: &[u8],
+        mask: ReadFlags,
+        cookie: u32,
+    ) -> Result<(), FullWalkReason> {
+        if mask.contains(ReadFlags::ISDIR) {
+            // A directory made here was not watched until now: anything could have happened in
+            // it, a hard link made and removed included. One moved from elsewhere in the tree
+            // was watched all along.
+            if mask.contains(ReadFlags::CREATE) {
+                return Err(FullWalkReason::NewDirectory);
+            }
+            if mask.contains(ReadFlags::MOVED_FROM) {
+                self.moving_dirs.insert(cookie);
+            }
+            if mask.contains(ReadFlags::MOVED_TO) && !self.moving_dirs.remove(&cookie) {
+                return Err(FullWalkReason::NewDirectory);
+            }
+            return Ok(());
+        }
+        let path: Key = join(dir, name).into();
+        let occupant = self.occupants.get(&path).copied().unwrap_or_else(|| {
+            if entries.contains_key(&path) {
+                Occupant::Known
+            } else {
+                Occupant::Unrecorded
+            }
+        });
+        if mask.contains(ReadFlags::CREATE) {
+            self.occupants.insert(path, Occupant::Fresh);
+        } else if mask.contains(ReadFlags::DELETE) {
+            if occupant != Occupant::Known {
+                return Err(FullWalkReason::TransientFile);
+            }
+            self.occupants.insert(path, Occupant::Known);
+        } else if mask.contains(ReadFlags::MOVED_FROM) {
+            self.moving.insert(cookie, occupant == Occupant::Known);
+            self.occupants.insert(path, Occupant::Known);
+        } else if mask.contains(ReadFlags::MOVED_TO) {
+            // Replaced: what was made here lost this name.
+            if occupant == Occupant::Fresh {
+                return Err(FullWalkReason::TransientFile);
+            }
+            let known = self.moving.remove(&cookie) == Some(true);
+            let occupant = if known {
+                Occupant::Known
+            } else {
+                Occupant::Fresh
+            };
+            self.occupants.insert(path, occupant);
+        }
+        Ok(())
+    }
+
+    /// After the last event: a file moved out of the watched tree may have been a link.
+    fn finish(self) -> Result<(), FullWalkReason> {
+        if self.moving.values().any(|known| !known) {
+            return Err(FullWalkReason::TransientFile);
+        }
+        Ok(())
+    }
+}
+
+/// An entry's path from its directory's and its name.
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut path = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        path.extend_from_slice(dir);
+        path.push(b'/');
+    }
+    path.extend_from_slice(name);
+    path
+}
+
+/// The directory and the name of an entry's path.
+fn split(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(slash) => (&path[..slash], &path[slash + 1..]),
+        None => (&[], path),
+    }
+}
+
+/// The bounds of the keys below the directory `dir` (not the root): from `dir/` to `dir0`.
+fn subtree_bounds(dir: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut start = dir.to_vec();
+    start.push(b'/');
+    let mut end = dir.to_vec();
+    end.push(b'/' + 1);
+    (start, end)
+}
+
+/// Whether `path` is one of the directories walked, or below one.
+fn within(walked: &BTreeSet<Key>, path: &[u8]) -> bool {
+    !walked.is_empty()
+        && (walked.contains(path)
+            || path
+                .iter()
+                .enumerate()
+                .any(|(i, &b)| b == b'/' && walked.contains(&path[..i])))
+}
+
+/// How a rescan proceeds.
+enum Mode {
+    /// Inspect what the events say.
+    Events(Plan),
+    /// Walk everything, from the root's listing.
+    Full(FullWalkReason, Vec<Entry>),
+}
+
 impl Snapshot {
-    /// The baseline of the workspace as it is now (every regular file hashed). Reports nothing.
+    /// The baseline of the workspace as it is now (every regular file hashed, every directory
+    /// watched). Reports nothing.
     pub fn capture(ws: &Workspace) -> Result<Self, JailError> {
-        let mut snapshot = Self::default();
+        Self::capture_with(ws, Watcher::new())
+    }
+
+    fn capture_with(ws: &Workspace, watcher: Option<Watcher>) -> Result<Self, JailError> {
+        let mut snapshot = Self {
+            watcher,
+            ..Self::default()
+        };
         snapshot.scan(ws, None)?;
         Ok(snapshot)
     }
 
-    /// Walks the workspace again, returns what changed since the last capture or rescan, and
-    /// becomes the new baseline. The contents of created and modified files (and the target text
-    /// of symlinks) are returned in [`RecordedChange::after`] when there are at most
-    /// `keep_up_to` bytes of them.
+    /// Finds what changed since the last capture or rescan (from the inotify events, or by
+    /// walking the workspace again), returns it, and becomes the new baseline. The contents of
+    /// created and modified files (and the target text of symlinks) are returned in
+    /// [`RecordedChange::after`] when there are at most `keep_up_to` bytes of them.
     pub fn rescan(&mut self, ws: &Workspace, keep_up_to: usize) -> Result<ScanReport, JailError> {
         self.scan(ws, Some(keep_up_to))
     }
@@ -232,8 +781,14 @@ impl Snapshot {
         self.entries.is_empty()
     }
 
-    /// Updates the records in place: an unchanged entry costs one `statat` and one lookup, no
-    /// allocation; entries no longer seen are swept out at the end as deletions.
+    /// Whether the snapshot watches the workspace with inotify (its rescans inspect what the
+    /// events name rather than walk everything).
+    pub fn is_watching(&self) -> bool {
+        self.watcher.is_some()
+    }
+
+    /// Updates the records in place: an unchanged entry costs nothing (events) or one `statat`
+    /// and one lookup (a walk), no allocation. Entries looked for and not found are deleted.
     fn scan(&mut self, ws: &Workspace, keep_up_to: Option<usize>) -> Result<ScanReport, JailError> {
         let started_ns = now_ns();
         // The root is the one thing that must work; nothing is changed before it does.
@@ -243,28 +798,76 @@ impl Snapshot {
                 path: root.path().to_owned(),
             });
         }
-        let root_entries = root.entries()?;
+        // The events are read before anything is inspected: a change made after an inspection
+        // started queues an event for the next rescan.
+        let drained = match self.watcher.as_mut() {
+            Some(watcher) => watcher.drain(&self.entries),
+            None => Err(FullWalkReason::NoInotify),
+        };
+        let mode = match drained {
+            Ok(plan) => Mode::Events(plan),
+            Err(reason) => {
+                if let Some(watcher) = self.watcher.as_mut() {
+                    // Every directory is watched again as the walk finds it (a watched one keeps
+                    // its watch); the watches not found again are removed at the end.
+                    watcher.forget_all();
+                    watcher.watch(&root, b"");
+                }
+                match root.entries() {
+                    Ok(entries) => Mode::Full(reason, entries),
+                    Err(e) => {
+                        if let Some(watcher) = self.watcher.as_mut() {
+                            watcher.walk_next = Some(reason);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        };
         self.generation += 1;
         let mut walk = Walk {
             ws,
             entries: &mut self.entries,
             generation: self.generation,
             previous_started_ns: self.started_ns,
+            started_ns,
             keep_up_to,
             changes: Vec::new(),
             hashed: 0,
             path: Vec::new(),
+            watcher: self.watcher.as_mut(),
+            walk_next: None,
+            new_link: false,
+            recheck: Vec::new(),
+            sweep_keys: Vec::new(),
+            sweep_below: Vec::new(),
         };
-        walk.run(&root, &root_entries);
+        let (full_walk, carried) = match mode {
+            Mode::Full(reason, root_entries) => {
+                walk.full(&root, &root_entries);
+                (Some(reason), Vec::new())
+            }
+            Mode::Events(plan) => {
+                let carried = walk.incremental(plan);
+                // A file gained a link: its other names may be anywhere in the workspace, and
+                // nothing told their directories (the link count is the file's own attribute).
+                let full =
+                    (walk.new_link && walk.full_again(&root)).then_some(FullWalkReason::HardLink);
+                (full, carried)
+            }
+        };
         let Walk {
             mut changes,
             hashed,
+            walk_next,
+            recheck,
+            sweep_keys,
+            sweep_below,
             ..
         } = walk;
         let generation = self.generation;
-        self.entries.retain(|key, record| {
-            let seen = record.seen == generation;
-            if !seen && keep_up_to.is_some() {
+        let mut deleted = |key: &[u8], record: &Record| {
+            if keep_up_to.is_some() {
                 changes.push(change(
                     FileChangeKind::Deleted,
                     key,
@@ -273,8 +876,61 @@ impl Snapshot {
                     None,
                 ));
             }
-            seen
-        });
+        };
+        if full_walk.is_some() {
+            self.entries.retain(|key, record| {
+                let seen = record.seen == generation;
+                if !seen {
+                    deleted(key, record);
+                }
+                seen
+            });
+        } else {
+            // Only where the events led: the names inspected, and below the directories that
+            // went away or were walked again.
+            let mut gone: Vec<Key> = sweep_keys
+                .into_iter()
+                .filter(|key| self.entries.get(key).is_some_and(|r| r.seen != generation))
+                .collect();
+            for dir in sweep_below {
+                let (start, end) = subtree_bounds(&dir);
+                gone.extend(
+                    self.entries
+                        .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
+                        .filter(|(_, record)| record.seen != generation)
+                        .map(|(key, _)| key.clone()),
+                );
+            }
+            for key in gone {
+                if let Some(record) = self.entries.remove(&key) {
+                    deleted(&key, &record);
+                }
+            }
+        }
+        if let Some(watcher) = self.watcher.as_mut() {
+            if watcher.failed {
+                // Closing the instance frees its watches (for other sessions).
+                self.watcher = None;
+            } else {
+                watcher.release_orphans();
+                let entries = &self.entries;
+                let mut next: BTreeSet<Key> = recheck
+                    .into_iter()
+                    .filter(|key| entries.contains_key(key))
+                    .collect();
+                // Those this rescan could not get to (their directory could not be opened).
+                next.extend(
+                    carried
+                        .into_iter()
+                        .filter(|key| entries.get(key).is_some_and(|r| r.seen != generation)),
+                );
+                watcher.recheck = next;
+                watcher.walk_next = walk_next;
+                if full_walk.is_some() {
+                    watcher.last_full_walk = Instant::now();
+                }
+            }
+        }
         self.started_ns = started_ns;
         // Byte order of paths, except where lossy decoding changed a name.
         changes.sort_by(|a, b| a.change.path.cmp(&b.change.path));
@@ -282,32 +938,74 @@ impl Snapshot {
             changes,
             files: self.entries.len(),
             hashed,
+            full_walk,
         })
     }
 }
 
-/// One walk of the workspace, updating the records of the previous scan.
+/// One scan of the workspace, updating the records of the previous scan.
 struct Walk<'a> {
     ws: &'a Workspace,
     entries: &'a mut BTreeMap<Key, Record>,
-    /// Records seen by this walk carry this generation; the others are deleted after it.
+    /// Records seen by this scan carry this generation; those looked for and not seen are
+    /// deleted after it.
     generation: u64,
     /// When the previous scan started (for the racy check).
     previous_started_ns: i128,
+    /// When this scan started (which entries the next rescan inspects anyway).
+    started_ns: i128,
     /// `None` when nothing is reported (a capture): no contents are kept.
     keep_up_to: Option<usize>,
     changes: Vec<RecordedChange>,
     hashed: usize,
     /// The path of the entry being visited (reused between entries).
     path: Vec<u8>,
+    /// Where the directories walked are watched.
+    watcher: Option<&'a mut Watcher>,
+    /// Why the next rescan must walk everything.
+    walk_next: Option<FullWalkReason>,
+    /// A file was seen with more than one link at a name that had not recorded that file with
+    /// more than one link.
+    new_link: bool,
+    /// Entries the next rescan inspects anyway.
+    recheck: Vec<Key>,
+    /// From events: names inspected and directories walked or gone, below which records not
+    /// seen by this scan are deleted.
+    sweep_keys: Vec<Key>,
+    sweep_below: Vec<Key>,
 }
 
 impl Walk<'_> {
-    /// Depth first, one open directory at a time: each directory is opened by its path from the
-    /// root with no symlink allowed on the way, so deep trees cost no descriptors.
-    fn run(&mut self, root: &WorkspaceDir, root_entries: &[Entry]) {
-        let mut pending: Vec<Vec<u8>> = Vec::new();
+    /// Everything, from the root (watched, then listed, by the caller).
+    fn full(&mut self, root: &WorkspaceDir, root_entries: &[Entry]) {
+        let mut pending = Vec::new();
         self.visit_dir(root, b"", root_entries, &mut pending);
+        self.walk(pending);
+    }
+
+    /// After events, the whole workspace again, in the same generation: what the events led to
+    /// is not inspected twice. False if the root cannot be listed (the next rescan walks).
+    fn full_again(&mut self, root: &WorkspaceDir) -> bool {
+        if let Some(watcher) = self.watcher.as_deref_mut() {
+            watcher.forget_all();
+        }
+        self.watch(root, b"");
+        match root.entries() {
+            Ok(entries) => {
+                self.full(root, &entries);
+                true
+            }
+            Err(_) => {
+                self.walk_next = Some(FullWalkReason::HardLink);
+                false
+            }
+        }
+    }
+
+    /// Depth first, one open directory at a time: each directory is opened by its path from the
+    /// root with no symlink allowed on the way, so deep trees cost no descriptors. Each is
+    /// watched before it is listed: a change after the listing queues an event.
+    fn walk(&mut self, mut pending: Vec<Vec<u8>>) {
         while let Some(dir_path) = pending.pop() {
             let dir = match self.ws.open_dir_exact(&dir_path) {
                 Ok(dir) => dir,
@@ -319,15 +1017,120 @@ impl Walk<'_> {
                     | JailError::SymlinkLoop { .. },
                 ) => continue,
                 Err(_) => {
-                    self.keep_below(&dir_path);
+                    self.unwalkable(&dir_path);
                     continue;
                 }
             };
+            self.watch(&dir, &dir_path);
             match dir.entries() {
                 Ok(entries) => self.visit_dir(&dir, &dir_path, &entries, &mut pending),
-                Err(_) => self.keep_below(&dir_path),
+                Err(_) => self.unwalkable(&dir_path),
             }
         }
+    }
+
+    /// A directory that could not be opened or listed keeps its records, and is not watched:
+    /// the next rescan walks everything.
+    fn unwalkable(&mut self, dir_path: &[u8]) {
+        self.keep_below(dir_path);
+        self.walk_next.get_or_insert(FullWalkReason::Unwatched);
+    }
+
+    fn watch(&mut self, dir: &WorkspaceDir, path: &[u8]) {
+        if let Some(watcher) = self.watcher.as_deref_mut() {
+            watcher.watch(dir, path);
+        }
+    }
+
+    /// What the events name, by directory (parents before children).
+    fn incremental(&mut self, plan: Plan) -> Vec<Key> {
+        let mut walked: BTreeSet<Key> = BTreeSet::new();
+        for (dir_path, names) in plan.dirs {
+            if within(&walked, &dir_path) {
+                continue;
+            }
+            let dir = match self.ws.open_dir_exact(&dir_path) {
+                Ok(dir) => dir,
+                // Gone since (or never there: a stale path): its parent's events say what
+                // became of it, at this rescan or the next.
+                Err(
+                    JailError::NotFound { .. }
+                    | JailError::NotADirectory { .. }
+                    | JailError::SymlinkLoop { .. },
+                ) => continue,
+                Err(_) => {
+                    self.walk_next.get_or_insert(FullWalkReason::Unwatched);
+                    continue;
+                }
+            };
+            for (name, structural) in names {
+                self.path = join(&dir_path, &name);
+                self.inspect(&dir, &name, structural, &mut walked);
+            }
+        }
+        plan.carried
+    }
+
+    /// Looks at the name `name` of `dir` (at `self.path`) as it is now. `structural`: a
+    /// directory was created, deleted or moved at the name, so what is below it is looked at
+    /// again.
+    fn inspect(
+        &mut self,
+        dir: &WorkspaceDir,
+        name: &[u8],
+        structural: bool,
+        walked: &mut BTreeSet<Key>,
+    ) {
+        let path: Key = self.path.as_slice().into();
+        let watched = self
+            .watcher
+            .as_deref()
+            .is_some_and(|w| w.wds.contains_key(&path));
+        // Whatever is found, a record at the name that is not seen again is gone.
+        self.sweep_keys.push(path.clone());
+        match dir.child(name) {
+            Ok((entry, st)) => match st.kind {
+                EntryKind::File | EntryKind::Symlink => {
+                    if watched || structural {
+                        self.forget_below(&path);
+                    }
+                    self.visit_entry(dir, &entry, &st);
+                }
+                // A known directory whose name did not change: its own watch reports what
+                // happens in it.
+                EntryKind::Dir if watched && !structural => {}
+                EntryKind::Dir => {
+                    self.forget_below(&path);
+                    if path.len() < MAX_PATH_BYTES {
+                        self.walk(vec![path.to_vec()]);
+                        walked.insert(path);
+                    } else {
+                        self.keep_below(&path);
+                        self.walk_next.get_or_insert(FullWalkReason::Unwatched);
+                    }
+                }
+                EntryKind::Other => {
+                    if watched || structural {
+                        self.forget_below(&path);
+                    }
+                }
+            },
+            Err(JailError::NotFound { .. }) => {
+                if watched || structural {
+                    self.forget_below(&path);
+                }
+            }
+            Err(_) => self.keep(),
+        }
+    }
+
+    /// The directory at `path` is gone or is to be walked again: its watches are forgotten, and
+    /// the records below it not seen again by this scan are deleted.
+    fn forget_below(&mut self, path: &[u8]) {
+        if let Some(watcher) = self.watcher.as_deref_mut() {
+            watcher.forget_below(path);
+        }
+        self.sweep_below.push(path.into());
     }
 
     fn visit_dir(
@@ -356,11 +1159,14 @@ impl Walk<'_> {
                 EntryKind::Dir if self.path.len() < MAX_PATH_BYTES => {
                     pending.push(self.path.clone());
                 }
-                // Too deep to open by path: what is below stays as the last scan saw it.
+                // Too deep to open by path: what is below stays as the last scan saw it. It is
+                // not watched either: a hard link could be made, written through and removed
+                // there unnoticed, so rescans walk while it is there.
                 EntryKind::Dir => {
                     let path = std::mem::take(&mut self.path);
                     self.keep_below(&path);
                     self.path = path;
+                    self.walk_next.get_or_insert(FullWalkReason::Unwatched);
                 }
                 EntryKind::File | EntryKind::Symlink => self.visit_entry(dir, entry, &st),
                 EntryKind::Other => {}
@@ -372,16 +1178,33 @@ impl Walk<'_> {
     /// cannot be trusted yet).
     fn visit_entry(&mut self, dir: &WorkspaceDir, entry: &Entry, st: &ChildStat) {
         let meta = Meta::from(st);
-        if let Some(old) = self.entries.get_mut(self.path.as_slice())
-            && old.meta == meta
-            && !old.meta.racy(self.previous_started_ns)
+        if let Some(old) = self.entries.get_mut(self.path.as_slice()) {
+            // Inspected by this scan already (a walk after the events): any later change
+            // queued an event for the next rescan.
+            if old.seen == self.generation {
+                return;
+            }
+            if old.meta == meta && !old.meta.racy(self.previous_started_ns) {
+                old.seen = self.generation;
+                if meta.recheck(self.started_ns) {
+                    self.recheck.push(self.path.as_slice().into());
+                }
+                return;
+            }
+        }
+        if st.nlink > 1
+            && !self.entries.get(self.path.as_slice()).is_some_and(|old| {
+                old.meta.nlink > 1 && (old.meta.dev, old.meta.ino) == (st.dev, st.ino)
+            })
         {
-            old.seen = self.generation;
-            return;
+            self.new_link = true;
         }
         let Some((record, contents)) = self.read(dir, entry, st) else {
             return;
         };
+        if record.meta.recheck(self.started_ns) {
+            self.recheck.push(self.path.as_slice().into());
+        }
         let keep_up_to = self.keep_up_to;
         match self.entries.get_mut(self.path.as_slice()) {
             Some(old) => {
@@ -405,7 +1228,6 @@ impl Walk<'_> {
             }
         }
     }
-
     /// Reads an entry whose metadata changed. `None` when it vanished (then it is deleted) or
     /// changed type since its `stat` (then its previous record is kept, and the next rescan
     /// looks again: its metadata differs).
@@ -483,23 +1305,19 @@ impl Walk<'_> {
         }
     }
 
-    /// Keeps the previous record of the entry at `self.path`, which could not be inspected.
+    /// Keeps the previous record of the entry at `self.path`, which could not be inspected (the
+    /// next rescan tries again).
     fn keep(&mut self) {
         if let Some(old) = self.entries.get_mut(self.path.as_slice()) {
             old.seen = self.generation;
+            self.recheck.push(self.path.as_slice().into());
         }
     }
 
     /// Keeps the previous records below a directory that could not be walked.
     fn keep_below(&mut self, dir: &[u8]) {
-        let mut start = dir.to_vec();
-        start.push(b'/');
-        let mut end = dir.to_vec();
-        end.push(b'/' + 1);
-        let range = (
-            std::ops::Bound::Included(start.as_slice()),
-            std::ops::Bound::Excluded(end.as_slice()),
-        );
+        let (start, end) = subtree_bounds(dir);
+        let range = (Bound::Included(&start[..]), Bound::Excluded(&end[..]));
         for (_, record) in self.entries.range_mut::<[u8], _>(range) {
             record.seen = self.generation;
         }
@@ -1073,23 +1891,42 @@ mod tests {
         let mut snapshot = Snapshot::capture(&f.ws).unwrap();
         eprintln!("capture of 10,000 files: {:?}", started.elapsed());
         assert_eq!(snapshot.len(), 10_000);
+        assert!(snapshot.is_watching());
+        // The same records without inotify: its rescans walk (what they cost without events).
+        let mut walking = snapshot.clone();
         let mut best = Duration::MAX;
+        let mut best_walk = Duration::MAX;
         for _ in 0..5 {
             let started = Instant::now();
             let report = snapshot.rescan(&f.ws, 1024).unwrap();
             let elapsed = started.elapsed();
             best = best.min(elapsed);
-            eprintln!("no-change rescan of 10,000 files: {elapsed:?}");
+            eprintln!("no-change rescan of 10,000 files (inotify): {elapsed:?}");
             assert!(report.changes.is_empty());
             assert_eq!(report.hashed, 0);
             assert_eq!(report.files, 10_000);
+            assert_eq!(report.full_walk, None, "the tree was not walked");
+
+            let started = Instant::now();
+            let report = walking.rescan(&f.ws, 1024).unwrap();
+            let elapsed = started.elapsed();
+            best_walk = best_walk.min(elapsed);
+            eprintln!("no-change rescan of 10,000 files (full walk): {elapsed:?}");
+            assert!(report.changes.is_empty());
+            assert_eq!(report.hashed, 0);
+            assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
         }
-        eprintln!("best no-change rescan of 10,000 files: {best:?}");
+        eprintln!(
+            "best no-change rescan of 10,000 files: {best:?} (inotify), {best_walk:?} (full walk)"
+        );
 
         f.write("d050/f050.txt", b"changed\n");
         let report = snapshot.rescan(&f.ws, 1024).unwrap();
         assert_eq!(kinds(&report), [(Modified, "d050/f050.txt")]);
         assert_eq!(report.hashed, 1);
+        assert_eq!(report.full_walk, None);
+        let report = walking.rescan(&f.ws, 1024).unwrap();
+        assert_eq!(kinds(&report), [(Modified, "d050/f050.txt")]);
     }
 
     #[test]
@@ -1167,5 +2004,799 @@ mod tests {
             Err(JailError::NotFound { .. })
         ));
         assert_eq!(snapshot.len(), 1, "a failed rescan changes nothing");
+    }
+
+    // ---- inotify ----
+
+    fn watcher(snapshot: &Snapshot) -> &Watcher {
+        snapshot.watcher.as_ref().expect("the snapshot watches")
+    }
+
+    fn sh(dir: &std::path::Path, script: &str) {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{script}");
+    }
+
+    /// The rescan looked only where the events led.
+    #[track_caller]
+    fn incremental(report: &ScanReport) {
+        assert_eq!(report.full_walk, None, "walked: {:?}", kinds(report));
+    }
+
+    #[test]
+    fn a_change_deep_down_is_found_from_its_directory_s_events() {
+        let f = Fixture::new();
+        f.write("a/b/c/d/e/f/g/h/deep.txt", b"deep");
+        f.write("a/b/c/d/e/f/g/h/same.txt", b"same");
+        f.write("a/top.txt", b"top");
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        assert_eq!(watcher(&snapshot).dirs.len(), 9);
+        f.write("a/b/c/d/e/f/g/h/deep.txt", b"changed");
+        f.write("a/b/c/d/e/f/g/h/new.txt", b"new");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Modified, "a/b/c/d/e/f/g/h/deep.txt"),
+                (Created, "a/b/c/d/e/f/g/h/new.txt")
+            ]
+        );
+        assert_eq!(report.hashed, 2);
+        assert_eq!(report.files, 4);
+        settle();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert!(report.changes.is_empty());
+    }
+
+    #[test]
+    fn a_directory_made_by_a_process_after_the_capture_is_walked_and_watched() {
+        let f = Fixture::new();
+        f.write("keep.txt", b"keep");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        sh(
+            &f.root,
+            "mkdir -p new/sub/deeper && echo one > new/one && echo two > new/sub/two \
+             && echo three > new/sub/deeper/three",
+        );
+        let report = f.rescan(&mut snapshot);
+        // Not watched while it was filled: the whole workspace is walked once.
+        assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
+        assert_eq!(
+            kinds(&report),
+            [
+                (Created, "new/one"),
+                (Created, "new/sub/deeper/three"),
+                (Created, "new/sub/two")
+            ]
+        );
+        assert!(watcher(&snapshot).wds.contains_key(&b"new/sub/deeper"[..]));
+        // Its directories are watched now: what happens in them is found from their own events.
+        sh(
+            &f.root,
+            "echo changed > new/sub/deeper/three && echo four > new/sub/four && rm new/one",
+        );
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Deleted, "new/one"),
+                (Modified, "new/sub/deeper/three"),
+                (Created, "new/sub/four")
+            ]
+        );
+    }
+
+    #[test]
+    fn files_made_in_new_directories_while_they_are_walked_are_all_found() {
+        let f = Fixture::new();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        let root = f.root.clone();
+        let writer = std::thread::spawn(move || {
+            for i in 0..60 {
+                let dir = root.join(format!("d{i}"));
+                fs::create_dir_all(dir.join("sub")).unwrap();
+                for j in 0..20 {
+                    fs::write(dir.join(format!("f{j}")), format!("{i}/{j}")).unwrap();
+                    fs::write(dir.join("sub").join(format!("g{j}")), b"g").unwrap();
+                }
+                if i % 7 == 3 {
+                    fs::rename(&dir, root.join(format!("moved{i}"))).unwrap();
+                }
+            }
+        });
+        let mut scans = 0;
+        while !writer.is_finished() {
+            let _ = f.rescan(&mut snapshot);
+            scans += 1;
+        }
+        writer.join().unwrap();
+        let _ = f.rescan(&mut snapshot);
+        let fresh = Snapshot::capture(&f.ws).unwrap();
+        assert_eq!(fresh.len(), 60 * 40);
+        assert_eq!(
+            snapshot.entries.keys().collect::<Vec<_>>(),
+            fresh.entries.keys().collect::<Vec<_>>(),
+            "after {scans} scans"
+        );
+        settle();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert!(report.changes.is_empty(), "{:?}", kinds(&report));
+    }
+
+    #[test]
+    fn a_deleted_directory_tree_is_reported_deleted_and_its_watches_removed() {
+        let f = Fixture::new();
+        f.write("tree/a/b/c/1", b"1");
+        f.write("tree/a/b/2", b"2");
+        f.write("tree/a/3", b"3");
+        f.write("tree/x/4", b"4");
+        f.write("other/5", b"5");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        assert_eq!(watcher(&snapshot).dirs.len(), 7);
+        fs::remove_dir_all(f.path("tree")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Deleted, "tree/a/3"),
+                (Deleted, "tree/a/b/2"),
+                (Deleted, "tree/a/b/c/1"),
+                (Deleted, "tree/x/4"),
+            ]
+        );
+        let w = watcher(&snapshot);
+        assert_eq!(
+            w.wds.keys().map(|k| &k[..]).collect::<Vec<_>>(),
+            [&b""[..], b"other"]
+        );
+        assert_eq!(w.dirs.len(), 2);
+        // A directory of the same name again: new, watched anew.
+        f.write("tree/a/3", b"3 again");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
+        assert_eq!(kinds(&report), [(Created, "tree/a/3")]);
+        f.write("tree/a/3", b"3 changed");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "tree/a/3")]);
+    }
+
+    #[test]
+    fn a_renamed_directory_is_deletions_and_creations_and_stays_watched_at_its_new_path() {
+        let f = Fixture::new();
+        f.write("dir1/x", b"x");
+        f.write("dir1/sub/y", b"y");
+        f.write("p/q", b"q");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        fs::rename(f.path("dir1"), f.path("dir2")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Deleted, "dir1/sub/y"),
+                (Deleted, "dir1/x"),
+                (Created, "dir2/sub/y"),
+                (Created, "dir2/x"),
+            ]
+        );
+        // The watches moved with it: an event from inside it names the new path.
+        f.write("dir2/sub/y", b"y changed");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "dir2/sub/y")]);
+
+        // Two directories swapped, and one moved back where it was (the same file at the same
+        // path: no change).
+        fs::rename(f.path("dir2"), f.path("tmp")).unwrap();
+        fs::rename(f.path("p"), f.path("dir2")).unwrap();
+        fs::rename(f.path("tmp"), f.path("p")).unwrap();
+        fs::rename(f.path("p/sub"), f.path("dir2/sub")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Created, "dir2/q"),
+                (Deleted, "dir2/x"),
+                (Deleted, "p/q"),
+                (Created, "p/x"),
+            ]
+        );
+        f.write("dir2/sub/y", b"y changed again");
+        f.write("p/x", b"x changed");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [(Modified, "dir2/sub/y"), (Modified, "p/x")]
+        );
+
+        // Out of the workspace: deleted, and what happens to it there is not reported.
+        fs::rename(f.path("dir2"), f.outside.join("moved")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [(Deleted, "dir2/q"), (Deleted, "dir2/sub/y")]
+        );
+        assert_eq!(watcher(&snapshot).dirs.len(), 2, "root and p");
+        fs::write(f.outside.join("moved/sub/y"), b"outside").unwrap();
+        fs::write(f.outside.join("moved/new"), b"outside").unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert!(report.changes.is_empty(), "{:?}", kinds(&report));
+        // And back in: not watched while it was away.
+        fs::rename(f.outside.join("moved"), f.path("p/back")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
+        assert_eq!(
+            kinds(&report),
+            [
+                (Created, "p/back/new"),
+                (Created, "p/back/q"),
+                (Created, "p/back/sub/y")
+            ]
+        );
+        let fresh = Snapshot::capture(&f.ws).unwrap();
+        assert_eq!(
+            snapshot.entries.keys().collect::<Vec<_>>(),
+            fresh.entries.keys().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_file_written_through_a_hard_link_in_another_directory_is_found() {
+        let f = Fixture::new();
+        f.write("a/file", b"one");
+        f.write("b/other", b"other");
+        fs::hard_link(f.path("a/file"), f.path("b/link")).unwrap();
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        settle();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert!(report.changes.is_empty());
+        // Written in place through b/link: only b's watch hears of it.
+        let mut file = fs::File::options()
+            .write(true)
+            .truncate(true)
+            .open(f.path("b/link"))
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"two, longer").unwrap();
+        drop(file);
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "a/file"), (Modified, "b/link")]);
+        assert_eq!(
+            change(&report, "a/file").change.after_size,
+            Some("two, longer".len() as u64)
+        );
+    }
+
+    #[test]
+    fn a_hard_link_made_after_the_capture_walks_once_to_find_the_file_s_other_names() {
+        let f = Fixture::new();
+        f.write("a/file", b"one");
+        f.write("b/other", b"other");
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        fs::hard_link(f.path("a/file"), f.path("b/link")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::HardLink));
+        // a/file: its link count changed, nothing told a's watch.
+        assert_eq!(kinds(&report), [(Modified, "a/file"), (Created, "b/link")]);
+        assert_eq!(change(&report, "a/file").change.after_sha256, None);
+        settle();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert!(report.changes.is_empty());
+        fs::write(f.path("b/link"), b"two, longer").unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "a/file"), (Modified, "b/link")]);
+        // Down to one link again: read again, found from a's own events... and from the list of
+        // multi-linked files.
+        fs::remove_file(f.path("b/link")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "a/file"), (Deleted, "b/link")]);
+        assert_eq!(
+            change(&report, "a/file").after.as_deref(),
+            Some(&b"two, longer"[..])
+        );
+    }
+
+    #[test]
+    fn a_file_written_through_a_hard_link_made_and_removed_since_the_last_scan_is_found() {
+        let f = Fixture::new();
+        f.write("a/file", b"one");
+        f.write("b/other", b"other");
+        f.write("c", b"c");
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        // Nothing tells a's watch: the link's directory hears of a new name, a write, and the
+        // name removed.
+        sh(&f.root, "ln a/file b/x && printf two > b/x && rm b/x");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::TransientFile));
+        assert_eq!(kinds(&report), [(Modified, "a/file")]);
+        assert_eq!(
+            change(&report, "a/file").after.as_deref(),
+            Some(&b"two"[..])
+        );
+
+        // The link replaced by another file rather than removed.
+        sh(&f.root, "ln a/file b/x && printf three > b/x && mv c b/x");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::TransientFile));
+        assert_eq!(
+            kinds(&report),
+            [(Modified, "a/file"), (Created, "b/x"), (Deleted, "c")]
+        );
+
+        // Moved first, then removed.
+        sh(
+            &f.root,
+            "ln a/file b/y && mv b/y b/z && printf four > b/z && rm b/z",
+        );
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::TransientFile));
+        assert_eq!(kinds(&report), [(Modified, "a/file")]);
+
+        // In a directory made for it (not watched yet), removed with it.
+        sh(
+            &f.root,
+            "mkdir n && ln a/file n/x && printf five > n/x && rm -r n",
+        );
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
+        assert_eq!(kinds(&report), [(Modified, "a/file")]);
+
+        // Made before a rescan, removed after it: found by the next.
+        settle();
+        sh(&f.root, "ln a/file b/w");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::HardLink));
+        sh(&f.root, "printf six > b/w && rm b/w");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "a/file"), (Deleted, "b/w")]);
+    }
+
+    #[test]
+    fn files_replaced_through_a_temporary_name_do_not_make_a_full_walk() {
+        let f = Fixture::new();
+        f.write("src/main.rs", b"fn main() {}\n");
+        f.write("README", b"readme");
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        // What editors, `sed -i`, Python's bytecode cache and git's index do: write a temporary
+        // file, rename it over the file or to its final name.
+        sh(
+            &f.root,
+            "printf 'fn main() { run() }' > src/.main.rs.tmp && mv src/.main.rs.tmp src/main.rs \
+             && printf new > .new.tmp && mv .new.tmp new && sed -i s/readme/README/ README",
+        );
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Modified, "README"),
+                (Created, "new"),
+                (Modified, "src/main.rs")
+            ]
+        );
+        // A temporary file removed, though, could have been a hard link.
+        sh(&f.root, "printf tmp > src/scratch && rm src/scratch");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::TransientFile));
+        assert!(report.changes.is_empty());
+        // One made before the last scan is not.
+        f.write("src/scratch", b"tmp");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        fs::remove_file(f.path("src/scratch")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Deleted, "src/scratch")]);
+    }
+
+    #[test]
+    fn changes_made_through_a_bind_mount_in_another_mount_namespace_are_seen() {
+        let f = Fixture::new();
+        f.write("deep/dir/file", b"before");
+        f.write("gone", b"gone");
+        settle();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        let mnt = f._tmp.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        // As the sandbox sees the workspace: a bind mount, in a mount namespace of its own.
+        let script = format!(
+            "mount --bind '{root}' '{mnt}' && printf after > '{mnt}/deep/dir/file' \
+             && printf new > '{mnt}/deep/new' && rm '{mnt}/gone'",
+            root = f.root.display(),
+            mnt = mnt.display()
+        );
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .output();
+        match out {
+            Ok(out) if out.status.success() => {}
+            other => {
+                eprintln!("skipped: no bind mount in a new mount namespace here: {other:?}");
+                return;
+            }
+        }
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Modified, "deep/dir/file"),
+                (Created, "deep/new"),
+                (Deleted, "gone")
+            ]
+        );
+        assert_eq!(
+            change(&report, "deep/dir/file").after.as_deref(),
+            Some(&b"after"[..])
+        );
+    }
+
+    #[test]
+    fn without_inotify_every_rescan_walks_and_finds_the_same() {
+        let f = Fixture::new();
+        f.write("a/b", b"b");
+        f.write("c", b"c");
+        let mut without = Snapshot::capture_with(&f.ws, None).unwrap();
+        assert!(!without.is_watching());
+        let mut default = Snapshot::default();
+        let report = f.rescan(&mut default);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Created, "a/b"), (Created, "c")]);
+        fs::remove_dir_all(f.path("a")).unwrap();
+        f.write("d/e", b"e");
+        for snapshot in [&mut without, &mut default] {
+            let report = f.rescan(snapshot);
+            assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+            assert_eq!(kinds(&report), [(Deleted, "a/b"), (Created, "d/e")]);
+        }
+    }
+
+    #[test]
+    fn when_a_watch_cannot_be_added_the_snapshot_stops_watching_and_walks() {
+        let limited = |budget| {
+            let mut watcher = Watcher::new().unwrap();
+            watcher.watch_budget = Some(budget);
+            Some(watcher)
+        };
+        // At the capture: five directories, three watches.
+        let f = Fixture::new();
+        for dir in ["a", "b", "c", "d"] {
+            f.write(&format!("{dir}/f"), b"f");
+        }
+        let mut snapshot = Snapshot::capture_with(&f.ws, limited(3)).unwrap();
+        assert!(!snapshot.is_watching());
+        assert_eq!(snapshot.len(), 4);
+        f.write("d/f", b"changed");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Modified, "d/f")]);
+
+        // At a rescan: the new directories are walked all the same, the next rescan walks.
+        let mut snapshot = Snapshot::capture_with(&f.ws, limited(6)).unwrap();
+        assert!(snapshot.is_watching());
+        f.write("e/g/h", b"h");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
+        assert_eq!(kinds(&report), [(Created, "e/g/h")]);
+        assert!(!snapshot.is_watching());
+        f.write("e/g/h", b"h changed");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Modified, "e/g/h")]);
+    }
+
+    #[test]
+    fn an_event_queue_overflow_makes_a_full_walk() {
+        let max_queued: usize = fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(usize::MAX);
+        if max_queued > 100_000 {
+            eprintln!("skipped: the inotify queue holds {max_queued} events here");
+            return;
+        }
+        let f = Fixture::new();
+        f.write("dir/existing", b"x");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        // One IN_CREATE at least per file (distinct names are never merged).
+        let files = max_queued + 10;
+        for i in 0..files {
+            fs::write(f.path(&format!("dir/{i}")), b"").unwrap();
+        }
+        let report = snapshot.rescan(&f.ws, 0).unwrap();
+        assert_eq!(report.full_walk, Some(FullWalkReason::EventsLost));
+        assert_eq!(report.changes.len(), files);
+        assert_eq!(report.files, files + 1);
+        // Watching again from there.
+        fs::write(f.path("dir/existing"), b"changed").unwrap();
+        let report = snapshot.rescan(&f.ws, 0).unwrap();
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "dir/existing")]);
+    }
+
+    #[test]
+    fn a_watch_that_goes_away_is_made_again() {
+        let f = Fixture::new();
+        f.write("a/b/f", b"f");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        let w = watcher(&snapshot);
+        let a = w.wds[&b"a"[..]];
+        // As if "a" were on a filesystem unmounted: IN_IGNORED with the directory still there,
+        // unwatched for a while. Everything is walked (and "a" watched again).
+        inotify::remove_watch(&w.fd, a).unwrap();
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
+        assert!(report.changes.is_empty());
+        assert!(watcher(&snapshot).wds.contains_key(&b"a"[..]));
+        f.write("a/new", b"new");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Created, "a/new")]);
+
+        // The root's: the next rescan walks.
+        let w = watcher(&snapshot);
+        inotify::remove_watch(&w.fd, w.wds[&b""[..]]).unwrap();
+        f.write("a/b/f", b"changed");
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
+        assert_eq!(kinds(&report), [(Modified, "a/b/f")]);
+        f.write("root", b"root");
+        let report = f.rescan(&mut snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Created, "root")]);
+    }
+
+    #[test]
+    fn a_rescan_long_after_the_last_full_walk_walks() {
+        let f = Fixture::new();
+        f.write("a", b"a");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        incremental(&f.rescan(&mut snapshot));
+        if let Some(w) = snapshot.watcher.as_mut() {
+            w.last_full_walk = Instant::now()
+                .checked_sub(FULL_WALK_INTERVAL)
+                .unwrap_or(w.last_full_walk);
+        }
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::Periodic));
+        incremental(&f.rescan(&mut snapshot));
+        // Asked for by the previous scan (a directory it could not walk):
+        watcher_mut(&mut snapshot).walk_next = Some(FullWalkReason::Unwatched);
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
+        incremental(&f.rescan(&mut snapshot));
+    }
+
+    fn watcher_mut(snapshot: &mut Snapshot) -> &mut Watcher {
+        snapshot.watcher.as_mut().expect("the snapshot watches")
+    }
+
+    #[test]
+    fn the_snapshot_can_be_moved_to_another_thread() {
+        fn send<T: Send + 'static>(_: &T) {}
+        let f = Fixture::new();
+        let snapshot = Snapshot::capture(&f.ws).unwrap();
+        send(&snapshot);
+    }
+
+    /// Operations on a small tree, between rescans.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(usize, u8),
+        Append(usize),
+        Remove(usize),
+        Mkdir(usize),
+        Rename(usize, usize),
+        Symlink(usize, usize),
+        HardLink(usize, usize),
+        Chmod(usize),
+        Scan,
+    }
+
+    const NAMES: [&str; 9] = [
+        "a", "b", "a/a", "a/b", "b/a", "a/a/a", "a/a/b", "b/a/a", "c",
+    ];
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let name = 0..NAMES.len();
+        prop_oneof![
+            (name.clone(), 0u8..3).prop_map(|(p, c)| Op::Write(p, c)),
+            name.clone().prop_map(Op::Append),
+            name.clone().prop_map(Op::Remove),
+            name.clone().prop_map(Op::Mkdir),
+            (name.clone(), name.clone()).prop_map(|(a, b)| Op::Rename(a, b)),
+            (name.clone(), name.clone()).prop_map(|(a, b)| Op::Symlink(a, b)),
+            (name.clone(), name.clone()).prop_map(|(a, b)| Op::HardLink(a, b)),
+            name.prop_map(Op::Chmod),
+            Just(Op::Scan),
+        ]
+    }
+
+    fn apply(root: &std::path::Path, op: &Op) {
+        use std::os::unix::fs::PermissionsExt;
+        let at = |i: usize| root.join(NAMES[i]);
+        let parent = |i: usize| {
+            let _ = fs::create_dir_all(at(i).parent().unwrap());
+        };
+        match *op {
+            Op::Write(p, c) => {
+                parent(p);
+                let _ = fs::write(at(p), [b'x', c].repeat(usize::from(c) + 1));
+            }
+            Op::Append(p) => {
+                if let Ok(mut file) = fs::File::options().append(true).open(at(p)) {
+                    let _ = std::io::Write::write_all(&mut file, b"+");
+                }
+            }
+            Op::Remove(p) => {
+                if fs::remove_file(at(p)).is_err() {
+                    let _ = fs::remove_dir_all(at(p));
+                }
+            }
+            Op::Mkdir(p) => {
+                let _ = fs::create_dir_all(at(p));
+            }
+            Op::Rename(a, b) => {
+                parent(b);
+                let _ = fs::rename(at(a), at(b));
+            }
+            Op::Symlink(a, b) => {
+                parent(a);
+                let _ = symlink(NAMES[b], at(a));
+            }
+            Op::HardLink(a, b) => {
+                parent(b);
+                let _ = fs::hard_link(at(a), at(b));
+            }
+            Op::Chmod(p) => {
+                let _ = fs::set_permissions(at(p), fs::Permissions::from_mode(0o600));
+            }
+            Op::Scan => {}
+        }
+    }
+
+    fn summary(report: &ScanReport) -> Vec<(FileChangeKind, String, Option<String>, Option<u64>)> {
+        report
+            .changes
+            .iter()
+            .map(|c| {
+                (
+                    c.change.kind,
+                    c.change.path.clone(),
+                    c.change.after_sha256.clone(),
+                    c.change.after_size,
+                )
+            })
+            .collect()
+    }
+
+    /// Applies `ops` to a tree made by `setup`, rescanning with a watching snapshot and a walking
+    /// one at each [`Op::Scan`] and at the end: both must report the same and keep the same
+    /// records. Returns how many rescans there were and how many went by the events alone.
+    fn rescans_agree(
+        setup: &[Op],
+        ops: &[Op],
+    ) -> Result<(usize, usize), proptest::test_runner::TestCaseError> {
+        use proptest::{prop_assert, prop_assert_eq};
+        let f = Fixture::new();
+        // The directories exist mostly (a directory made means a full walk).
+        fs::create_dir_all(f.path("a/a")).unwrap();
+        fs::create_dir_all(f.path("b/a")).unwrap();
+        for op in setup {
+            apply(&f.root, op);
+        }
+        let mut watching = Snapshot::capture(&f.ws).unwrap();
+        let mut walking = watching.clone();
+        // Everything here is racily clean (written a moment ago), so every rescan would look at
+        // every file again. The watching snapshot is made to trust metadata and to recheck only
+        // multi-linked files: it finds changes from the events alone. (No operation rewrites a
+        // file with other contents of the same size.)
+        let events_only = |snapshot: &mut Snapshot| {
+            snapshot.started_ns = now_ns() + 3_600_000_000_000;
+            let entries = &snapshot.entries;
+            if let Some(w) = snapshot.watcher.as_mut() {
+                w.recheck
+                    .retain(|key| entries.get(key).is_some_and(|r| r.meta.nlink > 1));
+            }
+        };
+        let records = |snapshot: &Snapshot| {
+            snapshot
+                .entries
+                .iter()
+                .map(|(key, r)| (key.clone(), r.meta, r.content.clone()))
+                .collect::<Vec<_>>()
+        };
+        events_only(&mut watching);
+        let (mut scans, mut by_events) = (0, 0);
+        for op in ops.iter().chain([&Op::Scan]) {
+            apply(&f.root, op);
+            if !matches!(op, Op::Scan) {
+                continue;
+            }
+            let a = watching.rescan(&f.ws, 64).unwrap();
+            let b = walking.rescan(&f.ws, 64).unwrap();
+            events_only(&mut watching);
+            prop_assert!(
+                matches!(
+                    a.full_walk,
+                    None | Some(
+                        FullWalkReason::HardLink
+                            | FullWalkReason::NewDirectory
+                            | FullWalkReason::TransientFile
+                    )
+                ),
+                "{:?}",
+                a.full_walk
+            );
+            scans += 1;
+            by_events += usize::from(a.full_walk.is_none());
+            prop_assert_eq!(summary(&a), summary(&b), "after {:?}", ops);
+            prop_assert_eq!(records(&watching), records(&walking), "after {:?}", ops);
+        }
+        let fresh = Snapshot::capture(&f.ws).unwrap();
+        prop_assert_eq!(records(&watching), records(&fresh));
+        Ok((scans, by_events))
+    }
+
+    /// Whatever happens to the tree, the rescans from events report what full walks report.
+    #[test]
+    fn rescans_from_events_agree_with_full_walks() {
+        use proptest::strategy::Strategy;
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(128);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        });
+        let totals = std::sync::Mutex::new((0, 0));
+        let strategy = (
+            proptest::collection::vec(op(), 0..12),
+            proptest::collection::vec(op(), 1..40),
+        );
+        let result = runner.run(&strategy.boxed(), |(setup, ops)| {
+            let (scans, by_events) = rescans_agree(&setup, &ops)?;
+            let mut totals = totals.lock().unwrap();
+            totals.0 += scans;
+            totals.1 += by_events;
+            Ok(())
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+        let (scans, by_events) = *totals.lock().unwrap();
+        eprintln!("{scans} rescans, {by_events} from the events alone");
+        assert!(
+            by_events * 4 > scans,
+            "most rescans walked: {by_events}/{scans}"
+        );
     }
 }

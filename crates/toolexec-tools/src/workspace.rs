@@ -975,6 +975,38 @@ impl WorkspaceDir {
             .map_err(|e| errno_to_jail(e, &self.child_path(entry), "inspect"))
     }
 
+    /// The entry called `name` in this directory and its metadata, with one
+    /// `statat(AT_SYMLINK_NOFOLLOW)`: for walkers told a name by something other than a listing
+    /// (the scanner's inotify events). `name` is one component: not empty, `.` or `..`, no `/`
+    /// and no NUL ([`JailError::InvalidPath`] otherwise).
+    pub fn child(&self, name: &[u8]) -> Result<(Entry, ChildStat), JailError> {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+            return Err(JailError::InvalidPath {
+                path: shorten(&shown),
+                reason: "it is not the name of a directory entry".to_owned(),
+            });
+        }
+        let raw = CString::new(name).map_err(|_| JailError::InvalidPath {
+            path: shorten(&shown.replace('\0', "\\0")),
+            reason: "it contains a NUL byte".to_owned(),
+        })?;
+        let mut entry = Entry {
+            name: shown,
+            kind: EntryKind::Other,
+            raw,
+        };
+        let st = self.stat_child(&entry)?;
+        entry.kind = st.kind;
+        Ok((entry, st))
+    }
+
+    /// The directory's descriptor, for the scanner to watch it with inotify
+    /// (`/proc/self/fd/N`): the directory watched is the one this jail opened.
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// Hashes a regular file entry, streaming it (never whole in memory unless it is kept), and
     /// keeps its bytes in [`HashedFile::kept`] only when there are at most `keep_up_to` of them.
     ///

@@ -313,7 +313,7 @@ impl ProcessTable {
                     },
                     s = child.wait(), if status.is_none() => {
                         status = Some(s);
-                        if let Some(g) = &cmd_group { g.kill(); }
+                        if let Some(g) = &cmd_group { g.kill_nowait(); }
                         drain_until = Some(tokio::time::Instant::now() + Duration::from_secs(2));
                     }
                     c = rx.recv(), if status.is_none() => {

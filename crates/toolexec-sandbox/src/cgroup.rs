@@ -15,6 +15,7 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// The limits a session's cgroups enforce.
@@ -248,11 +249,48 @@ impl CommandGroup {
     }
 }
 
-impl Drop for CommandGroup {
-    fn drop(&mut self) {
-        kill_and_wait(&self.dir);
-        let _ = fs::remove_dir(&self.dir);
+impl CommandGroup {
+    /// SIGKILLs whatever is in the cgroup without waiting for it to go.
+    pub fn kill_nowait(&self) {
+        if populated(&self.dir) {
+            let _ = write_file(&self.dir.join("cgroup.kill"), "1");
+        }
     }
+}
+
+impl Drop for CommandGroup {
+    /// The cgroup is emptied and removed by a reaper thread: a command's answer does not wait
+    /// for the kernel to finish tearing its processes down.
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.dir);
+        if let Err(mpsc::SendError(dir)) = reaper().lock().map_or_else(
+            |_| Err(mpsc::SendError(dir.clone())),
+            |tx| tx.send(dir.clone()),
+        ) {
+            kill_and_wait(&dir);
+            let _ = fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// The thread that kills, waits for and removes dropped command cgroups.
+fn reaper() -> &'static Mutex<mpsc::Sender<PathBuf>> {
+    static REAPER: OnceLock<Mutex<mpsc::Sender<PathBuf>>> = OnceLock::new();
+    REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<PathBuf>();
+        let spawned = std::thread::Builder::new()
+            .name("cgroup-reaper".into())
+            .spawn(move || {
+                for dir in rx {
+                    kill_and_wait(&dir);
+                    let _ = fs::remove_dir(&dir);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the cgroup reaper; cgroups are removed inline");
+        }
+        Mutex::new(tx)
+    })
 }
 
 fn open_procs(dir: &Path) -> io::Result<OwnedFd> {

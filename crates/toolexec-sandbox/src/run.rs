@@ -108,7 +108,7 @@ impl Sandbox {
                     status = Some(s);
                     // Anything the command left behind (`sleep 1000 &`, a setsid daemon) dies
                     // with it: the PID namespace is gone; the cgroup kill is the second net.
-                    if let Some(g) = &group { g.kill(); }
+                    if let Some(g) = &group { g.kill_nowait(); }
                     drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
                 }
                 _ = tokio::time::sleep_until(wake) => {

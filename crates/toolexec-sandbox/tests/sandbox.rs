@@ -192,3 +192,30 @@ async fn an_init_under_a_private_directory_still_starts() {
     .await;
     assert!(sandbox.status().ready, "{:?}", sandbox.status());
 }
+
+/// A crashed instance leaves its cgroups behind; the next start kills what is in them and
+/// removes them (only those of instances that are gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cgroups_left_by_a_stopped_instance_are_removed_at_start() {
+    let v2 = Path::new("/sys/fs/cgroup/unified");
+    let dead_pid = (400_000..500_000)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let stale = v2.join(format!("toolexec-{dead_pid}-0"));
+    std::fs::create_dir_all(stale.join("c7")).unwrap();
+    // A process left running in it, as after a crash.
+    let mut orphan = Command::new("sleep").arg("300").spawn().unwrap();
+    std::fs::write(stale.join("c7/cgroup.procs"), orphan.id().to_string()).unwrap();
+    let mine = v2.join(format!("toolexec-{}-999", std::process::id()));
+    std::fs::create_dir_all(&mine).unwrap();
+
+    let root = open_dir(0);
+    let sandbox = Sandbox::probe(config(), root.path()).await;
+    assert!(sandbox.status().ready, "{:?}", sandbox.status());
+    assert!(!stale.exists(), "{} is still there", stale.display());
+    let status = orphan.wait().unwrap();
+    assert!(!status.success(), "the orphan was killed: {status:?}");
+    // A live instance's cgroups (this process's) are left alone.
+    assert!(mine.exists());
+    std::fs::remove_dir(&mine).unwrap();
+}

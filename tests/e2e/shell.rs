@@ -705,3 +705,45 @@ fn host_has(argv: &[&str]) -> bool {
             .unwrap_or(false)
     })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_runs_at_most_its_limit_of_background_processes() {
+    let app = spawn_app_with(|c| c.sandbox.max_background = 2).await;
+    let sid = session_with(&app, json!({})).await;
+    let start = |id: &'static str| {
+        let app = &app;
+        let sid = &sid;
+        async move {
+            app.call(
+                sid,
+                id,
+                "shell",
+                json!({"command": "sleep 60", "background": true}),
+            )
+            .await
+        }
+    };
+    assert_eq!(start("b1").await["status"], "ok");
+    assert_eq!(start("b2").await["status"], "ok");
+    let third = start("b3").await;
+    assert_eq!(third["status"], "error", "{third}");
+    assert!(
+        content(&third).contains("already runs 2 background processes (the limit is 2)"),
+        "{}",
+        content(&third)
+    );
+    let kill = app
+        .call(
+            &sid,
+            "k1",
+            "process_kill",
+            json!({"process_id": "p1", "signal": "KILL"}),
+        )
+        .await;
+    assert!(
+        content(&kill).contains("stopped by process_kill (SIGKILL)"),
+        "{}",
+        content(&kill)
+    );
+    assert_eq!(start("b4").await["status"], "ok");
+}

@@ -202,10 +202,21 @@ async fn cgroups_left_by_a_stopped_instance_are_removed_at_start() {
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
         .unwrap();
     let stale = v2.join(format!("toolexec-{dead_pid}-0"));
-    std::fs::create_dir_all(stale.join("c7")).unwrap();
-    // A process left running in it, as after a crash.
+    // A process left running in it, as after a crash. (Any instance starting meanwhile — other
+    // tests run in parallel — may clean it up first: then set it up again.)
     let mut orphan = Command::new("sleep").arg("300").spawn().unwrap();
-    std::fs::write(stale.join("c7/cgroup.procs"), orphan.id().to_string()).unwrap();
+    let mut placed = false;
+    for _ in 0..50 {
+        let _ = std::fs::create_dir_all(stale.join("c7"));
+        if std::fs::write(stale.join("c7/cgroup.procs"), orphan.id().to_string()).is_ok() {
+            placed = true;
+            break;
+        }
+    }
+    if !placed {
+        let _ = orphan.kill();
+    }
+    assert!(placed, "could not set up the stale cgroup");
     let mine = v2.join(format!("toolexec-{}-999", std::process::id()));
     std::fs::create_dir_all(&mine).unwrap();
 

@@ -97,6 +97,18 @@ impl Proc {
             .unwrap_or(ProcessState::Running)
     }
 
+    /// Waits up to `limit` for the process to have exited.
+    async fn wait_exit(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.state() == ProcessState::Running && Instant::now() < deadline {
+            let notified = self.changed.notified();
+            if self.state() != ProcessState::Running {
+                break;
+            }
+            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
+        }
+    }
+
     fn info(&self) -> ProcessInfo {
         ProcessInfo {
             id: self.id.clone(),
@@ -113,6 +125,8 @@ pub const MAX_READ_BYTES: usize = 64 * 1024;
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How long a signalled process gets to exit before the whole tree is killed.
 const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long a killed process's end is waited for.
+const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// One session's sandbox.
 pub struct ProcessTable {
@@ -441,20 +455,12 @@ impl ProcessTable {
         }
         let why = format!("process_kill ({})", signal_name(signal));
         let _ = p.control.send(Control::Signal(signal, why.clone()));
-        let deadline = Instant::now() + KILL_GRACE;
-        while p.state() == ProcessState::Running && Instant::now() < deadline {
-            let notified = p.changed.notified();
-            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
-        }
+        p.wait_exit(KILL_GRACE).await;
         if p.state() == ProcessState::Running {
             let _ = p
                 .control
                 .send(Control::Signal(rustix::process::Signal::KILL, why));
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while p.state() == ProcessState::Running && Instant::now() < deadline {
-                let notified = p.changed.notified();
-                let _ = tokio::time::timeout_at(deadline.into(), notified).await;
-            }
+            p.wait_exit(KILL_WAIT).await;
         }
         Ok(p.state())
     }
@@ -515,11 +521,7 @@ impl ProcessTable {
         }
         for id in self.list().into_iter().map(|p| p.id) {
             let Ok(p) = self.get(&id) else { continue };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while p.state() == ProcessState::Running && Instant::now() < deadline {
-                let notified = p.changed.notified();
-                let _ = tokio::time::timeout_at(deadline.into(), notified).await;
-            }
+            p.wait_exit(KILL_WAIT).await;
         }
     }
 }

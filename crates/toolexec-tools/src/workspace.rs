@@ -416,25 +416,7 @@ impl Workspace {
     pub fn read(&self, path: &str) -> Result<FileContents, JailError> {
         let target = parse_path(path)?;
         let shown = &target.display;
-        // Look before opening for reading: an O_PATH descriptor never opens the object itself, so
-        // a FIFO, socket or device is refused without side effects.
-        let probe = self.open_beneath_root(
-            &target.kernel,
-            OFlags::PATH | OFlags::CLOEXEC,
-            shown,
-            "open",
-        )?;
-        check_readable(&fstat(&probe, shown)?, shown)?;
-        drop(probe);
-        // The path may have been swapped between the two opens; the checks are repeated on what
-        // was actually opened. O_NONBLOCK keeps a FIFO swapped in from hanging the open.
-        let fd = self.open_beneath_root(
-            &target.kernel,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            shown,
-            "open",
-        )?;
-        check_readable(&fstat(&fd, shown)?, shown)?;
+        let (fd, _) = self.open_for_reading(&target, check_readable)?;
         let resolved = self
             .relative_path_of(fd.as_fd())
             .unwrap_or_else(|| shown.clone());
@@ -615,22 +597,7 @@ impl Workspace {
     ) -> Result<Result<Copied, E>, JailError> {
         let src_target = parse_path(source)?;
         let src_shown = &src_target.display;
-        let probe = self.open_beneath_root(
-            &src_target.kernel,
-            OFlags::PATH | OFlags::CLOEXEC,
-            src_shown,
-            "open",
-        )?;
-        check_streamable(&fstat(&probe, src_shown)?, src_shown)?;
-        drop(probe);
-        let src_fd = self.open_beneath_root(
-            &src_target.kernel,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            src_shown,
-            "open",
-        )?;
-        let src_stat = fstat(&src_fd, src_shown)?;
-        check_streamable(&src_stat, src_shown)?;
+        let (src_fd, src_stat) = self.open_for_reading(&src_target, check_streamable)?;
         let source_path = self
             .relative_path_of(src_fd.as_fd())
             .unwrap_or_else(|| src_shown.clone());
@@ -696,6 +663,35 @@ impl Workspace {
     /// operations report the resolved path instead.
     pub fn display_path(path: &str) -> Result<String, JailError> {
         parse_path(path).map(|t| t.display)
+    }
+
+    /// Opens a file for reading beneath the root, checked by `check` twice: first through an
+    /// O_PATH descriptor, which never opens the object itself (a FIFO, socket or device is
+    /// refused without side effects), then on what was actually opened, since the path may have
+    /// been swapped in between. O_NONBLOCK keeps a FIFO swapped in from hanging the open.
+    fn open_for_reading(
+        &self,
+        target: &Target,
+        check: fn(&Stat, &str) -> Result<(), JailError>,
+    ) -> Result<(OwnedFd, Stat), JailError> {
+        let shown = &target.display;
+        let probe = self.open_beneath_root(
+            &target.kernel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            shown,
+            "open",
+        )?;
+        check(&fstat(&probe, shown)?, shown)?;
+        drop(probe);
+        let fd = self.open_beneath_root(
+            &target.kernel,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            shown,
+            "open",
+        )?;
+        let st = fstat(&fd, shown)?;
+        check(&st, shown)?;
+        Ok((fd, st))
     }
 
     fn open_beneath_root(

@@ -2,8 +2,10 @@
 //! exceed, and how the recorder batches.
 use std::path::PathBuf;
 
-/// Operator ceilings. A session's policy may only tighten these.
-#[derive(Debug, Clone)]
+/// Operator ceilings and budgets (`[limits]` in the config file). A session's policy may only
+/// tighten these. Every budget says, where it is enforced, what the model is told when it is hit.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Most calls accepted in one batch: bounds the work one request can queue.
     pub max_calls_per_batch: usize,
@@ -15,6 +17,10 @@ pub struct Limits {
     pub max_blob_bytes: usize,
     /// Most seed files in `POST /v1/sessions`.
     pub max_seed_files: usize,
+    // --- sessions and descriptors ---
+    // --- workspace scans ---
+    // --- the store ---
+    // --- tool outputs and side effects ---
 }
 
 impl Default for Limits {
@@ -25,6 +31,10 @@ impl Default for Limits {
             max_timeout_ms: 600_000,
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
+            // --- sessions and descriptors ---
+            // --- workspace scans ---
+            // --- the store ---
+            // --- tool outputs and side effects ---
         }
     }
 }

@@ -40,44 +40,9 @@ pub struct Config {
     pub rate_limit_burst: f64,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
-    pub limits: LimitsConfig,
+    pub limits: toolexec_engine::Limits,
     /// How `shell` commands are isolated (see docs/operator.md, "Sandbox").
     pub sandbox: toolexec_sandbox::SandboxConfig,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LimitsConfig {
-    pub max_calls_per_batch: usize,
-    pub max_output_chars: usize,
-    pub max_timeout_ms: u64,
-    pub max_blob_bytes: usize,
-    pub max_seed_files: usize,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        let l = toolexec_engine::Limits::default();
-        Self {
-            max_calls_per_batch: l.max_calls_per_batch,
-            max_output_chars: l.max_output_chars,
-            max_timeout_ms: l.max_timeout_ms,
-            max_blob_bytes: l.max_blob_bytes,
-            max_seed_files: l.max_seed_files,
-        }
-    }
-}
-
-impl From<&LimitsConfig> for toolexec_engine::Limits {
-    fn from(c: &LimitsConfig) -> Self {
-        Self {
-            max_calls_per_batch: c.max_calls_per_batch,
-            max_output_chars: c.max_output_chars,
-            max_timeout_ms: c.max_timeout_ms,
-            max_blob_bytes: c.max_blob_bytes,
-            max_seed_files: c.max_seed_files,
-        }
-    }
 }
 
 impl Default for Config {
@@ -98,7 +63,7 @@ impl Default for Config {
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
-            limits: LimitsConfig::default(),
+            limits: toolexec_engine::Limits::default(),
             sandbox: toolexec_sandbox::SandboxConfig::default(),
         }
     }

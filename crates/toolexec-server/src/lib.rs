@@ -86,7 +86,7 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
     let mode = auth_mode(config, store.as_ref()).await?;
     let registry = Arc::new(Registry::builtin().context("building the tool registry")?);
     let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
-    engine_config.limits = (&config.limits).into();
+    engine_config.limits = config.limits.clone();
     engine_config.recorder_writers = config.recorder_writers;
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let sandbox =

@@ -1353,3 +1353,269 @@ async fn sandbox_escape_no_descriptor_of_the_service_is_inherited() {
     }
     sh.assert_healthy().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The session's environment: nothing runs before the sandbox exists
+// ---------------------------------------------------------------------------------------------
+
+/// Variables the dynamic loader and the C library act on before `main`.
+const LOADER_VARIABLES: [&str; 16] = [
+    "LD_PRELOAD",
+    "LD_AUDIT",
+    "LD_LIBRARY_PATH",
+    "LD_DEBUG",
+    "LD_DEBUG_OUTPUT",
+    "LD_PROFILE",
+    "LD_BIND_NOW",
+    "LD_SHOW_AUXV",
+    "LD_ORIGIN_PATH",
+    "GLIBC_TUNABLES",
+    "GCONV_PATH",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "MALLOC_CHECK_",
+    "MALLOC_TRACE",
+];
+
+async fn loader_variables_are_refused(app: &TestApp) {
+    for name in LOADER_VARIABLES {
+        let resp = app
+            .post(
+                "/v1/sessions",
+                &json!({"env": {name: "/workspace/x.so", "HARMLESS": "1"}}),
+            )
+            .await;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(status, 422, "{name}: {body}");
+        assert_eq!(body["code"], "invalid_env", "{name}: {body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(name), "{name}: {body}");
+        assert!(
+            detail.contains("in the command"),
+            "says what to do instead: {body}"
+        );
+    }
+    // Nothing was created by the refused requests, and ordinary variables are fine.
+    let list: Value = app.get("/v1/sessions").await.json().await.unwrap();
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(0), "{list}");
+    let sh = Sh::new(
+        app,
+        json!({"env": {"LDFLAGS": "-L/workspace/lib", "TMPDIR": "/tmp"}}),
+    )
+    .await;
+    let r = sh.run("echo $TMPDIR $LDFLAGS").await;
+    assert_eq!(stdout(&r), "/tmp -L/workspace/lib\n", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_loader_variables_in_a_session_env_are_refused_on_postgres() {
+    loader_variables_are_refused(&spawn_app().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_loader_variables_in_a_session_env_are_refused_on_sqlite() {
+    loader_variables_are_refused(&toolexec_tests::app::spawn_sqlite_app().await).await;
+}
+
+/// A shared library whose constructor tries everything a hostile tenant wants from code that
+/// runs outside the sandbox: reach a host loopback listener, create a file at a host path, and
+/// note the namespaces it ran in (in `/workspace/canary-ran`, which exists only inside).
+/// `la_version` makes it loadable as an `LD_AUDIT` module too.
+const CANARY_C: &str = r#"
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+__attribute__((constructor)) static void canary(void) {
+    char ns[128] = {0};
+    if (readlink("/proc/self/ns/pid", ns, sizeof ns - 1) < 0) strcpy(ns, "unknown");
+    const char *marker = getenv("CANARY_MARKER");
+    if (marker) {
+        int fd = open(marker, O_WRONLY | O_CREAT | O_APPEND, 0666);
+        if (fd >= 0) { dprintf(fd, "ran in %s\n", ns); close(fd); }
+    }
+    const char *port = getenv("CANARY_PORT");
+    if (port) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = htons((unsigned short)atoi(port));
+        a.sin_addr.s_addr = htonl(0x7f000001);
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) write(s, ns, strlen(ns));
+        if (s >= 0) close(s);
+    }
+    int fd = open("/workspace/canary-ran", O_WRONLY | O_CREAT | O_APPEND, 0666);
+    if (fd >= 0) { dprintf(fd, "%s\n", ns); close(fd); }
+}
+
+unsigned int la_version(unsigned int version) { return version; }
+"#;
+
+/// The attack of issue 8, end to end: session A builds a library in its workspace, session B
+/// names it (by its host path) in loader variables of its environment and runs a command. The
+/// API refuses such an environment; beneath that, the sandbox itself must never let the
+/// variables reach a process outside it — checked by starting B's command through the real
+/// sandbox with them set, and looking from the host: no connection to a loopback canary, no
+/// marker file on the host, no trace of the library running anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_a_library_planted_by_another_session_never_runs_outside_the_sandbox() {
+    use tokio::io::AsyncReadExt;
+
+    let app = spawn_app().await;
+    let a = Sh::new(&app, json!({"files": {"canary.c": CANARY_C}})).await;
+    let r = a
+        .run("gcc -shared -fPIC -o canary.so canary.c && cat /proc/1/cmdline | tr '\\0' ' '; echo; tr '\\0' '\\n' < /proc/1/environ | wc -c")
+        .await;
+    assert_eq!(r["status"], "ok", "the canary must build: {r}");
+    let out = stdout(&r);
+    let workspaces = app.config.workspace_root();
+    let a_dir = workspaces.join(&a.sid);
+    let library = a_dir.join("canary.so");
+    assert!(library.is_file(), "{}", library.display());
+    // pid 1 shows no host path (the old way to learn where a workspace lives), and holds no
+    // environment at all.
+    assert!(
+        !out.contains(&workspaces.display().to_string()) && !out.contains("workspace"),
+        "/proc/1/cmdline shows a host path: {r}"
+    );
+    assert_eq!(
+        out.lines().nth(1),
+        Some("0"),
+        "/proc/1/environ is not empty: {r}"
+    );
+
+    // Host-side canaries: a loopback listener and a host directory the sandbox user could write.
+    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = hits.clone();
+    let listener = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = canary.accept().await else {
+                return;
+            };
+            let mut text = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
+            seen.lock().unwrap().push(text);
+        }
+    });
+    let host_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        host_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let marker = host_dir.path().join("escaped");
+    let env = |extra: &[(&str, &str)]| -> Value {
+        let mut e = serde_json::Map::new();
+        e.insert("CANARY_PORT".into(), json!(port.to_string()));
+        e.insert("CANARY_MARKER".into(), json!(marker.display().to_string()));
+        for (k, v) in extra {
+            e.insert((*k).into(), json!(v));
+        }
+        Value::Object(e)
+    };
+    let lib = library.display().to_string();
+
+    // First layer: the API refuses the environment, and creates nothing.
+    for name in ["LD_PRELOAD", "LD_AUDIT"] {
+        let resp = app
+            .post("/v1/sessions", &json!({"env": env(&[(name, &lib)])}))
+            .await;
+        assert_eq!(
+            resp.status(),
+            422,
+            "{}",
+            resp.text().await.unwrap_or_default()
+        );
+    }
+
+    // The layer beneath: session B's command started through the real sandbox with the
+    // variables set, as if the API had let them through.
+    let b = Sh::new(&app, json!({})).await;
+    let b_dir = workspaces.join(&b.sid);
+    let sandbox =
+        toolexec_sandbox::Sandbox::probe(toolexec_tests::app::sandbox_config(), &workspaces).await;
+    assert!(sandbox.status().ready, "{:?}", sandbox.status());
+    let table = toolexec_sandbox::ProcessTable::new(sandbox, b.sid.clone(), b_dir.clone(), 1);
+    let limits = toolexec_sandbox::RunLimits {
+        timeout: Duration::from_secs(20),
+        idle_timeout: None,
+        max_output_bytes: 1 << 20,
+    };
+    let attacks: [&[(&str, &str)]; 3] = [
+        &[("LD_PRELOAD", &lib)],
+        &[("LD_AUDIT", &lib)],
+        &[
+            ("LD_LIBRARY_PATH", a_dir.to_str().unwrap()),
+            ("LD_PRELOAD", "canary.so"),
+            ("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=1"),
+        ],
+    ];
+    for attack in attacks {
+        let vars: std::collections::BTreeMap<String, String> = env(attack)
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+        let f = table
+            .run("", "echo hello", &vars, false, &limits)
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&f.stdout),
+            "hello\n",
+            "{attack:?}: {}",
+            String::from_utf8_lossy(&f.stderr)
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        hits.lock().unwrap().is_empty(),
+        "the canary was reached: {:?}",
+        hits.lock().unwrap()
+    );
+    assert!(
+        !marker.exists(),
+        "code ran outside the sandbox: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    assert!(
+        !b_dir.join("canary-ran").exists(),
+        "the host path of A's library was loadable: {}",
+        std::fs::read_to_string(b_dir.join("canary-ran")).unwrap_or_default()
+    );
+
+    // The control: the same library does load when a command inside the sandbox asks for it,
+    // and runs in the sandbox's namespaces, where the canaries are out of reach. (So the checks
+    // above would have seen it run.)
+    std::fs::copy(&library, b_dir.join("canary.so")).unwrap();
+    let r = b
+        .shell(json!({"command": format!("CANARY_PORT={port} CANARY_MARKER={} LD_PRELOAD=/workspace/canary.so /bin/true && cat canary-ran", marker.display()), "timeout_ms": 20_000}))
+        .await
+        .0;
+    assert_eq!(r["status"], "ok", "{r}");
+    let ran_in = stdout(&r);
+    let host_ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    assert!(ran_in.starts_with("pid:["), "{r}");
+    assert!(
+        !ran_in.contains(&host_ns.display().to_string()),
+        "the library ran in the host's PID namespace: {r}"
+    );
+    assert!(
+        hits.lock().unwrap().is_empty(),
+        "{:?}",
+        hits.lock().unwrap()
+    );
+    assert!(!marker.exists());
+    listener.abort();
+    b.assert_healthy().await;
+}

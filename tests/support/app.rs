@@ -21,24 +21,9 @@ pub struct TestApp {
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-/// The real sandbox, with the init binary this package builds (cargo builds a package's
-/// binaries with its integration tests, into the directory above the test binary's `deps/`).
+/// The real sandbox, as the service runs it (its built-in static init).
 pub fn sandbox_config() -> toolexec_sandbox::SandboxConfig {
-    let exe = std::env::current_exe().expect("current exe");
-    let init = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("toolexec-test-sandbox-init"))
-        .expect("target directory");
-    assert!(
-        init.exists(),
-        "{} missing: run the tests with cargo (it builds the package's binaries)",
-        init.display()
-    );
-    toolexec_sandbox::SandboxConfig {
-        init: Some(init),
-        ..toolexec_sandbox::SandboxConfig::default()
-    }
+    toolexec_sandbox::SandboxConfig::default()
 }
 
 /// A data directory the sandbox user can traverse (tempdir makes it 0700).

@@ -6,7 +6,7 @@
 //! from the service's.
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,9 +18,6 @@ use toolexec_sandbox::{ProcessTable, RunLimits, Sandbox, SandboxConfig};
 
 use crate::{BenchDb, Server, drive, print_recorder_stats, tempdir};
 
-/// The sandbox init this package builds (`src/sandbox_init.rs`), next to the bench binary.
-const INIT_NAME: &str = "toolexec-bench-sandbox-init";
-
 /// The product goal for one sandboxed command, over a raw spawn of the same command.
 const GOAL_P50_OVERHEAD_MS: f64 = 3.0;
 
@@ -29,60 +26,12 @@ pub async fn run(admin_url: &str, dur: Duration, client_counts: &[usize]) -> any
         !client_counts.is_empty() && !client_counts.contains(&0),
         "--clients needs at least one count, each at least 1"
     );
-    let init = sandbox_init().await?;
     let db = BenchDb::create(admin_url).await?;
     let data = tempdir()?;
-    let result = measure(&db.url, &data, init, dur, client_counts).await;
+    let result = measure(&db.url, &data, dur, client_counts).await;
     let _ = std::fs::remove_dir_all(&data);
     db.drop().await?;
     result
-}
-
-/// `toolexec-bench-sandbox-init` next to the running bench binary. `cargo build -p
-/// toolexec-bench` builds both binaries of this package into the same directory; `cargo run`
-/// builds only the bench, so when started by cargo the init is built here the same way.
-async fn sandbox_init() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the bench executable")?;
-    let dir = exe
-        .parent()
-        .context("the bench executable has no parent directory")?;
-    let init = dir.join(INIT_NAME);
-    let profile = dir.file_name().and_then(|p| p.to_str()).unwrap_or("");
-    if !init.is_file()
-        && !profile.is_empty()
-        && let Some(cargo) = std::env::var_os("CARGO")
-    {
-        eprintln!("{} missing: building it", init.display());
-        let mut build = tokio::process::Command::new(cargo);
-        build.args([
-            "build",
-            "--manifest-path",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
-            "-p",
-            "toolexec-bench",
-            "--bin",
-            INIT_NAME,
-        ]);
-        match profile {
-            "debug" => {}
-            "release" => {
-                build.arg("--release");
-            }
-            other => {
-                build.args(["--profile", other]);
-            }
-        }
-        let status = build.status().await.context("running cargo build")?;
-        anyhow::ensure!(status.success(), "building {INIT_NAME} failed: {status}");
-    }
-    anyhow::ensure!(
-        init.is_file(),
-        "{} is missing: the sandbox execs it inside bubblewrap. Build it with \
-         `cargo build --release -p toolexec-bench` (a binary of this package, built next to the \
-         bench).",
-        init.display()
-    );
-    Ok(init)
 }
 
 /// Makes `dir` traversable by the sandbox user (uid 65534).
@@ -95,19 +44,14 @@ fn open_up(dir: &Path) -> anyhow::Result<()> {
 async fn measure(
     db_url: &str,
     data: &Path,
-    init: PathBuf,
     dur: Duration,
     client_counts: &[usize],
 ) -> anyhow::Result<()> {
-    // Sandboxed commands run as an unprivileged user, who must traverse every directory above
-    // the workspace root (a fresh temporary directory may be 0700).
+    // Sandboxed commands run as an unprivileged user, who needs search permission on the
+    // workspace root itself (not on the directories above it).
     let workspaces = data.join("workspaces");
-    open_up(data)?;
     open_up(&workspaces)?;
-    let sandbox = SandboxConfig {
-        init: Some(init),
-        ..SandboxConfig::default()
-    };
+    let sandbox = SandboxConfig::default();
     let config = toolexec_server::Config {
         bind: "127.0.0.1:0".into(),
         database_url: Some(db_url.to_owned()),

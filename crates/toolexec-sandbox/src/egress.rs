@@ -15,10 +15,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
-/// Where the relay listens inside the sandbox.
-pub const PROXY_PORT: u16 = 3128;
-/// Where the proxy socket is bound inside the sandbox.
-pub const SOCKET_IN_SANDBOX: &str = "/.toolexec-egress.sock";
+/// Where the relay listens inside the sandbox, and where the proxy socket is bound there (the
+/// init sets both up).
+pub use toolexec_sandbox_init::{PROXY_PORT, SOCKET_IN_SANDBOX};
 
 const MAX_HEAD: usize = 16 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -2,19 +2,24 @@
 //!
 //! ```text
 //! service (root) ─fork─▶ [join the session's and the command's cgroups; setgroups(0);
-//!                          setresgid/setresuid(unprivileged); PDEATHSIG; empty environment
-//!                          but the command's] ─exec─▶ toolexec-sandbox-init
+//!                          setresgid/setresuid(unprivileged); PDEATHSIG; fds 3-5: status pipe,
+//!                          spec, workspace root] ─exec (empty environment, no arguments)─▶
+//!                          toolexec-sandbox-init (static, from a sealed memfd)
 //!     unshare(user, mount, pid, net, ipc, uts, cgroup) ─fork─▶ pid 1: tmpfs root, read-only
 //!     /usr and /etc, /workspace read-write, private /tmp, /proc, minimal /dev, pivot_root, lo
 //!     up, drop all capabilities ─fork─▶ rlimits, no_new_privs, Landlock, seccomp
-//!     ─exec─▶ /bin/bash -c COMMAND
+//!     ─execve (the command's environment)─▶ /bin/bash -c COMMAND
 //! ```
 //!
-//! The namespaces and mounts are the ones bubblewrap sets up (see `namespaces`), made by our own
-//! init instead: no external binary to install, and one exec fewer per command (exec dominates
-//! the cost of a sandboxed command on small VMs). The uid drop happens in the service before the
-//! init runs — a sandbox started by root keeps root's powers otherwise — and the init starts
-//! with only the command's environment, so `/proc/1/environ` holds nothing of the service's.
+//! The namespaces and mounts are the ones bubblewrap sets up (see the `toolexec-sandbox-init`
+//! crate), made by our own init instead: no external binary to install, and one exec fewer per
+//! command (exec dominates the cost of a sandboxed command on small VMs). The uid drop happens in
+//! the service before the init runs — a sandbox started by root keeps root's powers otherwise.
+//! Nothing a session controls reaches the init while it is outside the sandbox: it is statically
+//! linked (no dynamic loader to honour `LD_PRELOAD`), starts with an empty environment and no
+//! arguments, and reads the command, its environment and the layout from a memfd (`spec`); the
+//! command's environment is applied by the final `execve` only, so `/proc/1/environ` and
+//! `/proc/1/cmdline` in the sandbox hold nothing (no host path either).
 //! See docs/security.md for what each layer guarantees.
 //!
 //! [`Sandbox::probe`] checks all of this at start-up by running a command that reports its own
@@ -22,14 +27,16 @@
 mod background;
 pub mod cgroup;
 pub mod egress;
-pub mod init;
-mod namespaces;
+mod image;
 mod run;
 
+/// The init's protocol and constants (exit status, error prefix, descriptors).
+pub use toolexec_sandbox_init as init;
+
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -58,8 +65,8 @@ pub enum SandboxMode {
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
     pub mode: SandboxMode,
-    /// `toolexec-sandbox-init`; default: next to the running executable (or in its parent
-    /// directory, where cargo puts binaries for tests).
+    /// A statically linked `toolexec-sandbox-init` to use instead of the one built into the
+    /// service (a dynamically linked file is refused). Default: the built-in one.
     pub init: Option<PathBuf>,
     /// The unprivileged user and group commands run as when the service is root.
     pub uid: u32,
@@ -161,11 +168,13 @@ const BASE_ENV: [(&str, &str); 4] = [
 #[derive(Debug)]
 pub struct Sandbox {
     config: SandboxConfig,
-    init: PathBuf,
-    /// The init, opened once by the service: commands exec it through `/proc/self/fd`, so the
-    /// sandbox user needs execute permission on the file but not search permission on the
-    /// directories above it (a build under `/root`, say).
-    init_file: Option<std::fs::File>,
+    /// The static init in a sealed memfd (`Err`: why there is none).
+    init: Result<image::InitImage, String>,
+    /// The directory holding the workspaces, opened once (`O_PATH`): the init finds a workspace
+    /// beneath it by name, so the sandbox user needs search permission on it alone, not on the
+    /// directories above it (a data directory made by `mktemp -d` is 0700).
+    root: Result<OwnedFd, String>,
+    workspace_root: PathBuf,
     cgroups: Option<cgroup::Cgroups>,
     status: Mutex<SandboxStatus>,
     /// Values of `env_passthrough` read once at start-up.
@@ -180,7 +189,8 @@ pub struct Sandbox {
 /// A command to start.
 #[derive(Debug, Clone)]
 pub struct Launch {
-    /// The workspace on the host (bound at `/workspace`).
+    /// The workspace on the host (bound at `/workspace`): a directory beneath the workspace root
+    /// the sandbox was probed with.
     pub workspace: PathBuf,
     /// Working directory relative to the workspace (`""` for the workspace itself); the caller
     /// checked it is a directory inside it.
@@ -222,7 +232,6 @@ impl Sandbox {
     /// The probe runs in a directory made beneath `workspace_root`, so that a root the sandbox
     /// user cannot reach (a parent directory with mode 0700, say) shows up here.
     pub async fn probe(config: SandboxConfig, workspace_root: &Path) -> Arc<Self> {
-        let init = config.init.clone().unwrap_or_else(default_init_path);
         let root = rustix::process::geteuid().is_root();
         let cgroups = if root {
             match cgroup::Cgroups::setup() {
@@ -240,12 +249,29 @@ impl Sandbox {
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
             .collect();
+        let workspace_dir = std::fs::create_dir_all(workspace_root)
+            .and_then(|()| {
+                Ok(rustix::fs::open(
+                    workspace_root,
+                    rustix::fs::OFlags::PATH
+                        | rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?)
+            })
+            .map_err(|e| {
+                format!(
+                    "the workspace root {} cannot be opened: {e}",
+                    workspace_root.display()
+                )
+            });
         let sandbox = Arc::new(Self {
             drop_privileges: root,
-            init_file: std::fs::File::open(&init).ok(),
+            init: image::InitImage::load(config.init.as_deref()),
+            root: workspace_dir,
+            workspace_root: workspace_root.to_path_buf(),
             egress_policy: egress::EgressPolicy::new(&config.egress_allow_cidrs).map(Arc::new),
             egress_dir: workspace_root.join(".egress"),
-            init,
             cgroups,
             passthrough,
             status: Mutex::new(SandboxStatus {
@@ -344,11 +370,11 @@ impl Sandbox {
         if let Err(e) = &self.egress_policy {
             return unavailable(format!("sandbox.egress_allow_cidrs: {e}"));
         }
-        if self.init_file.is_none() {
-            return unavailable(format!(
-                "the sandbox init cannot be opened at {} (set sandbox.init to the toolexec binary or to toolexec-sandbox-init)",
-                self.init.display()
-            ));
+        if let Err(e) = &self.init {
+            return unavailable(e.clone());
+        }
+        if let Err(e) = &self.root {
+            return unavailable(e.clone());
         }
         let dir = match probe_dir(workspace_root, self.workspace_owner()) {
             Ok(d) => d,
@@ -379,10 +405,9 @@ impl Sandbox {
         let result = match result {
             Err(SandboxError::Setup(m)) if m.contains("Permission denied") => {
                 Err(SandboxError::Setup(format!(
-                    "{m} (the sandbox user {}:{} must be able to execute the init {} and to traverse every directory above the workspace root {}: make them at least mode 0711, or set workspace_root)",
+                    "{m} (the sandbox user {}:{} needs search permission on the workspace root {} itself — not on the directories above it: make it at least mode 0711, or set workspace_root)",
                     self.config.uid,
                     self.config.gid,
-                    self.init.display(),
                     workspace_root.display()
                 )))
             }
@@ -484,26 +509,38 @@ impl Sandbox {
         env.into_iter().collect()
     }
 
-    /// The init's arguments for a command: the filesystem layout, the limits, the command.
-    fn init_args(&self, launch: &Launch) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec![init::SUBCOMMAND.into()];
-        let mut workspace = OsString::from("--workspace=");
-        workspace.push(launch.workspace.as_os_str());
-        a.push(workspace);
-        a.push(format!("--workdir={}", launch.workdir).into());
-        a.push(format!("--tmp-size={}", self.config.tmp_size_bytes).into());
-        for dir in &self.config.ro_binds {
-            let mut ro = OsString::from("--ro=");
-            ro.push(dir.as_os_str());
-            a.push(ro);
-        }
-        if let Some(sock) = &launch.egress_socket {
-            let mut e = OsString::from("--egress-socket=");
-            e.push(sock.as_os_str());
-            a.push(e);
-        }
-        a.extend(
-            init::InitLimits {
+    /// What the init is told for a command: the filesystem layout, the limits, the command and
+    /// its environment.
+    fn spec(&self, launch: &Launch) -> Result<init::Spec, SandboxError> {
+        let beneath = |path: &Path, what: &str| {
+            path.strip_prefix(&self.workspace_root)
+                .ok()
+                .filter(|rel| !rel.as_os_str().is_empty())
+                .map(|rel| rel.as_os_str().as_bytes().to_vec())
+                .ok_or_else(|| {
+                    SandboxError::Setup(format!(
+                        "the {what} {} is not beneath the workspace root {}",
+                        path.display(),
+                        self.workspace_root.display()
+                    ))
+                })
+        };
+        Ok(init::Spec {
+            workspace: beneath(&launch.workspace, "workspace")?,
+            workdir: launch.workdir.as_bytes().to_vec(),
+            tmp_size: self.config.tmp_size_bytes,
+            ro: self
+                .config
+                .ro_binds
+                .iter()
+                .map(|d| d.as_os_str().as_bytes().to_vec())
+                .collect(),
+            egress_socket: launch
+                .egress_socket
+                .as_deref()
+                .map(|s| beneath(s, "egress socket"))
+                .transpose()?,
+            limits: init::InitLimits {
                 cpu_seconds: self.config.cpu_seconds,
                 file_size_bytes: self.config.file_size_bytes,
                 open_files: self.config.open_files,
@@ -514,16 +551,18 @@ impl Sandbox {
                 } else {
                     self.config.memory_bytes
                 },
-            }
-            .to_args()
-            .into_iter()
-            .map(OsString::from),
-        );
-        a.push("--".into());
-        a.push("/bin/bash".into());
-        a.push("-c".into());
-        a.push(launch.command.clone().into());
-        a
+            },
+            argv: vec![
+                b"/bin/bash".to_vec(),
+                b"-c".to_vec(),
+                launch.command.as_bytes().to_vec(),
+            ],
+            env: self
+                .command_env(launch)
+                .into_iter()
+                .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
+                .collect(),
+        })
     }
 
     /// Starts a command: stdout and stderr to `stdout`/`stderr`, stdin from `stdin`. Returns
@@ -551,26 +590,39 @@ impl Sandbox {
         }
         let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| setup("status pipe", e.into()))?;
+        // The descriptors the init gets besides stdio: (what, target number). Kept open until
+        // the child has them.
+        let mut passed: Vec<(i32, i32)> = Vec::new();
+        let mut spec_file = None;
         let mut cmd = if self.is_unsandboxed() {
             let mut c = tokio::process::Command::new("/bin/bash");
             c.arg("-c").arg(&launch.command);
             c.current_dir(launch.workspace.join(&launch.workdir));
+            // Unsandboxed, the command's environment is simply bash's.
+            c.env_clear();
+            for (k, v) in self.command_env(launch) {
+                c.env(k, v);
+            }
             c
         } else {
-            let init = match &self.init_file {
-                Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-                None => self.init.clone(),
-            };
-            let mut c = tokio::process::Command::new(init);
-            c.args(self.init_args(launch));
+            let not_ready = |e: &String| SandboxError::Unavailable(e.clone());
+            let init = self.init.as_ref().map_err(not_ready)?;
+            let root = self.root.as_ref().map_err(not_ready)?;
+            let spec = self.spec(launch)?.encode().map_err(|e| {
+                SandboxError::Setup(format!("the command cannot be passed on: {e}"))
+            })?;
+            let file = image::spec_memfd(&spec).map_err(|e| setup("spec memfd", e))?;
+            passed.push((status_w.as_raw_fd(), init::STATUS_FD));
+            passed.push((file.as_raw_fd(), init::SPEC_FD));
+            passed.push((root.as_raw_fd(), init::ROOT_FD));
+            spec_file = Some(file);
+            let mut c = tokio::process::Command::new(init.exec_path());
+            // No arguments (the name only, which shows as /proc/1/cmdline's whole content) and
+            // an empty environment: nothing reaches the init but through the spec.
+            c.arg0("toolexec-sandbox-init");
+            c.env_clear();
             c
         };
-        // Only the command's own environment: nothing of the service's (database URL, keys)
-        // reaches the init or the command.
-        cmd.env_clear();
-        for (k, v) in self.command_env(launch) {
-            cmd.env(k, v);
-        }
         cmd.stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
@@ -579,7 +631,6 @@ impl Sandbox {
         let drop_to =
             (self.drop_privileges && sandboxed).then_some((self.config.uid, self.config.gid));
         let proc_fds: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
-        let status_fd = status_w.as_raw_fd();
         let rlimits: Vec<(libc::__rlimit_resource_t, u64)> = if sandboxed {
             Vec::new()
         } else {
@@ -595,13 +646,16 @@ impl Sandbox {
         // no locks).
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || child_setup(&proc_fds, status_fd, drop_to, &rlimits, sandboxed));
+            cmd.pre_exec(move || child_setup(&proc_fds, &passed, drop_to, &rlimits));
         }
+        let what = match &self.init {
+            Ok(image) if sandboxed => image.origin.as_str(),
+            _ => "/bin/bash",
+        };
         let child = cmd
             .spawn()
-            .map_err(|e| setup(&format!("starting {}", self.init.display()), e))?;
-        drop(status_w);
-        drop(procs);
+            .map_err(|e| setup(&format!("starting {what}"), e))?;
+        drop((status_w, spec_file, procs));
         let mut started = true;
         if sandboxed {
             // One byte from the init means every layer is in place; EOF means setup failed and
@@ -637,13 +691,13 @@ impl Sandbox {
 }
 
 /// In the forked child, before exec: join the cgroups (as root, before dropping privileges),
-/// pass the status descriptor as fd 3, drop to the sandbox user, die with the service.
+/// put the descriptors the init gets at their numbers, drop to the sandbox user, die with the
+/// service.
 fn child_setup(
     proc_fds: &[i32],
-    status_fd: i32,
+    passed: &[(i32, i32)],
     drop_to: Option<(u32, u32)>,
     rlimits: &[(libc::__rlimit_resource_t, u64)],
-    sandboxed: bool,
 ) -> io::Result<()> {
     let check = |rc: libc::c_int| {
         if rc < 0 {
@@ -659,8 +713,15 @@ fn child_setup(
             let rc = libc::write(*fd, b"0".as_ptr().cast(), 1);
             check(rc as libc::c_int)?;
         }
-        if sandboxed {
-            check(libc::dup2(status_fd, init::STATUS_FD))?;
+        // Each source first to a number above every target (a source may sit on another's
+        // target number), then to its target; dup2 leaves the target without close-on-exec.
+        let mut high = [-1; 8];
+        for (slot, (source, _)) in high.iter_mut().zip(passed) {
+            *slot = libc::fcntl(*source, libc::F_DUPFD_CLOEXEC, 16);
+            check(*slot)?;
+        }
+        for (slot, (_, target)) in high.iter().zip(passed) {
+            check(libc::dup2(*slot, *target))?;
         }
         // A session of its own: no controlling terminal shared with the service (a terminal
         // the command could push input into), and a process group for the unsandboxed
@@ -682,20 +743,6 @@ fn child_setup(
         check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
     }
     Ok(())
-}
-
-fn default_init_path() -> PathBuf {
-    let name = "toolexec-sandbox-init";
-    let Ok(exe) = std::env::current_exe() else {
-        return PathBuf::from(name);
-    };
-    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let beside = dir.join(name);
-    if beside.exists() {
-        return beside;
-    }
-    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
-    dir.parent().map(|p| p.join(name)).unwrap_or(beside)
 }
 
 fn probe_dir(root: &Path, owner: Option<(u32, u32)>) -> io::Result<PathBuf> {

@@ -8,15 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use toolexec_sandbox::init::{InitLimits, Spec};
 use toolexec_sandbox::{ProcessTable, RunLimits, Sandbox, SandboxConfig};
 
-const INIT: &str = env!("CARGO_BIN_EXE_toolexec-sandbox-init");
+/// The static init the crate embeds (build.rs), as a file, for running it by hand.
+const INIT: &str = env!("TOOLEXEC_STATIC_INIT");
 
 fn config() -> SandboxConfig {
-    SandboxConfig {
-        init: Some(PathBuf::from(INIT)),
-        ..SandboxConfig::default()
-    }
+    SandboxConfig::default()
 }
 
 fn open_dir(owner: u32) -> tempfile::TempDir {
@@ -24,6 +23,61 @@ fn open_dir(owner: u32) -> tempfile::TempDir {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(dir.path(), Some(owner), Some(owner)).unwrap();
     dir
+}
+
+/// A directory beneath `parent`, owned by `owner`.
+fn sub_dir(parent: &Path, name: &str, owner: u32) -> PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(owner), Some(owner)).unwrap();
+    dir
+}
+
+/// Runs the static init by hand as `uid` the way the service does: no arguments, an empty
+/// environment, the spec on fd 4 and the workspace root on fd 5 (set up by bash, which then
+/// replaces itself with the init and an empty environment).
+fn run_init_as(uid: u32, root: &Path, spec: &[u8]) -> std::process::Output {
+    let spec_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(spec_file.path(), spec).unwrap();
+    std::fs::set_permissions(spec_file.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args([
+            "--clear-groups",
+            "/bin/bash",
+            "-c",
+            r#"exec -c "$0" 4<"$1" 5<"$2""#,
+            INIT,
+        ])
+        .arg(spec_file.path())
+        .arg(root)
+        .env_clear()
+        .output()
+        .unwrap()
+}
+
+fn bash_spec(workspace: &str, script: &str) -> Spec {
+    Spec {
+        workspace: workspace.as_bytes().to_vec(),
+        workdir: Vec::new(),
+        tmp_size: 1 << 20,
+        ro: vec![b"/etc".to_vec()],
+        egress_socket: None,
+        limits: InitLimits {
+            cpu_seconds: 10,
+            file_size_bytes: 1 << 20,
+            open_files: 64,
+            address_space_bytes: 0,
+        },
+        argv: vec![
+            b"/bin/bash".to_vec(),
+            b"-c".to_vec(),
+            script.as_bytes().to_vec(),
+        ],
+        env: vec![(b"PATH".to_vec(), b"/usr/bin:/bin".to_vec())],
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,8 +101,8 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
             status.detail
         );
     }
-    let ws = open_dir(65534);
-    let table = ProcessTable::new(sandbox.clone(), "t1", ws.path().to_path_buf(), 1);
+    let ws = sub_dir(root.path(), "t1", 65534);
+    let table = ProcessTable::new(sandbox.clone(), "t1", ws.clone(), 1);
     let limits = RunLimits {
         timeout: Duration::from_secs(10),
         idle_timeout: None,
@@ -72,7 +126,11 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
     );
     assert_eq!(String::from_utf8_lossy(&f.stdout), "65534\nhi\n");
     // The probe's own directory is gone again.
-    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("t1")]);
 }
 
 /// A service that does not run as root starts the init as itself: the sandbox must still leave
@@ -80,7 +138,8 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
 /// to write outside /workspace and /tmp.
 #[test]
 fn a_non_root_service_gets_the_same_sandbox_under_its_own_uid() {
-    let ws = open_dir(10001);
+    let root = open_dir(10001);
+    sub_dir(root.path(), "ws", 10001);
     let outside = open_dir(10001);
     let script = format!(
         "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
@@ -91,30 +150,11 @@ fn a_non_root_service_gets_the_same_sandbox_under_its_own_uid() {
          ps -e --no-headers | wc -l",
         outside = outside.path().display()
     );
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=10001",
-            "--regid=10001",
-            "--clear-groups",
-            INIT,
-            "__sandbox-init",
-        ])
-        .arg(format!("--workspace={}", ws.path().display()))
-        .args([
-            "--ro=/etc",
-            "--tmp-size=1048576",
-            "--cpu=10",
-            "--fsize=1048576",
-            "--nofile=64",
-            "--as=0",
-            "--",
-            "/bin/bash",
-            "-c",
-            &script,
-        ])
-        .env_clear()
-        .output()
-        .unwrap();
+    let out = run_init_as(
+        10001,
+        root.path(),
+        &bash_spec("ws", &script).encode().unwrap(),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -135,7 +175,7 @@ fn a_non_root_service_gets_the_same_sandbox_under_its_own_uid() {
     );
     assert!(!outside.path().join("escaped").exists());
     assert!(stdout.contains("inside-written"), "{stdout}");
-    assert!(ws.path().join("inside").exists());
+    assert!(root.path().join("ws/inside").exists());
     // pid 1 (the init), bash, ps and wc: nothing of the host.
     let processes: usize = lines.last().unwrap().trim().parse().unwrap();
     assert!(processes <= 4, "{stdout}");
@@ -143,14 +183,14 @@ fn a_non_root_service_gets_the_same_sandbox_under_its_own_uid() {
 
 #[test]
 fn a_layer_that_cannot_be_set_up_stops_the_command() {
-    let missing = Path::new("/nonexistent-workspace");
-    let out = Command::new(INIT)
-        .arg("__sandbox-init")
-        .arg(format!("--workspace={}", missing.display()))
-        .args(["--", "/bin/bash", "-c", "echo ran"])
-        .env_clear()
-        .output()
-        .unwrap();
+    let root = open_dir(10001);
+    let out = run_init_as(
+        10001,
+        root.path(),
+        &bash_spec("nonexistent-workspace", "echo ran")
+            .encode()
+            .unwrap(),
+    );
     assert_eq!(
         out.status.code(),
         Some(toolexec_sandbox::init::SETUP_FAILED)
@@ -161,22 +201,65 @@ fn a_layer_that_cannot_be_set_up_stops_the_command() {
         stderr.starts_with(toolexec_sandbox::init::ERROR_PREFIX),
         "{stderr}"
     );
-    assert!(stderr.contains("/nonexistent-workspace"), "{stderr}");
-    let bad = Command::new(INIT)
-        .args(["__sandbox-init", "--cpu=many", "--", "/bin/true"])
-        .env_clear()
-        .output()
+    assert!(stderr.contains("nonexistent-workspace"), "{stderr}");
+    // A spec it cannot read, or none at all.
+    for spec in [&b"cpu=many\0"[..], b""] {
+        let bad = run_init_as(10001, root.path(), spec);
+        assert_eq!(
+            bad.status.code(),
+            Some(toolexec_sandbox::init::SETUP_FAILED),
+            "{}",
+            String::from_utf8_lossy(&bad.stderr)
+        );
+        assert!(bad.stdout.is_empty());
+    }
+}
+
+/// The workspace root is handed to the init as a descriptor: a data directory the sandbox user
+/// cannot enter (`mktemp -d` makes it 0700) still works, as long as the root itself is
+/// searchable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_root_under_a_private_directory_still_works() {
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let root = sub_dir(private.path(), "workspaces", 0);
+    let sandbox = Sandbox::probe(config(), &root).await;
+    assert!(sandbox.status().ready, "{:?}", sandbox.status());
+    let ws = sub_dir(&root, "s1", 65534);
+    let table = ProcessTable::new(sandbox.clone(), "s1", ws.clone(), 1);
+    let limits = RunLimits {
+        timeout: Duration::from_secs(10),
+        idle_timeout: None,
+        max_output_bytes: 1 << 20,
+    };
+    let f = table
+        .run(
+            "",
+            "echo hi > f; cat /proc/1/cmdline | tr '\\0' ' '",
+            &BTreeMap::new(),
+            false,
+            &limits,
+        )
+        .await
         .unwrap();
     assert_eq!(
-        bad.status.code(),
-        Some(toolexec_sandbox::init::SETUP_FAILED)
+        f.exit_code,
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&f.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("f")).unwrap(), "hi\n");
+    // pid 1 shows its name only: no host path, no arguments.
+    assert_eq!(
+        String::from_utf8_lossy(&f.stdout).trim(),
+        "toolexec-sandbox-init"
     );
 }
 
-/// The sandbox user runs the init through the descriptor the service opened: a build under a
-/// directory it cannot enter (a clone under /root) still works.
+/// An operator-supplied init is copied into a sealed memfd from wherever it is (a build under a
+/// private directory works); a dynamically linked one is refused at start-up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_init_under_a_private_directory_still_starts() {
+async fn a_configured_init_must_be_static() {
     let private = tempfile::tempdir().unwrap();
     std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let init = private.path().join("toolexec-sandbox-init");
@@ -191,6 +274,17 @@ async fn an_init_under_a_private_directory_still_starts() {
     )
     .await;
     assert!(sandbox.status().ready, "{:?}", sandbox.status());
+    let dynamic = Sandbox::probe(
+        SandboxConfig {
+            init: Some(PathBuf::from("/bin/bash")),
+            ..SandboxConfig::default()
+        },
+        root.path(),
+    )
+    .await;
+    let status = dynamic.status();
+    assert!(!status.ready);
+    assert!(status.detail.contains("dynamically linked"), "{status:?}");
 }
 
 /// A crashed instance leaves its cgroups behind; the next start kills what is in them and

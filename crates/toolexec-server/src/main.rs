@@ -72,11 +72,6 @@ fn init_tracing(format: &str) {
 }
 
 fn main() -> anyhow::Result<()> {
-    // The sandbox init (see toolexec_sandbox::init) is this same binary: it must run before any
-    // thread exists (unshare of a user namespace and fork need a single-threaded process).
-    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(SANDBOX_INIT_ARG)) {
-        toolexec_sandbox::init::main()
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,22 +79,9 @@ fn main() -> anyhow::Result<()> {
         .block_on(run())
 }
 
-/// argv[1] that turns this binary into the sandbox init.
-const SANDBOX_INIT_ARG: &str = toolexec_sandbox::init::SUBCOMMAND;
-
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let mut config = Config::load(cli.config.as_deref()).context("loading configuration")?;
-    if config.sandbox.init.is_none() {
-        // Unless the operator names another init: the small `toolexec-sandbox-init` installed
-        // beside this binary (it execs ~1 ms faster than this one), else this binary itself.
-        let exe = std::env::current_exe().ok();
-        let beside = exe
-            .as_ref()
-            .map(|e| e.with_file_name("toolexec-sandbox-init"))
-            .filter(|p| p.exists());
-        config.sandbox.init = beside.or(exe);
-    }
+    let config = Config::load(cli.config.as_deref()).context("loading configuration")?;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             init_tracing(&config.log_format);

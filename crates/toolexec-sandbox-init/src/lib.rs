@@ -1,6 +1,8 @@
-//! `toolexec-sandbox-init`: started by the service as the unprivileged sandbox user, it makes the
-//! namespaces and the filesystem view (see `namespaces`), then, in the command's process, adds
-//! the second layers in this order and `exec`s the command:
+//! `toolexec-sandbox-init`: started by the service as the unprivileged sandbox user, with no
+//! arguments and an empty environment, it reads what to run from the descriptors the service
+//! passed ([`spec`]), makes the namespaces and the filesystem view (see `namespaces`), then, in
+//! the command's process, adds the second layers in this order and `exec`s the command with the
+//! command's environment:
 //!
 //! 1. rlimits (CPU seconds, file size, open files, no core dumps; address space where no memory
 //!    cgroup limits the session);
@@ -10,13 +12,25 @@
 //!    processes outside the domain;
 //! 4. a seccomp filter refusing what builds and tests never need (see [`denied_syscalls`]).
 //!
+//! The service runs a **statically linked** build of this crate (toolexec-sandbox's build script
+//! makes it and embeds it): no dynamic loader runs before `main`, so no loader variable and no
+//! library planted anywhere can run code in this process while it is still outside the sandbox.
+//!
 //! Any failure exits with [`SETUP_FAILED`] and a line on stderr starting with [`ERROR_PREFIX`]:
 //! the command is never run with a layer missing. Just before `exec` it writes one byte to the
-//! status descriptor (fd 3) the service passed down, so the service can tell "the sandbox failed
-//! to start" from "the command failed".
+//! status descriptor the service passed down, so the service can tell "the sandbox failed to
+//! start" from "the command failed".
+#![allow(unsafe_code)]
+
+mod namespaces;
+pub mod spec;
+
+pub use spec::{InitLimits, ROOT_FD, SPEC_FD, STATUS_FD, Spec};
+
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::OsStringExt;
+use std::ffi::CString;
+
+use spec::MAX_SPEC_BYTES;
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
@@ -31,43 +45,16 @@ use seccompiler::{
 pub const SETUP_FAILED: i32 = 125;
 /// Start of the init's error line on stderr.
 pub const ERROR_PREFIX: &str = "toolexec-sandbox-init:";
-/// The descriptor the service reads to learn that the command is about to start.
-pub const STATUS_FD: i32 = 3;
+/// Port of the egress relay inside a sandbox whose session may use the network
+/// (`HTTP_PROXY=http://127.0.0.1:3128`).
+pub const PROXY_PORT: u16 = 3128;
+/// Where the session's egress proxy socket is bound inside the sandbox.
+pub const SOCKET_IN_SANDBOX: &str = "/.toolexec-egress.sock";
 
-/// Limits the init applies with `setrlimit` (0 = leave unchanged).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InitLimits {
-    pub cpu_seconds: u64,
-    pub file_size_bytes: u64,
-    pub open_files: u64,
-    /// Address space per process, set only where no memory cgroup limits the session.
-    pub address_space_bytes: u64,
-}
-
-impl InitLimits {
-    /// The init's command-line flags for these limits.
-    pub fn to_args(&self) -> Vec<String> {
-        vec![
-            format!("--cpu={}", self.cpu_seconds),
-            format!("--fsize={}", self.file_size_bytes),
-            format!("--nofile={}", self.open_files),
-            format!("--as={}", self.address_space_bytes),
-        ]
-    }
-}
-
-/// The first argument the service passes, so that a binary that is more than the init (the
-/// `toolexec` server itself) knows to act as the init.
-pub const SUBCOMMAND: &str = "__sandbox-init";
-
-/// Entry point of the `toolexec-sandbox-init` binary (and of `toolexec __sandbox-init`). Must
-/// run in a single-threaded process.
+/// Entry point of the `toolexec-sandbox-init` binary. Must run in a single-threaded process,
+/// with the descriptors of [`spec`].
 pub fn main() -> ! {
-    let args: Vec<OsString> = std::env::args_os()
-        .skip(1)
-        .skip_while(|a| a == SUBCOMMAND)
-        .collect();
-    match run(args) {
+    match run() {
         Ok(never) => match never {},
         Err(e) => {
             eprintln!("{ERROR_PREFIX} {e}");
@@ -83,7 +70,6 @@ enum Never {}
 /// reach the command, and Landlock does not restrict descriptors already open.
 fn close_from(first: libc::c_uint) -> Result<(), String> {
     // SAFETY: close_range takes integers only.
-    #[allow(unsafe_code)]
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) };
     if rc < 0 {
         return Err(format!("close_range: {}", std::io::Error::last_os_error()));
@@ -91,64 +77,32 @@ fn close_from(first: libc::c_uint) -> Result<(), String> {
     Ok(())
 }
 
-fn run(args: Vec<OsString>) -> Result<Never, String> {
-    // Keep stdin, stdout, stderr and the status descriptor only.
-    close_from(STATUS_FD as libc::c_uint + 1)?;
-    let mut limits = InitLimits::default();
-    let mut layout = crate::namespaces::Layout::default();
-    let mut rest = args.into_iter();
-    let mut command: Vec<OsString> = Vec::new();
-    while let Some(arg) = rest.next() {
-        let s = arg.to_string_lossy().into_owned();
-        if s == "--" {
-            command = rest.collect();
-            break;
-        }
-        let (flag, value) = s
-            .split_once('=')
-            .ok_or_else(|| format!("unexpected argument {s:?}"))?;
-        match flag {
-            "--workspace" => {
-                layout.workspace = value.to_owned();
-                continue;
-            }
-            "--workdir" => {
-                layout.workdir = value.to_owned();
-                continue;
-            }
-            "--ro" => {
-                layout.ro.push(value.to_owned());
-                continue;
-            }
-            "--egress-socket" => {
-                layout.egress_socket = Some(value.to_owned());
-                continue;
-            }
-            _ => {}
-        }
-        let value: u64 = value
-            .parse()
-            .map_err(|_| format!("{flag}: not a number: {value:?}"))?;
-        match flag {
-            "--cpu" => limits.cpu_seconds = value,
-            "--fsize" => limits.file_size_bytes = value,
-            "--nofile" => limits.open_files = value,
-            "--as" => limits.address_space_bytes = value,
-            "--tmp-size" => layout.tmp_size = value,
-            _ => return Err(format!("unknown flag {flag}")),
-        }
-    }
-    if command.is_empty() {
-        return Err("no command after --".into());
-    }
-    if !layout.workspace.is_empty() {
-        crate::namespaces::enter(&layout)?;
-    }
-    apply_rlimits(&limits)?;
+fn run() -> Result<Never, String> {
+    // Keep stdin, stdout, stderr and the descriptors of the protocol only.
+    close_from(ROOT_FD as libc::c_uint + 1)?;
+    let spec = read_spec()?;
+    namespaces::enter(&spec)?;
+    apply_rlimits(&spec.limits)?;
     no_new_privs()?;
     landlock_domain()?;
     seccomp_filter()?;
-    exec(command)
+    exec(spec.argv, spec.env)
+}
+
+/// Reads and closes [`SPEC_FD`].
+fn read_spec() -> Result<Spec, String> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: the service passed SPEC_FD for this process alone; nothing else owns it.
+    let file = unsafe { std::fs::File::from_raw_fd(SPEC_FD) };
+    let mut bytes = Vec::new();
+    file.take(MAX_SPEC_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the spec (fd {SPEC_FD}): {e}"))?;
+    if bytes.len() > MAX_SPEC_BYTES {
+        return Err(format!("the spec is larger than {MAX_SPEC_BYTES} bytes"));
+    }
+    Spec::decode(&bytes)
 }
 
 fn apply_rlimits(limits: &InitLimits) -> Result<(), String> {
@@ -161,7 +115,6 @@ fn apply_rlimits(limits: &InitLimits) -> Result<(), String> {
             rlim_max: value,
         };
         // SAFETY: setrlimit reads a valid rlimit struct.
-        #[allow(unsafe_code)]
         let rc = unsafe { libc::setrlimit(resource, &lim) };
         if rc != 0 {
             return Err(format!(
@@ -180,7 +133,6 @@ fn apply_rlimits(limits: &InitLimits) -> Result<(), String> {
         rlim_max: 0,
     };
     // SAFETY: as above.
-    #[allow(unsafe_code)]
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &core) };
     if rc != 0 {
         return Err(format!(
@@ -373,25 +325,32 @@ fn seccomp_filter() -> Result<(), String> {
     Ok(())
 }
 
-fn exec(command: Vec<OsString>) -> Result<Never, String> {
-    let argv: Vec<CString> = command
+fn exec(argv: Vec<Vec<u8>>, env: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Never, String> {
+    let cstring = |b: Vec<u8>| CString::new(b).map_err(|_| "NUL in the command".to_string());
+    let argv: Vec<CString> = argv.into_iter().map(cstring).collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = env
         .into_iter()
-        .map(|a| CString::new(a.into_vec()).map_err(|_| "NUL in command".to_string()))
+        .map(|(mut name, value)| {
+            name.push(b'=');
+            name.extend_from_slice(&value);
+            cstring(name)
+        })
         .collect::<Result<_, _>>()?;
-    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
     // Tell the service the command is starting, then close the status descriptor so the command
-    // does not inherit it (a missing fd 3 is fine: the init also runs by hand for debugging).
+    // does not inherit it.
     // SAFETY: writing one byte from a valid buffer.
-    #[allow(unsafe_code)]
     unsafe {
         libc::write(STATUS_FD, b"1".as_ptr().cast(), 1);
     }
     close_from(STATUS_FD as libc::c_uint)?;
-    // SAFETY: argv is a NULL-terminated array of valid C strings that outlive the call.
-    #[allow(unsafe_code)]
+    // The command's environment takes effect here, inside every layer, and nowhere before.
+    // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that outlive the call.
     unsafe {
-        libc::execvp(argv[0].as_ptr(), ptrs.as_ptr());
+        libc::execve(argv[0].as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
     }
     let err = std::io::Error::last_os_error();
     Err(format!("exec {:?}: {err}", argv[0]))

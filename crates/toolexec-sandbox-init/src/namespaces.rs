@@ -20,23 +20,15 @@
 //! Everything here runs in a small single-threaded program (the init), so `fork` and raw system
 //! calls are safe to use; sources are opened (O_PATH) before the first mount so that a
 //! workspace under `/tmp` stays reachable once `/tmp` is covered.
-#![allow(unsafe_code)]
-
+//!
+//! The workspace and the egress socket are found beneath the directory the service passed as
+//! [`ROOT_FD`], never by a host path: the init changes into it before `unshare` (which carries
+//! the working directory over into the new mount namespace, where a bind needs its source) and
+//! opens them relative to it, so only search permission on that one directory is needed.
 use std::ffi::CString;
 use std::io;
 
-/// What the init builds around the command.
-#[derive(Debug, Clone, Default)]
-pub struct Layout {
-    pub workspace: String,
-    /// Relative to /workspace ("" for itself).
-    pub workdir: String,
-    pub tmp_size: u64,
-    /// Host directories bound read-only at the same path.
-    pub ro: Vec<String>,
-    /// The session's egress proxy socket on the host, when its policy allows network.
-    pub egress_socket: Option<String>,
-}
+use crate::spec::{ROOT_FD, Spec};
 
 fn cstr(s: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("NUL in {s:?}"))
@@ -61,11 +53,16 @@ struct Source {
 }
 
 fn open_source(path: &str) -> Result<Source, String> {
-    let c = cstr(path)?;
+    open_source_bytes(path.as_bytes())
+}
+
+fn open_source_bytes(path: &[u8]) -> Result<Source, String> {
+    let shown = String::from_utf8_lossy(path);
+    let c = CString::new(path).map_err(|_| format!("NUL in {shown:?}"))?;
     // SAFETY: a valid C string; the descriptor is ours.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(os_err(&format!("opening {path}")));
+        return Err(os_err(&format!("opening {shown}")));
     }
     Ok(Source {
         fd,
@@ -189,7 +186,7 @@ fn symlink(target: &str, link: &str) -> Result<(), String> {
 /// Enters new namespaces and forks pid 1, which builds the filesystem and returns in the
 /// command's process (the caller then applies the last layers and execs). The two processes
 /// above it never return: they wait and exit with the command's status.
-pub fn enter(layout: &Layout) -> Result<(), String> {
+pub fn enter(layout: &Spec) -> Result<(), String> {
     // SAFETY: plain getters.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let flags = libc::CLONE_NEWUSER
@@ -199,6 +196,13 @@ pub fn enter(layout: &Layout) -> Result<(), String> {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP;
+    // Into the workspace root first: unshare moves the working directory into the new mount
+    // namespace, so what is opened relative to it there can be bound.
+    // SAFETY: fchdir takes a descriptor number; ROOT_FD was passed by the service.
+    check(
+        unsafe { libc::fchdir(ROOT_FD) }.into(),
+        "entering the workspace root (fd 5; the sandbox user needs search permission on it)",
+    )?;
     // SAFETY: unshare takes flags only.
     check(unsafe { libc::unshare(flags) }.into(), "unshare")?;
     write_proc("/proc/self/setgroups", "deny")?;
@@ -212,12 +216,15 @@ pub fn enter(layout: &Layout) -> Result<(), String> {
 
     // Sources before the first mount (once /tmp is covered, a workspace below it is out of
     // reach by path), and after unshare (a bind needs a source in this mount namespace).
-    let workspace = open_source(&layout.workspace)?;
+    let workspace = open_source_bytes(&layout.workspace)?;
     let usr = open_source("/usr")?;
     let ro: Vec<(String, Source)> = layout
         .ro
         .iter()
-        .map(|p| open_source(p).map(|s| (p.clone(), s)))
+        .map(|p| {
+            let p = String::from_utf8(p.clone()).map_err(|_| "a read-only bind is not UTF-8")?;
+            open_source(&p).map(|s| (p, s))
+        })
         .collect::<Result<_, _>>()?;
     // No /dev/tty: the command has no controlling terminal (its own session), and a terminal
     // shared with the service would be a way out (TIOCSTI).
@@ -238,8 +245,10 @@ pub fn enter(layout: &Layout) -> Result<(), String> {
     let egress = layout
         .egress_socket
         .as_deref()
-        .map(open_source)
+        .map(open_source_bytes)
         .transpose()?;
+    // SAFETY: closing a descriptor number; nothing else is opened beneath the root.
+    unsafe { libc::close(ROOT_FD) };
     build_root(
         layout,
         &workspace,
@@ -258,12 +267,13 @@ pub fn enter(layout: &Layout) -> Result<(), String> {
         "sethostname",
     )?;
     loopback_up()?;
-    let dir = if layout.workdir.is_empty() {
-        "/workspace".to_owned()
-    } else {
-        format!("/workspace/{}", layout.workdir)
-    };
-    std::env::set_current_dir(&dir).map_err(|e| format!("chdir {dir}: {e}"))?;
+    let mut dir = b"/workspace".to_vec();
+    if !layout.workdir.is_empty() {
+        dir.push(b'/');
+        dir.extend_from_slice(&layout.workdir);
+    }
+    let dir = <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(dir);
+    std::env::set_current_dir(&dir).map_err(|e| format!("chdir {}: {e}", dir.display()))?;
 
     // pid 1 keeps no power over the sandbox it supervises.
     drop_capabilities()?;
@@ -280,14 +290,8 @@ pub fn enter(layout: &Layout) -> Result<(), String> {
 /// service's egress proxy through the bound UNIX socket. It is listening before the command
 /// starts, and dies with the PID namespace.
 fn start_relay() -> Result<(), String> {
-    let listener =
-        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, crate::egress::PROXY_PORT))
-            .map_err(|e| {
-                format!(
-                    "egress relay on 127.0.0.1:{}: {e}",
-                    crate::egress::PROXY_PORT
-                )
-            })?;
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, crate::PROXY_PORT))
+        .map_err(|e| format!("egress relay on 127.0.0.1:{}: {e}", crate::PROXY_PORT))?;
     // SAFETY: single-threaded program.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -304,7 +308,7 @@ fn start_relay() -> Result<(), String> {
         libc::close(0);
         libc::close(1);
         libc::close(2);
-        libc::close(crate::init::STATUS_FD);
+        libc::close(crate::STATUS_FD);
     }
     for conn in listener.incoming() {
         let Ok(tcp) = conn else { continue };
@@ -315,7 +319,7 @@ fn start_relay() -> Result<(), String> {
 }
 
 fn relay(tcp: std::net::TcpStream) {
-    let Ok(unix) = std::os::unix::net::UnixStream::connect(crate::egress::SOCKET_IN_SANDBOX) else {
+    let Ok(unix) = std::os::unix::net::UnixStream::connect(crate::SOCKET_IN_SANDBOX) else {
         return;
     };
     let (Ok(mut tcp_r), Ok(mut unix_w)) = (tcp.try_clone(), unix.try_clone()) else {
@@ -342,7 +346,9 @@ fn wait_in_parent(what: &str) -> Result<(), String> {
     if pid == 0 {
         return Ok(());
     }
-    // Not interested in anything but our child's end; stdio stays open for the command only.
+    // Not interested in anything but our child's end; the workspace root is the child's business.
+    // SAFETY: closing a descriptor number.
+    unsafe { libc::close(ROOT_FD) };
     let status = wait_for(pid);
     exit_like(status)
 }
@@ -385,7 +391,7 @@ fn reap_as_pid1() -> Result<(), String> {
     }
     // Do not hold the status pipe: the service learns about setup from the command's side.
     // SAFETY: closing a descriptor number.
-    unsafe { libc::close(crate::init::STATUS_FD) };
+    unsafe { libc::close(crate::STATUS_FD) };
     let mut status = 0;
     loop {
         let mut s = 0;
@@ -403,7 +409,7 @@ fn reap_as_pid1() -> Result<(), String> {
 }
 
 fn build_root(
-    layout: &Layout,
+    layout: &Spec,
     workspace: &Source,
     usr: &Source,
     ro: &[(String, Source)],
@@ -490,7 +496,7 @@ fn build_root(
     )?;
 
     if let Some(src) = egress {
-        let node = at(crate::egress::SOCKET_IN_SANDBOX);
+        let node = at(crate::SOCKET_IN_SANDBOX);
         touch(&node)?;
         mount(Some(&src.name), &node, None, bind, None)?;
     }

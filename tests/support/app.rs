@@ -60,8 +60,13 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
 
 /// A server on the embedded SQLite store, the zero-configuration default.
 pub async fn spawn_sqlite_app() -> TestApp {
+    spawn_sqlite_app_with(|_| {}).await
+}
+
+/// Like [`spawn_sqlite_app`], with the configuration adjusted first.
+pub async fn spawn_sqlite_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let data = data_dir();
-    let config = Config {
+    let mut config = Config {
         bind: "127.0.0.1:0".into(),
         data_dir: data.path().to_owned(),
         node: Some("test-node".into()),
@@ -69,6 +74,7 @@ pub async fn spawn_sqlite_app() -> TestApp {
         sandbox: sandbox_config(),
         ..Config::default()
     };
+    adjust(&mut config);
     TestApp::start(config, data, None).await
 }
 

@@ -17,6 +17,11 @@ pub struct Limits {
     pub max_blob_bytes: usize,
     /// Most seed files in `POST /v1/sessions`.
     pub max_seed_files: usize,
+    /// Most sessions whose runtime (workspace descriptor, inotify instance, process table,
+    /// read-state) a node keeps at once; the least recently used idle ones are dropped beyond it
+    /// (and rebuilt on their next call, with their read-state forgotten). The service lowers it
+    /// further to what its open-file limit allows (see docs/operator.md).
+    pub max_cached_sessions: usize,
     // --- sessions and descriptors ---
     // --- workspace scans ---
     // --- the store ---
@@ -31,6 +36,7 @@ impl Default for Limits {
             max_timeout_ms: 600_000,
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
+            max_cached_sessions: 10_000,
             // --- sessions and descriptors ---
             // --- workspace scans ---
             // --- the store ---

@@ -74,6 +74,8 @@ pub struct Engine {
     runtimes: Mutex<HashMap<Uuid, Arc<SessionRuntime>>>,
     /// Calls running on this node, by (session, call id): a retry of a running call waits here.
     inflight: calls::Inflight,
+    /// When the engine started: the clock of the runtimes' least-recently-used order.
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for Engine {
@@ -121,6 +123,7 @@ impl Engine {
             config,
             runtimes: Mutex::new(HashMap::new()),
             inflight: calls::Inflight::default(),
+            started: std::time::Instant::now(),
         }))
     }
 

@@ -27,6 +27,7 @@ pub struct Metrics {
     commit_batch: Histogram,
     scan_seconds: Histogram,
     scans: Family<ScanLabel, Counter>,
+    sessions_evicted: Counter,
 }
 
 /// How a workspace scan found its changes: `events` (inotify) or why it walked the tree.
@@ -57,6 +58,12 @@ impl Default for Metrics {
         let commit_batch = Histogram::new(exponential_buckets(1.0, 2.0, 10));
         let scan_seconds = latency_histogram();
         let scans = Family::<ScanLabel, Counter>::default();
+        let sessions_evicted = Counter::default();
+        registry.register(
+            "session_runtimes_evicted",
+            "Idle sessions whose runtime (workspace handle, inotify instance, read-state) was dropped to stay within limits.max_cached_sessions",
+            sessions_evicted.clone(),
+        );
         registry.register(
             "workspace_scans",
             "Workspace scans by mode: events (inotify, no walk) or the reason for a full walk",
@@ -91,6 +98,7 @@ impl Default for Metrics {
             commit_batch,
             scan_seconds,
             scans,
+            sessions_evicted,
         }
     }
 }
@@ -122,6 +130,10 @@ impl Metrics {
                 mode: mode.to_owned(),
             })
             .inc();
+    }
+
+    pub fn sessions_evicted(&self, n: u64) {
+        self.sessions_evicted.inc_by(n);
     }
 
     /// Prometheus text exposition.

@@ -29,6 +29,9 @@ pub struct SessionRuntime {
     pub calls: Mutex<HashMap<String, CallKey>>,
     /// The session's sandbox and background processes (when the engine has a sandbox).
     pub processes: Option<Arc<ProcessTable>>,
+    /// When the session was last used on this node (milliseconds on the engine's clock): the
+    /// least recently used idle runtimes go first when the node keeps too many.
+    last_used: std::sync::atomic::AtomicU64,
     /// What the workspace looked like after the last mutating call: the next one's changes
     /// (a shell command's, a background process's) are found by comparing with it. Taken just
     /// before the session's first command: until then only tools change the workspace, and they
@@ -89,10 +92,6 @@ impl OutputSource for RecordedOutputs {
     }
 }
 
-/// Most sessions whose runtime a node keeps; idle ones beyond it are dropped (and rebuilt from
-/// the store on their next call). Dropping one forgets its read-state: writes need a re-read.
-const MAX_RUNTIMES: usize = 10_000;
-
 /// Most sessions in one page of `list_sessions`.
 pub const MAX_PAGE: u32 = 200;
 
@@ -121,8 +120,20 @@ impl SessionRuntime {
             schedule: tokio::sync::RwLock::new(()),
             calls: Mutex::new(calls.into_iter().map(|k| (k.call_id.clone(), k)).collect()),
             processes,
+            last_used: std::sync::atomic::AtomicU64::new(0),
             snapshot: tokio::sync::Mutex::new(None),
         }
+    }
+
+    fn touch(&self, now_ms: u64) {
+        self.last_used
+            .store(now_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether nothing but the cache holds it and nothing of it runs: it can be dropped and
+    /// rebuilt later (with its read-state forgotten).
+    fn is_idle(self: &Arc<Self>) -> bool {
+        Arc::strong_count(self) == 1 && !self.has_running_processes()
     }
 
     /// Takes the baseline the side-effect scans compare with (hashes every file once), unless
@@ -180,7 +191,10 @@ impl Engine {
             .lock()
             .map_err(|_| EngineError::Internal("runtime map poisoned".into()))?;
         match map.get(&session_id) {
-            Some(rt) if rt.session.tenant_id == tenant_id => Ok(Some(rt.clone())),
+            Some(rt) if rt.session.tenant_id == tenant_id => {
+                rt.touch(self.clock_ms());
+                Ok(Some(rt.clone()))
+            }
             Some(_) => Err(EngineError::NotFound),
             None => Ok(None),
         }
@@ -194,10 +208,12 @@ impl Engine {
         }
         let dir = self.workspace_dir(session.id);
         let workspace = Workspace::open(&dir).map_err(|e| {
-            EngineError::Unavailable(format!(
-                "the workspace of session {} is not on this node ({e}); route a session's requests to the node that created it",
-                session.id
-            ))
+            out_of_descriptors(&e).unwrap_or_else(|| {
+                EngineError::Unavailable(format!(
+                    "the workspace of session {} is not on this node ({e}); route a session's requests to the node that created it",
+                    session.id
+                ))
+            })
         })?;
         let calls = self.store.call_index(session.id).await?;
         let rt = Arc::new(SessionRuntime::new(
@@ -217,11 +233,40 @@ impl Engine {
         if let Some(existing) = map.get(&rt.session.id) {
             return existing.clone();
         }
-        if map.len() >= MAX_RUNTIMES {
-            map.retain(|_, r| Arc::strong_count(r) > 1 || r.has_running_processes());
+        let budget = self.config.limits.max_cached_sessions.max(1);
+        if map.len() >= budget {
+            // Down to 90 % of the budget at once, so that eviction is not paid on every new
+            // session; a runtime in use or with processes running is never dropped.
+            let keep = budget - budget / 10 - 1;
+            let mut idle: Vec<(u64, Uuid)> = map
+                .iter()
+                .filter(|(_, r)| r.is_idle())
+                .map(|(id, r)| (r.last_used.load(std::sync::atomic::Ordering::Relaxed), *id))
+                .collect();
+            idle.sort_unstable();
+            let excess = map.len().saturating_sub(keep);
+            let mut dropped = 0;
+            for (_, id) in idle.into_iter().take(excess) {
+                map.remove(&id);
+                dropped += 1;
+            }
+            self.metrics.sessions_evicted(dropped);
+            if map.len() >= budget {
+                tracing::warn!(
+                    cached = map.len(),
+                    budget,
+                    "every cached session is in use: keeping more than limits.max_cached_sessions"
+                );
+            }
         }
+        rt.touch(self.clock_ms());
         map.insert(rt.session.id, rt.clone());
         rt
+    }
+
+    /// Milliseconds since the engine started (a clock for least-recently-used order only).
+    fn clock_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn tool_context(&self, session: &Session, rt: &SessionRuntime) -> ToolContext {
@@ -341,8 +386,11 @@ impl Engine {
             last_seq: 0,
         };
         let dir = self.workspace_dir(id);
-        let workspace = Workspace::create(&dir)
-            .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?;
+        let workspace = Workspace::create(&dir).map_err(|e| {
+            remove_dir(&dir);
+            out_of_descriptors(&e)
+                .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
+        })?;
         if let Err(e) = self.give_workspace_to_sandbox(&dir) {
             remove_dir(&dir);
             return Err(EngineError::Internal(format!(
@@ -567,6 +615,21 @@ pub(crate) fn is_loader_variable(name: &str) -> bool {
 
 pub(crate) fn invalid(code: &'static str, detail: String) -> EngineError {
     EngineError::Invalid { code, detail }
+}
+
+/// "Too many open files" (of this process or of the host) is a node at capacity, not a bug: the
+/// client may retry, later or elsewhere.
+fn out_of_descriptors(e: &std::io::Error) -> Option<EngineError> {
+    matches!(
+        rustix::io::Errno::from_io_error(e),
+        Some(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)
+    )
+    .then(|| {
+        tracing::error!(error = %e, "out of file descriptors: raise the service's RLIMIT_NOFILE or lower limits.max_cached_sessions");
+        EngineError::Unavailable(
+            "this node has no file descriptors left for another session; retry later".into(),
+        )
+    })
 }
 
 fn remove_dir(dir: &std::path::Path) {

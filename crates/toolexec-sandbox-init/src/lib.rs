@@ -110,6 +110,21 @@ fn apply_rlimits(limits: &InitLimits) -> Result<(), String> {
         if value == 0 {
             return Ok(());
         }
+        // Never above the limit the init inherited: an unprivileged process cannot raise a hard
+        // limit, and a service started with a lower one (a container's, say) must still run
+        // commands — under the lower limit, which is tighter, never looser.
+        let mut current = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes a valid rlimit struct.
+        if unsafe { libc::getrlimit(resource, &mut current) } != 0 {
+            return Err(format!(
+                "getrlimit {name}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let value = value.min(current.rlim_max);
         let lim = libc::rlimit {
             rlim_cur: value,
             rlim_max: value,

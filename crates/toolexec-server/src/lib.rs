@@ -76,6 +76,8 @@ pub async fn auth_mode(config: &Config, store: &dyn Store) -> anyhow::Result<Aut
     Ok(AuthMode::Local(store.ensure_tenant("local").await?))
 }
 
+pub mod descriptors;
+
 /// Builds the application state from a configuration: store (migrated if configured), engine
 /// (which interrupts this node's leftovers from a previous run) and auth.
 pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
@@ -87,6 +89,19 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
     let registry = Arc::new(Registry::builtin().context("building the tool registry")?);
     let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
     engine_config.limits = config.limits.clone();
+    let fds = descriptors::raise_open_files_limit();
+    let cached = descriptors::session_budget(fds.soft, config.max_concurrent_requests);
+    if cached < engine_config.limits.max_cached_sessions {
+        tracing::warn!(
+            open_files = fds.soft,
+            configured = engine_config.limits.max_cached_sessions,
+            kept = cached,
+            "the open-file limit allows fewer cached sessions than limits.max_cached_sessions: \
+             idle sessions beyond it drop their workspace handles (raise the hard RLIMIT_NOFILE \
+             of the service to keep more)"
+        );
+        engine_config.limits.max_cached_sessions = cached;
+    }
     engine_config.recorder_writers = config.recorder_writers;
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let sandbox =

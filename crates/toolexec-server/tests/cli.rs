@@ -37,3 +37,81 @@ fn a_typo_in_the_config_file_is_an_error_that_names_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bnid"));
 }
+
+/// `toolexec serve` started the way an operator does, with a config file; killed on drop.
+struct Served {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `toolexec serve` through `bash -c "<prelude>; exec toolexec serve …"` (so a test can set
+/// limits first) and waits until it logs that it listens.
+fn serve_with(prelude: &str) -> Served {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolexec.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "bind = \"127.0.0.1:0\"\nlog_format = \"text\"\ndata_dir = \"{}\"\n",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("/bin/bash")
+        .arg("-c")
+        .arg(format!("{prelude}; exec \"$0\" --config \"$1\" serve"))
+        .arg(env!("CARGO_BIN_EXE_toolexec"))
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(line) if line.contains("listening") => {
+                return Served { child, _dir: dir };
+            }
+            Ok(line) => seen.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    panic!("toolexec serve did not start:\n{}", seen.join("\n"));
+}
+
+fn limit_of(pid: u32, name: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with(name)).unwrap();
+    let fields: Vec<&str> = line[name.len()..].split_whitespace().collect();
+    (fields[0].to_owned(), fields[1].to_owned())
+}
+
+#[test]
+fn serving_raises_the_soft_open_file_limit_to_the_hard_limit() {
+    let served = serve_with("ulimit -S -n 1024 && ulimit -H -n 8192");
+    assert_eq!(
+        limit_of(served.child.id(), "Max open files"),
+        ("8192".to_owned(), "8192".to_owned())
+    );
+}

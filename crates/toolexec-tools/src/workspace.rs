@@ -394,11 +394,14 @@ impl Workspace {
             Mode::empty(),
             JAIL,
         )
-        .map_err(|e| {
-            io::Error::new(
+        .map_err(|e| match e {
+            // Only these say the kernel (or a seccomp filter) lacks openat2; anything else —
+            // out of descriptors, say — is what it is.
+            rustix::io::Errno::NOSYS | rustix::io::Errno::PERM | rustix::io::Errno::INVAL => io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!("openat2 with RESOLVE_BENEATH is unavailable ({e}); the workspace jail needs Linux 5.6 or later"),
-            )
+            ),
+            other => other.into(),
         })?;
         Ok(Self {
             root,

@@ -97,6 +97,7 @@ fn serve_with(prelude: &str) -> Served {
         }
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!("toolexec serve did not start:\n{}", seen.join("\n"));
 }
 

@@ -1,5 +1,6 @@
 //! test support
 
 pub mod app;
+pub mod binary;
 pub mod db;
 pub mod fixtures;

@@ -1,10 +1,11 @@
 //! Configuration: defaults, then a TOML file, then `TOOLEXEC_*` environment variables.
 //! Secrets (the database URL's password) never appear in `Debug` output or logs.
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -99,13 +100,234 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Whether an environment key (prefix stripped, lowercased, `__` → `.`) names a field of
-/// [`Config`]. Other `TOOLEXEC_*` variables are ignored rather than fatal: the environment is
-/// shared with things we do not control (service links, our own `TOOLEXEC_CONFIG`).
-fn is_config_key(key: &str) -> bool {
-    let top = key.split('.').next().unwrap_or_default();
-    // Every field serializes (unset options as null), so the default's keys are all the keys.
-    matches!(serde_json::to_value(Config::default()), Ok(serde_json::Value::Object(f)) if f.contains_key(top))
+/// Where the value of a setting came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File(PathBuf),
+    /// The variable's name.
+    Env(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(p) => write!(f, "file {}", p.display()),
+            Source::Env(v) => write!(f, "environment {v}"),
+        }
+    }
+}
+
+/// A configuration and where each of its settings came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Every setting's key (`bind`, `limits.max_blob_bytes`, …) and its source.
+    pub sources: BTreeMap<String, Source>,
+}
+
+/// The prefix of the environment variables that set configuration keys.
+pub const ENV_PREFIX: &str = "TOOLEXEC_";
+
+/// `TOOLEXEC_*` variables that are not settings and are left alone: `TOOLEXEC_CONFIG` (the
+/// file to read) and the service-link variables Kubernetes defines for a Service named
+/// `toolexec` (`TOOLEXEC_SERVICE_HOST`, `TOOLEXEC_PORT_8080_TCP_ADDR`, …). Any other variable with
+/// the prefix must name a setting: a typo is an error, not a default silently kept.
+fn is_foreign_variable(rest: &str) -> bool {
+    if rest == "CONFIG" || rest == "PORT" || rest.starts_with("SERVICE_") {
+        return true;
+    }
+    // PORT_<number>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]
+    let mut parts = rest.split('_');
+    parts.next() == Some("PORT")
+        && parts
+            .next()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        && parts
+            .next()
+            .is_some_and(|p| ["TCP", "UDP", "SCTP"].contains(&p))
+        && parts
+            .next()
+            .is_none_or(|f| ["PROTO", "PORT", "ADDR"].contains(&f))
+        && parts.next().is_none()
+}
+
+/// The default configuration as JSON: every field serializes (unset options as null).
+fn defaults_json() -> serde_json::Value {
+    serde_json::to_value(Config::default()).unwrap_or_default()
+}
+
+/// The value at a dotted key of a JSON object.
+fn at_key<'a>(root: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    key.split('.').try_fold(root, |v, part| v.get(part))
+}
+
+/// Every setting's key: the leaves of the default configuration, nested tables joined by `.`.
+pub fn setting_keys() -> BTreeSet<String> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                for (name, v) in fields {
+                    let key = if prefix.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{prefix}.{name}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            _ => {
+                out.insert(prefix.to_owned());
+            }
+        }
+    }
+    let mut keys = BTreeSet::new();
+    walk("", &defaults_json(), &mut keys);
+    keys
+}
+
+/// `LIMITS__MAX_BLOB_BYTES` (the prefix stripped) → `limits.max_blob_bytes`.
+fn env_key(rest: &str) -> String {
+    rest.to_ascii_lowercase().replace("__", ".")
+}
+
+/// `limits.max_blob_bytes` → `TOOLEXEC_LIMITS__MAX_BLOB_BYTES`.
+pub fn env_name(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.to_ascii_uppercase().replace('.', "__")
+    )
+}
+
+/// The settings the environment sets: `(key, variable, value)`. Fails on a `TOOLEXEC_*`
+/// variable that names no setting, saying which setting it probably meant.
+fn settings_from_env(
+    vars: impl Iterator<Item = (String, String)>,
+    keys: &BTreeSet<String>,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    let mut found = Vec::new();
+    let mut unknown = Vec::new();
+    for (var, value) in vars {
+        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if is_foreign_variable(rest) {
+            continue;
+        }
+        let key = env_key(rest);
+        if keys.contains(&key) {
+            found.push((key, var, value));
+        } else {
+            let hint = keys
+                .iter()
+                .map(|k| (strsim::jaro_winkler(k, &key), k))
+                .filter(|(score, _)| *score > 0.85)
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, k)| format!(" (did you mean {}?)", env_name(k)))
+                .unwrap_or_default();
+            unknown.push(format!("{var}{hint}"));
+        }
+    }
+    if !unknown.is_empty() {
+        unknown.sort();
+        anyhow::bail!(
+            "{} no setting: {}. Every TOOLEXEC_* variable must name a key of docs/operator.md (nested keys with `__`, e.g. TOOLEXEC_LIMITS__MAX_BLOB_BYTES); only TOOLEXEC_CONFIG and Kubernetes service-link variables are ignored",
+            if unknown.len() == 1 {
+                "this variable names"
+            } else {
+                "these variables name"
+            },
+            unknown.join(", ")
+        );
+    }
+    Ok(found)
+}
+
+/// An environment variable's text as the type the setting has (the type of its default):
+/// strings stay strings (`TOOLEXEC_NODE=42` is the name "42"), numbers and booleans are parsed,
+/// lists are a JSON array or comma-separated.
+fn env_value(key: &str, var: &str, text: &str) -> anyhow::Result<serde_json::Value> {
+    use serde_json::Value;
+    let defaults = defaults_json();
+    let wrong = |what: &str| anyhow::anyhow!("{var}: expected {what}, got {text:?}");
+    Ok(match at_key(&defaults, key) {
+        Some(Value::Bool(_)) => match text.trim() {
+            "true" | "1" => Value::Bool(true),
+            "false" | "0" => Value::Bool(false),
+            _ => return Err(wrong("true or false")),
+        },
+        Some(Value::Number(n)) if n.is_f64() => {
+            Value::from(text.trim().parse::<f64>().map_err(|_| wrong("a number"))?)
+        }
+        Some(Value::Number(_)) => Value::from(
+            text.trim()
+                .parse::<u64>()
+                .map_err(|_| wrong("a whole number"))?,
+        ),
+        Some(Value::Array(_)) => {
+            if text.trim_start().starts_with('[') {
+                serde_json::from_str(text).map_err(|_| wrong("a JSON array"))?
+            } else {
+                Value::Array(
+                    text.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| Value::String(s.to_owned()))
+                        .collect(),
+                )
+            }
+        }
+        // Strings, and the unset options (all of them strings or paths).
+        _ => Value::String(text.to_owned()),
+    })
+}
+
+/// A nested JSON object with `value` at the dotted `key`.
+fn insert_at(
+    root: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    value: serde_json::Value,
+) {
+    match key.split_once('.') {
+        None => {
+            root.insert(key.to_owned(), value);
+        }
+        Some((head, rest)) => {
+            let child = root
+                .entry(head.to_owned())
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+            if let serde_json::Value::Object(map) = child {
+                insert_at(map, rest, value);
+            }
+        }
+    }
+}
+
+/// The leaf keys of a provider's data (what a file sets).
+fn provided_keys(provider: &impl figment::Provider) -> BTreeSet<String> {
+    fn walk(prefix: &str, dict: &figment::value::Dict, out: &mut BTreeSet<String>) {
+        for (name, value) in dict {
+            let key = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}.{name}")
+            };
+            match value {
+                figment::value::Value::Dict(_, inner) => walk(&key, inner, out),
+                _ => {
+                    out.insert(key);
+                }
+            }
+        }
+    }
+    let mut keys = BTreeSet::new();
+    if let Ok(data) = provider.data() {
+        for dict in data.values() {
+            walk("", dict, &mut keys);
+        }
+    }
+    keys
 }
 
 /// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
@@ -123,34 +345,88 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl Config {
-    /// Defaults ← file (if given or `toolexec.toml` exists) ← `TOOLEXEC_*` env
-    /// (`TOOLEXEC_LIMITS__MAX_BLOB_BYTES` for nested keys).
-    pub fn load(file: Option<&std::path::Path>) -> Result<Self, Box<figment::Error>> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        match file {
-            Some(path) => fig = fig.merge(Toml::file_exact(path)),
-            None => fig = fig.merge(Toml::file("toolexec.toml")),
-        }
-        fig.merge(
-            Env::prefixed("TOOLEXEC_")
-                .split("__")
-                .filter(|key| is_config_key(key.as_str())),
-        )
-        .extract()
-        .map_err(Box::new)
+    /// Defaults ← file ← `TOOLEXEC_*` environment (see [`Config::load_from`]).
+    pub fn load(file: Option<&Path>) -> anyhow::Result<Self> {
+        Ok(Self::load_with_sources(file)?.config)
     }
 
-    /// `TOOLEXEC_*` variables that name no configuration key (logged as a warning at start-up):
-    /// `TOOLEXEC_CONFIG` itself, Kubernetes service links such as `TOOLEXEC_SERVICE_HOST`, typos.
-    pub fn ignored_env_vars() -> Vec<String> {
-        std::env::vars_os()
-            .filter_map(|(k, _)| k.into_string().ok())
-            .filter(|k| {
-                k.strip_prefix("TOOLEXEC_").is_some_and(|rest| {
-                    !is_config_key(&rest.to_ascii_lowercase().replace("__", "."))
-                })
+    /// [`Config::load_from`] with this process's environment.
+    pub fn load_with_sources(file: Option<&Path>) -> anyhow::Result<Loaded> {
+        Self::load_from(
+            file,
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
+    /// Defaults, then the file (`file`, else `./toolexec.toml` if it exists), then the
+    /// `TOOLEXEC_*` variables of `env` (`TOOLEXEC_LIMITS__MAX_BLOB_BYTES` for nested keys). An
+    /// unknown key in the file or the environment is an error that names it.
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<Loaded> {
+        let keys = setting_keys();
+        let from_env = settings_from_env(env, &keys)?;
+        let path = match file {
+            Some(p) => Some(p.to_path_buf()),
+            None => Some(PathBuf::from("toolexec.toml")).filter(|p| p.is_file()),
+        };
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        let mut from_file = BTreeSet::new();
+        if let Some(p) = &path {
+            let toml = Toml::file_exact(p);
+            from_file = provided_keys(&toml);
+            fig = fig.merge(toml);
+        }
+        let mut overrides = serde_json::Map::new();
+        for (key, var, text) in &from_env {
+            insert_at(&mut overrides, key, env_value(key, var, text)?);
+        }
+        fig = fig.merge(Serialized::defaults(serde_json::Value::Object(overrides)));
+        let config: Config = fig.extract().map_err(|e| {
+            // Figment names the key; say which variable set it when one did.
+            let mut text = e.to_string();
+            for (key, var, _) in &from_env {
+                if text.contains(key.as_str()) {
+                    text.push_str(&format!(" (set by {var})"));
+                }
+            }
+            anyhow::anyhow!(text)
+        })?;
+        let sources = keys
+            .into_iter()
+            .map(|key| {
+                let source = match (from_env.iter().find(|(k, ..)| *k == key), &path) {
+                    (Some((_, var, _)), _) => Source::Env(var.clone()),
+                    (None, Some(p)) if from_file.contains(&key) => Source::File(p.clone()),
+                    _ => Source::Default,
+                };
+                (key, source)
             })
-            .collect()
+            .collect();
+        Ok(Loaded { config, sources })
+    }
+
+    /// The effective configuration, one `key = value  # source` line per setting (TOML values;
+    /// the database password redacted), for `toolexec config`.
+    pub fn describe(loaded: &Loaded) -> String {
+        let values = serde_json::to_value(&loaded.config).unwrap_or_default();
+        let mut out = String::new();
+        for (key, source) in &loaded.sources {
+            let mut value = at_key(&values, key).cloned().unwrap_or_default();
+            if key == "database_url"
+                && let serde_json::Value::String(url) = &value
+            {
+                value = serde_json::Value::String(redact_url(url));
+            }
+            let shown = match &value {
+                serde_json::Value::Null => "(unset)".to_owned(),
+                v => v.to_string(),
+            };
+            out.push_str(&format!("{key} = {shown}  # {source}\n"));
+        }
+        out
     }
 
     pub fn bind_addr(&self) -> anyhow::Result<SocketAddr> {
@@ -181,14 +457,105 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn env(vars: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        vars.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
     #[test]
-    fn only_toolexec_variables_that_name_a_setting_are_read() {
-        assert!(is_config_key("bind"));
-        assert!(is_config_key("database_url"));
-        assert!(is_config_key("limits.max_blob_bytes"));
-        assert!(!is_config_key("config"));
-        assert!(!is_config_key("service_host"));
-        assert!(!is_config_key("port_8080_tcp"));
+    fn every_setting_has_a_key_and_nested_ones_use_dots() {
+        let keys = setting_keys();
+        for k in [
+            "bind",
+            "database_url",
+            "node",
+            "limits.max_blob_bytes",
+            "sandbox.max_background",
+            "sandbox.ro_binds",
+        ] {
+            assert!(keys.contains(k), "{k}");
+        }
+        assert!(!keys.contains("limits") && !keys.contains("sandbox"));
+    }
+
+    #[test]
+    fn variables_set_settings_with_their_types() {
+        let loaded = Config::load_from(
+            None,
+            env(&[
+                ("TOOLEXEC_BIND", "127.0.0.1:9000"),
+                ("TOOLEXEC_DATABASE_URL", "postgres://app:pw@db/x"),
+                ("TOOLEXEC_NODE", "42"),
+                ("TOOLEXEC_SANDBOX__MAX_BACKGROUND", "3"),
+                ("TOOLEXEC_SANDBOX__CPU_CORES", "0.5"),
+                ("TOOLEXEC_SANDBOX__EGRESS", "false"),
+                ("TOOLEXEC_SANDBOX__RO_BINDS", "/etc, /opt/tools"),
+                ("TOOLEXEC_LIMITS__MAX_BLOB_BYTES", "1024"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        let c = &loaded.config;
+        assert_eq!(c.bind, "127.0.0.1:9000");
+        assert_eq!(c.database_url.as_deref(), Some("postgres://app:pw@db/x"));
+        assert_eq!(c.node.as_deref(), Some("42"));
+        assert_eq!(c.sandbox.max_background, 3);
+        assert_eq!(c.sandbox.cpu_cores, 0.5);
+        assert!(!c.sandbox.egress);
+        assert_eq!(
+            c.sandbox.ro_binds,
+            vec![PathBuf::from("/etc"), PathBuf::from("/opt/tools")]
+        );
+        assert_eq!(c.limits.max_blob_bytes, 1024);
+        assert_eq!(loaded.sources["bind"], Source::Env("TOOLEXEC_BIND".into()));
+        assert_eq!(loaded.sources["log_format"], Source::Default);
+        let shown = Config::describe(&loaded);
+        assert!(
+            shown.contains(
+                "database_url = \"postgres://app:***@db/x\"  # environment TOOLEXEC_DATABASE_URL"
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("pw@"), "{shown}");
+    }
+
+    #[test]
+    fn a_misspelled_variable_is_an_error_that_names_it_and_the_likely_setting() {
+        let err = Config::load_from(None, env(&[("TOOLEXEC_BNID", "127.0.0.1:1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TOOLEXEC_BNID"), "{err}");
+        assert!(err.contains("did you mean TOOLEXEC_BIND"), "{err}");
+        let err = Config::load_from(None, env(&[("TOOLEXEC_SANDBOX__MAX_BAKGROUND", "1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TOOLEXEC_SANDBOX__MAX_BACKGROUND"), "{err}");
+        let err = Config::load_from(None, env(&[("TOOLEXEC_LIMITS__MAX_BLOB_BYTES", "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TOOLEXEC_LIMITS__MAX_BLOB_BYTES"), "{err}");
+    }
+
+    #[test]
+    fn the_config_file_and_service_links_are_not_settings() {
+        let loaded = Config::load_from(
+            None,
+            env(&[
+                ("TOOLEXEC_CONFIG", "/etc/toolexec/toolexec.toml"),
+                ("TOOLEXEC_SERVICE_HOST", "10.0.0.1"),
+                ("TOOLEXEC_SERVICE_PORT", "8080"),
+                ("TOOLEXEC_SERVICE_PORT_HTTP", "8080"),
+                ("TOOLEXEC_PORT", "tcp://10.0.0.1:8080"),
+                ("TOOLEXEC_PORT_8080_TCP", "tcp://10.0.0.1:8080"),
+                ("TOOLEXEC_PORT_8080_TCP_ADDR", "10.0.0.1"),
+            ]),
+        );
+        assert!(loaded.is_ok(), "{:?}", loaded.err());
+        assert!(is_foreign_variable("PORT_8080_TCP_PROTO"));
+        assert!(!is_foreign_variable("PORT_EIGHTY_TCP"));
+        assert!(!is_foreign_variable("BIND"));
     }
 
     #[test]

@@ -37,6 +37,9 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// Print the effective configuration: every setting, its value and where it came from
+    /// (default, file, environment), the database password redacted.
+    Config,
     /// Print the OpenAPI document (or write it to a file).
     Openapi {
         /// Write to this file instead of stdout (`openapi/openapi.json` is the checked-in copy).
@@ -57,8 +60,10 @@ enum KeysCommand {
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: escape codes in a log file or a collector are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if format == "text" {
         builder.init();
@@ -81,18 +86,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let config = Config::load(cli.config.as_deref()).context("loading configuration")?;
+    let loaded =
+        Config::load_with_sources(cli.config.as_deref()).context("loading configuration")?;
+    let config = loaded.config.clone();
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             init_tracing(&config.log_format);
             tracing::info!(config = ?config, "starting");
-            let ignored = Config::ignored_env_vars();
-            if !ignored.is_empty() {
-                tracing::warn!(
-                    ?ignored,
-                    "TOOLEXEC_* variables that name no setting were ignored"
-                );
-            }
             let state = build_state(&config).await?;
             let addr = config.bind_addr()?;
             let listener = tokio::net::TcpListener::bind(addr)
@@ -139,6 +139,9 @@ async fn run() -> anyhow::Result<()> {
         Command::ToolsDoc { write } => {
             let registry = toolexec_tools::Registry::builtin()?;
             emit(toolexec_server::tools_markdown(&registry), write)?;
+        }
+        Command::Config => {
+            print!("{}", Config::describe(&loaded));
         }
         Command::Openapi { write } => {
             let registry = toolexec_tools::Registry::builtin()?;

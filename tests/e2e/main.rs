@@ -7,6 +7,7 @@ mod api;
 mod binary;
 mod descriptors;
 mod http_jail;
+mod http_limits;
 mod http_scenarios;
 mod openapi;
 mod problems;

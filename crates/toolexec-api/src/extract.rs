@@ -34,13 +34,32 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 "send the body as JSON with 'Content-Type: application/json'",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+        let deadline = req
+            .extensions()
+            .get::<crate::limits::BodyDeadline>()
+            .copied();
+        let read = Bytes::from_request(req, state);
+        let read = match deadline {
+            Some(crate::limits::BodyDeadline { at, within, .. }) => {
+                match tokio::time::timeout_at(at, read).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        return Err(ApiError::new(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "request_timeout",
+                            format!(
+                                "the request body did not arrive within {} s; send the whole body at once",
+                                within.as_secs_f64()
+                            ),
+                        ));
+                    }
+                }
+            }
+            None => read.await,
+        };
+        let bytes = read.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    "request body is larger than the server's limit; send fewer or smaller calls",
-                )
+                ApiError::body_too_large(deadline.map_or(0, |d| d.limit_bytes))
             } else {
                 ApiError::new(StatusCode::BAD_REQUEST, "unreadable_body", e.body_text())
             }

@@ -34,11 +34,30 @@ pub const DEFAULT_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 /// gets fast 503s instead of unbounded queues and memory.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
 
+/// Default time a request body may take to arrive, whole: a 16 MiB body needs ~0.6 MB/s; a
+/// client that announces a body and stalls holds its connection no longer than this.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default time a request's head may take: generous for any real client, short enough that
+/// connections opened and left silent (slowloris) are closed.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default cap on open connections: above `DEFAULT_MAX_CONCURRENT_REQUESTS` (idle keep-alive
+/// connections of agent loops), far below what the descriptor limit allows.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub body_limit_bytes: usize,
     /// Requests in flight beyond which new ones get 503 `overloaded`.
     pub max_concurrent_requests: usize,
+    /// Longest a request body may take to arrive in full (408 `request_timeout` beyond).
+    pub body_read_timeout: Duration,
+    /// Longest a request's head may take to arrive (the connection is closed beyond); the
+    /// server that serves the app applies it.
+    pub header_read_timeout: Duration,
+    /// Open connections beyond which new ones are closed at once; applied by the server.
+    pub max_connections: usize,
 }
 
 impl Default for ApiConfig {
@@ -46,6 +65,9 @@ impl Default for ApiConfig {
         Self {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -101,8 +123,15 @@ pub fn app(state: Arc<AppState>) -> Router {
                 "this endpoint does not accept that method; see /docs",
             )
         })
-        .with_state(state)
+        .with_state(state.clone())
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            limits::BodyRules {
+                limit_bytes: body_limit,
+                read_timeout: state.config.body_read_timeout,
+            },
+            limits::guard_body,
+        ))
         .layer(axum::middleware::from_fn_with_state(permits, limits::shed_load))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {

@@ -1,9 +1,10 @@
-//! Admission control: a per-tenant request rate limit (token bucket, 429 + `Retry-After`) and a
+//! Admission control: a per-tenant request rate limit (token bucket, 429 + `Retry-After`), a
 //! global cap on requests in flight (load shedding: 503 + `Retry-After` instead of queueing
-//! without bound).
+//! without bound), and the rules for request bodies (a declared size over the limit is refused
+//! before a byte of it is read; a body must arrive whole within a deadline).
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -82,6 +83,46 @@ impl Limiter {
             )
         })
     }
+}
+
+/// What a request body must respect.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyRules {
+    pub limit_bytes: usize,
+    pub read_timeout: Duration,
+}
+
+/// What the extractors that read a body must hold it to: its size limit, and when it must have
+/// arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline {
+    pub at: tokio::time::Instant,
+    pub within: Duration,
+    pub limit_bytes: usize,
+}
+
+/// Refuses a request whose `Content-Length` is over the limit at once (413, and the connection is
+/// closed rather than drained), and gives the rest a deadline for their body.
+pub async fn guard_body(State(rules): State<BodyRules>, mut req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > rules.limit_bytes as u64) {
+        let mut resp = ApiError::body_too_large(rules.limit_bytes).into_response();
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        return resp;
+    }
+    req.extensions_mut().insert(BodyDeadline {
+        at: tokio::time::Instant::now() + rules.read_timeout,
+        within: rules.read_timeout,
+        limit_bytes: rules.limit_bytes,
+    });
+    next.run(req).await
 }
 
 /// Sheds load beyond `permits` requests in flight.

@@ -55,6 +55,22 @@ impl ApiError {
         }
     }
 
+    /// 413: the body is (or says it is) over `limit` bytes (0: the limit is not known here).
+    pub fn body_too_large(limit: usize) -> Self {
+        let limit = if limit > 0 {
+            format!(" of {limit} bytes")
+        } else {
+            String::new()
+        };
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "request body is larger than the server's limit{limit}; send fewer or smaller calls"
+            ),
+        )
+    }
+
     pub fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -41,6 +41,12 @@ pub struct Config {
     pub rate_limit_burst: f64,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
+    /// Longest a request body may take to arrive in full, milliseconds (408 beyond).
+    pub body_read_timeout_ms: u64,
+    /// Longest a request's head may take to arrive, milliseconds (the connection is closed).
+    pub header_read_timeout_ms: u64,
+    /// Open connections beyond which new ones are closed at once.
+    pub max_connections: usize,
     pub limits: toolexec_engine::Limits,
     /// How `shell` commands are isolated (see docs/operator.md, "Sandbox").
     pub sandbox: toolexec_sandbox::SandboxConfig,
@@ -64,10 +70,17 @@ impl Default for Config {
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
+            header_read_timeout_ms: millis(toolexec_api::DEFAULT_HEADER_READ_TIMEOUT),
+            max_connections: toolexec_api::DEFAULT_MAX_CONNECTIONS,
             limits: toolexec_engine::Limits::default(),
             sandbox: toolexec_sandbox::SandboxConfig::default(),
         }
     }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl std::fmt::Debug for Config {
@@ -94,6 +107,9 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("max_connections", &self.max_connections)
             .field("limits", &self.limits)
             .field("sandbox", &self.sandbox)
             .finish()

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod http;
 mod toolsdoc;
 
 use std::future::Future;
@@ -131,6 +132,9 @@ pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
         config: ApiConfig {
             body_limit_bytes: config.body_limit_bytes,
             max_concurrent_requests: config.max_concurrent_requests,
+            body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
+            header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
+            max_connections: config.max_connections,
         },
     }))
 }
@@ -141,9 +145,11 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = toolexec_api::app(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+    let limits = http::ConnectionLimits {
+        header_read_timeout: state.config.header_read_timeout,
+        max_connections: state.config.max_connections,
+    };
+    http::serve_app(toolexec_api::app(state), listener, limits, shutdown)
         .await
         .context("serving HTTP")
 }

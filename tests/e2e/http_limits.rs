@@ -1,0 +1,136 @@
+//! Clients that must not hold the service: a body larger than allowed is refused from its
+//! declared size, a body that never arrives and a head that never ends are cut off on time,
+//! and connections beyond the cap are closed — while everyone else is served.
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use toolexec_tests::app::{TestApp, spawn_app_with};
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// Reads what the server sends until it closes the connection or `limit` passes.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&buf).into_owned(), true),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => return (String::from_utf8_lossy(&buf).into_owned(), false),
+        }
+    }
+}
+
+async fn healthy(app: &TestApp) {
+    let t0 = Instant::now();
+    let resp = app.get("/healthz").await;
+    assert_eq!(resp.status(), 200);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
+    let app = spawn_app_with(|c| c.body_limit_bytes = 1024 * 1024).await;
+    let mut s = connect(&app).await;
+    let t0 = Instant::now();
+    s.write_all(
+        b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let (text, closed) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("body_too_large"), "{text}");
+    assert!(text.contains("1048576"), "the limit is named: {text}");
+    assert!(closed, "the connection is closed, not drained");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    healthy(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_gets_408_on_time() {
+    let app = spawn_app_with(|c| c.body_read_timeout_ms = 1000).await;
+    let mut s = connect(&app).await;
+    let t0 = Instant::now();
+    s.write_all(
+        b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"meta",
+    )
+    .await
+    .unwrap();
+    // Others are served meanwhile.
+    healthy(&app).await;
+    let (text, _) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // Nothing was created by the request that never finished.
+    let list: serde_json::Value = app.get("/v1/sessions").await.json().await.unwrap();
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(0), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_never_ends_is_cut_off() {
+    let app = spawn_app_with(|c| c.header_read_timeout_ms = 1000).await;
+    let mut stalled = Vec::new();
+    for _ in 0..20 {
+        let mut s = connect(&app).await;
+        s.write_all(b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+            .await
+            .unwrap();
+        stalled.push(s);
+    }
+    healthy(&app).await;
+    let t0 = Instant::now();
+    for s in &mut stalled {
+        let (_, closed) = read_until_closed(s, Duration::from_secs(5)).await;
+        assert!(closed, "a connection with an unfinished head was kept open");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // An idle keep-alive connection that never sends a request is closed too.
+    let mut idle = connect(&app).await;
+    let (_, closed) = read_until_closed(&mut idle, Duration::from_secs(5)).await;
+    assert!(closed, "an idle connection was kept open");
+    healthy(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed_at_once_and_freed_slots_are_reused() {
+    let app = spawn_app_with(|c| c.max_connections = 4).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect(&app).await;
+        // A complete request on each keeps them open (keep-alive) and proves they were served.
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(s);
+    }
+    let mut over = connect(&app).await;
+    let _ = over
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await;
+    let (text, closed) = read_until_closed(&mut over, Duration::from_secs(3)).await;
+    assert!(closed && text.is_empty(), "over the cap: {text:?}");
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = connect(&app).await;
+    again
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (text, _) = read_until_closed(&mut again, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+}

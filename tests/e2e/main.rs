@@ -14,6 +14,7 @@ mod problems;
 mod recording;
 mod refactor;
 mod sandbox_escape;
+mod shapes;
 mod shell;
 mod store;
 mod tenancy;

@@ -156,7 +156,14 @@ async fn an_empty_batch_and_an_unknown_session_are_problems() {
         ),
     )
     .await;
-    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY, "empty_batch");
+    assert_problem(
+        s,
+        &h,
+        &b,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request",
+    );
+    assert!(b["detail"].as_str().unwrap().contains("'/calls'"), "{b}");
     let (s, h, b) = send(
         &app,
         post(

@@ -106,6 +106,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         state.config.max_concurrent_requests.max(1),
     ));
     let (router, api) = openapi::parts(state.engine.registry());
+    let schemas = Arc::new(extract::BodySchemas::from_openapi(&api));
     let docs = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api);
     router
         .merge(docs)
@@ -124,6 +125,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state.clone())
+        .layer(axum::Extension(schemas))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(
             limits::BodyRules {

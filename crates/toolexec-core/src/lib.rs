@@ -8,6 +8,7 @@
 pub mod call;
 pub mod event;
 pub mod hash;
+pub mod json;
 pub mod session;
 pub mod tool;
 pub mod truncate;

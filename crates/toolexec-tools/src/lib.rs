@@ -170,14 +170,27 @@ pub trait Tool: Send + Sync + 'static {
 }
 
 /// Deserializes validated arguments into a tool's typed struct. A failure here is reported to
-/// the model as `invalid_arguments` by the caller.
+/// the model as `invalid_arguments` by the caller, naming the field. A whole number written as
+/// `1.0` is an integer to JSON Schema, so it is one here too.
 pub fn parse_args<T: serde::de::DeserializeOwned>(
-    args: serde_json::Value,
+    mut args: serde_json::Value,
 ) -> Result<T, ToolOutput> {
-    serde_json::from_value(args).map_err(|e| ToolOutput {
-        status: CallStatus::InvalidArguments,
-        content: format!("Invalid arguments: {e}. Check the tool's input schema and try again."),
-        changes: Vec::new(),
-        events: Vec::new(),
+    toolexec_core::json::integral_floats_as_integers(&mut args);
+    serde_path_to_error::deserialize(args).map_err(|e| {
+        let at = e.path().to_string();
+        let field = if at == "." {
+            String::new()
+        } else {
+            format!(" at '{at}'")
+        };
+        ToolOutput {
+            status: CallStatus::InvalidArguments,
+            content: format!(
+                "Invalid arguments{field}: {}. Check the tool's input schema and try again.",
+                e.into_inner()
+            ),
+            changes: Vec::new(),
+            events: Vec::new(),
+        }
     })
 }

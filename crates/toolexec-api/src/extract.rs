@@ -168,22 +168,139 @@ impl<S: Send + Sync, T: DeserializeOwned + utoipa::ToSchema> FromRequest<S> for 
     }
 }
 
-/// A query string; a malformed one is a 400 problem.
+/// A query string, held to the parameters `T` documents: each value is read as its parameter's
+/// type (a whole number for `integer`) and checked against its schema (`minimum`, `maximum`,
+/// `enum`, `format`); anything else is a 400 `invalid_query` that names the parameter.
+/// Parameters the document does not list are refused too.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+/// One documented query parameter, ready to check.
+struct QueryParam {
+    name: String,
+    /// The JSON type its text is read as.
+    kind: &'static str,
+    validator: jsonschema::Validator,
+}
+
+/// The parameters of `T`, compiled once per type.
+fn query_params<T: utoipa::IntoParams + 'static>() -> std::sync::Arc<Vec<QueryParam>> {
+    use std::any::TypeId;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<TypeId, Arc<Vec<QueryParam>>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(found) = cache
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&TypeId::of::<T>()).cloned())
+    {
+        return found;
+    }
+    let params: Vec<QueryParam> = T::into_params(|| None)
+        .into_iter()
+        .filter_map(|p| {
+            let schema = serde_json::to_value(p.schema.as_ref()?).ok()?;
+            let types: Vec<String> = match &schema["type"] {
+                serde_json::Value::String(t) => vec![t.clone()],
+                serde_json::Value::Array(ts) => ts
+                    .iter()
+                    .filter_map(|t| t.as_str().map(str::to_owned))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let kind = ["integer", "number", "boolean"]
+                .into_iter()
+                .find(|k| types.iter().any(|t| t == k))
+                .unwrap_or("string");
+            let validator = jsonschema::options()
+                .should_validate_formats(true)
+                .build(&schema)
+                .ok()?;
+            Some(QueryParam {
+                name: p.name,
+                kind,
+                validator,
+            })
+        })
+        .collect();
+    let params = Arc::new(params);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(TypeId::of::<T>(), params.clone());
+    }
+    params
+}
+
+fn invalid_query(detail: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", detail)
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + utoipa::IntoParams + 'static> FromRequestParts<S>
+    for ApiQuery<T>
+{
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let q = parts.uri.query().unwrap_or_default();
-        serde_urlencoded::from_str(q).map(ApiQuery).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                format!("query string: {e}"),
-            )
-        })
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q)
+            .map_err(|e| invalid_query(format!("query string: {e}")))?;
+        let params = query_params::<T>();
+        let mut object = serde_json::Map::new();
+        for (name, text) in pairs {
+            let Some(param) = params.iter().find(|p| p.name == name) else {
+                let known: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+                return Err(invalid_query(format!(
+                    "unknown query parameter '{name}'; this endpoint takes {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                )));
+            };
+            if object.contains_key(&name) {
+                return Err(invalid_query(format!("'{name}' is given more than once")));
+            }
+            let value = match param.kind {
+                "integer" => text
+                    .trim()
+                    .parse::<i64>()
+                    .map(serde_json::Value::from)
+                    .or_else(|_| text.trim().parse::<u64>().map(serde_json::Value::from))
+                    .map_err(|_| {
+                        invalid_query(format!("{name}: expected a whole number, got {text:?}"))
+                    })?,
+                "number" => text
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map(serde_json::Value::Number)
+                    .ok_or_else(|| {
+                        invalid_query(format!("{name}: expected a number, got {text:?}"))
+                    })?,
+                "boolean" => match text.as_str() {
+                    "true" => serde_json::Value::Bool(true),
+                    "false" => serde_json::Value::Bool(false),
+                    _ => {
+                        return Err(invalid_query(format!(
+                            "{name}: expected true or false, got {text:?}"
+                        )));
+                    }
+                },
+                _ => serde_json::Value::String(text),
+            };
+            if let Some(err) = param.validator.iter_errors(&value).next() {
+                return Err(invalid_query(format!("{name}: {err}")));
+            }
+            object.insert(name, value);
+        }
+        serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(object))
+            .map(ApiQuery)
+            .map_err(|e| {
+                let at = e.path().to_string();
+                invalid_query(format!("{at}: {}", e.into_inner()))
+            })
     }
 }
 

@@ -62,6 +62,28 @@ pub fn openapi_json(registry: &Registry) -> String {
 /// Each tool's argument schema as a component (`tool.<name>.arguments`), so the docs show what
 /// every tool accepts. The schemas are JSON Schema 2020-12, which OpenAPI 3.1 embeds as is.
 fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
+    // The catalog's names as the `name` parameter's enum: a client (or a fuzzer) can see which
+    // tools exist from the document alone.
+    let names: Vec<String> = registry.specs().map(|s| s.name.clone()).collect();
+    if let Some(op) = api
+        .paths
+        .paths
+        .get_mut("/v1/tools/{name}")
+        .and_then(|item| item.get.as_mut())
+    {
+        for param in op.parameters.iter_mut().flatten() {
+            if let RefOr::T(param) = param
+                && param.name == "name"
+            {
+                param.schema = Some(RefOr::T(Schema::Object(
+                    utoipa::openapi::ObjectBuilder::new()
+                        .schema_type(utoipa::openapi::schema::Type::String)
+                        .enum_values(Some(names.clone()))
+                        .build(),
+                )));
+            }
+        }
+    }
     let components = api.components.get_or_insert_with(Default::default);
     for spec in registry.specs() {
         let mut schema = spec.input_schema.clone();
@@ -199,4 +221,38 @@ pub(crate) fn problem_response(desc: &str) -> RefOr<utoipa::openapi::Response> {
             )
             .build(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The maxima the document states for page sizes are the ones the engine applies.
+    #[test]
+    fn documented_page_limits_are_the_engines() {
+        let registry = Registry::builtin().unwrap();
+        let doc = serde_json::to_value(openapi(&registry)).unwrap();
+        let maximum = |path: &str, param: &str| {
+            doc["paths"][path]["get"]["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == param)
+                .and_then(|p| p["schema"]["maximum"].as_u64())
+                .unwrap()
+        };
+        assert_eq!(
+            maximum("/v1/sessions", "limit"),
+            u64::from(toolexec_engine::MAX_SESSIONS_PAGE)
+        );
+        assert_eq!(
+            maximum("/v1/sessions/{id}/events", "limit"),
+            u64::from(toolexec_engine::MAX_EVENTS_PAGE)
+        );
+        assert_eq!(
+            maximum("/v1/invocations/{id}/output", "limit"),
+            toolexec_engine::MAX_OUTPUT_SLICE as u64
+        );
+    }
 }

@@ -24,7 +24,8 @@ use uuid::Uuid;
 pub use calls::CallBatch;
 pub use canonical::arguments_sha256;
 pub use config::{EngineConfig, Limits};
-pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, OutputSlice};
+pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
+pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
 pub use sessions::SessionRuntime;
 
 /// Why the engine could not act on a request. A tool that fails is not an error here: it is a

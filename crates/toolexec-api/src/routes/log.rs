@@ -24,8 +24,10 @@ pub fn router() -> OpenApiRouter<SharedState> {
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Return events with `seq` greater than this (default 0: from the start).
+    #[param(minimum = 0)]
     pub after: Option<i64>,
     /// Page size (1–1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 
@@ -94,8 +96,10 @@ async fn get_invocation(
 #[into_params(parameter_in = Query)]
 pub struct OutputQuery {
     /// First character to return (default 0).
+    #[param(minimum = 0, maximum = 9_007_199_254_740_991_i64)]
     pub offset: Option<usize>,
     /// Characters to return (default 50,000, at most 1,000,000).
+    #[param(minimum = 1, maximum = 1_000_000)]
     pub limit: Option<usize>,
 }
 

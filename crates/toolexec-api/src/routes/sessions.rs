@@ -43,8 +43,10 @@ async fn create_session(
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Page size (1–200, default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
+    #[param(format = Uuid)]
     pub cursor: Option<String>,
 }
 

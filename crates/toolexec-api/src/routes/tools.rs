@@ -2,7 +2,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use toolexec_core::ToolSpec;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -38,41 +38,104 @@ pub enum CatalogFormat {
 pub struct CatalogQuery {
     /// Shape of each entry; default toolexec's own.
     #[serde(default)]
+    #[param(inline)]
     pub format: CatalogFormat,
+}
+
+/// An OpenAI Chat Completions tool definition.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiTool {
+    /// Always `function`.
+    #[schema(value_type = String, example = "function")]
+    pub r#type: &'static str,
+    pub function: OpenAiFunction,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiFunction {
+    pub name: String,
+    pub description: String,
+    /// The tool's input JSON Schema.
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+}
+
+/// An Anthropic Messages tool definition.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnthropicTool {
+    pub name: String,
+    pub description: String,
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+}
+
+/// An MCP `tools/list` entry.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpTool {
+    pub name: String,
+    pub description: String,
+    #[serde(rename = "inputSchema")]
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+    pub annotations: McpAnnotations,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct McpAnnotations {
+    #[serde(rename = "readOnlyHint")]
+    pub read_only_hint: bool,
+    #[serde(rename = "destructiveHint")]
+    pub destructive_hint: bool,
+    #[serde(rename = "openWorldHint")]
+    pub open_world_hint: bool,
+}
+
+/// One tool in the shape `format` asks for.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ToolDefinition {
+    Toolexec(ToolSpec),
+    Openai(OpenAiTool),
+    Anthropic(AnthropicTool),
+    Mcp(McpTool),
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Catalog {
     /// `ToolSpec` objects, or the requested ecosystem's definitions.
-    #[schema(value_type = Vec<Object>)]
-    pub tools: Vec<Value>,
+    pub tools: Vec<ToolDefinition>,
 }
 
-fn render(spec: &ToolSpec, format: CatalogFormat) -> Value {
+fn render(spec: &ToolSpec, format: CatalogFormat) -> ToolDefinition {
     match format {
-        CatalogFormat::Toolexec => serde_json::to_value(spec).unwrap_or_default(),
-        CatalogFormat::Openai => json!({
-            "type": "function",
-            "function": {
-                "name": spec.name,
-                "description": spec.description,
-                "parameters": spec.input_schema,
-            }
+        CatalogFormat::Toolexec => ToolDefinition::Toolexec(spec.clone()),
+        CatalogFormat::Openai => ToolDefinition::Openai(OpenAiTool {
+            r#type: "function",
+            function: OpenAiFunction {
+                name: spec.name.clone(),
+                description: spec.description.clone(),
+                parameters: spec.input_schema.clone(),
+            },
         }),
-        CatalogFormat::Anthropic => json!({
-            "name": spec.name,
-            "description": spec.description,
-            "input_schema": spec.input_schema,
+        CatalogFormat::Anthropic => ToolDefinition::Anthropic(AnthropicTool {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            input_schema: spec.input_schema.clone(),
         }),
-        CatalogFormat::Mcp => json!({
-            "name": spec.name,
-            "description": spec.description,
-            "inputSchema": spec.input_schema,
-            "annotations": {
-                "readOnlyHint": spec.read_only,
-                "destructiveHint": !spec.read_only,
-                "openWorldHint": spec.has(toolexec_core::Capability::Network),
-            }
+        CatalogFormat::Mcp => ToolDefinition::Mcp(McpTool {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            input_schema: spec.input_schema.clone(),
+            annotations: McpAnnotations {
+                read_only_hint: spec.read_only,
+                destructive_hint: !spec.read_only,
+                open_world_hint: spec.has(toolexec_core::Capability::Network),
+            },
         }),
     }
 }
@@ -96,9 +159,9 @@ async fn list_tools(
 
 /// One tool.
 #[utoipa::path(get, path = "/v1/tools/{name}", tag = "tools", security(("bearer" = [])),
-    params(("name" = String, Path, description = "Tool name"), CatalogQuery),
+    params(("name" = String, Path, description = "Tool name (the catalog's names are listed in this parameter's schema)"), CatalogQuery),
     responses(
-        (status = 200, description = "The tool (a `ToolSpec` unless `format` says otherwise)", body = ToolSpec),
+        (status = 200, description = "The tool (a `ToolSpec` unless `format` says otherwise)", body = ToolDefinition),
         (status = 404, description = "No such tool (`not_found`)", body = crate::problem::Problem, content_type = "application/problem+json"),
     ))]
 async fn get_tool(
@@ -106,7 +169,7 @@ async fn get_tool(
     _tenant: AuthTenant,
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<CatalogQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ToolDefinition>, ApiError> {
     let tool = state
         .engine
         .registry()

@@ -21,6 +21,10 @@ pub struct Limits {
     // --- workspace scans ---
     // --- the store ---
     // --- tool outputs and side effects ---
+    /// Bytes of file text (numbered lines) one `read_file` or `read_many_files` call returns;
+    /// past it the model is told where to continue (`read_file` with `offset`) and which files
+    /// were not read. Bounds what one small request can make the service hold and record.
+    pub max_read_bytes_per_call: usize,
 }
 
 impl Default for Limits {
@@ -35,6 +39,7 @@ impl Default for Limits {
             // --- workspace scans ---
             // --- the store ---
             // --- tool outputs and side effects ---
+            max_read_bytes_per_call: toolexec_tools::DEFAULT_MAX_READ_BYTES,
         }
     }
 }

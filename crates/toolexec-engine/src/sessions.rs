@@ -237,6 +237,7 @@ impl Engine {
             }),
             processes: rt.processes.clone(),
             max_timeout_ms: self.config.limits.max_timeout_ms,
+            max_read_bytes: self.config.limits.max_read_bytes_per_call,
         }
     }
 

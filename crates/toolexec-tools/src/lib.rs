@@ -52,7 +52,15 @@ pub struct ToolContext {
     pub processes: Option<Arc<toolexec_sandbox::ProcessTable>>,
     /// The operator's ceiling on a command's timeout, milliseconds.
     pub max_timeout_ms: u64,
+    /// Bytes of file text one read_file or read_many_files call may return (the operator's
+    /// `limits.max_read_bytes_per_call`).
+    pub max_read_bytes: usize,
 }
+
+/// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
+/// be shown (200,000 characters) needs, and small enough that a call's output stays cheap to
+/// hold and to record.
+pub const DEFAULT_MAX_READ_BYTES: usize = 1024 * 1024;
 
 impl ToolContext {
     /// A context with a fresh read-state, the default policy and no recorded outputs.
@@ -66,6 +74,7 @@ impl ToolContext {
             outputs: Arc::new(NoOutputs),
             processes: None,
             max_timeout_ms: 600_000,
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
         }
     }
 }

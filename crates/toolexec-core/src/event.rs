@@ -165,7 +165,15 @@ pub struct Invocation {
     pub duration_ms: Option<f64>,
     pub started_seq: i64,
     pub finished_seq: Option<i64>,
-    /// Side-effect events (files created, modified, deleted) in log order.
+    /// Side-effect events (files created, modified, deleted, processes, plan changes) in log
+    /// order: one page of them (`GET /v1/invocations/{id}?after=SEQ&limit=N`, at most 1,000).
     #[serde(default)]
     pub side_effects: Vec<Event>,
+    /// How many side-effect events the invocation has in all.
+    #[serde(default)]
+    pub side_effects_total: u64,
+    /// Pass as `after` to get the next page of side effects; `null` when this page reaches the
+    /// last one.
+    #[serde(default)]
+    pub side_effects_next_after: Option<i64>,
 }

@@ -322,7 +322,11 @@ impl Engine {
         args_hash: &str,
         other: Uuid,
     ) -> Result<CallResult> {
-        let inv = self.store.invocation(rt.session.tenant_id, other).await?;
+        // Its status and result only: the side effects are not needed here.
+        let inv = self
+            .store
+            .invocation_page(rt.session.tenant_id, other, 0, 0)
+            .await?;
         if inv.name != call.name || inv.arguments_sha256 != args_hash {
             return Err(reused(&call.id));
         }
@@ -343,7 +347,7 @@ impl Engine {
         let deadline = Instant::now() + FOREIGN_WAIT;
         let mut delay = Duration::from_millis(20);
         loop {
-            let inv = self.store.invocation(tenant_id, id).await?;
+            let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
             if let Some(r) = result_of(&inv) {
                 return Ok(r);
             }

@@ -40,8 +40,22 @@ impl Engine {
             .await?)
     }
 
-    pub async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
-        Ok(self.store.invocation(tenant_id, id).await?)
+    /// One invocation with a page of its side effects: those after seq `after`, at most `limit`
+    /// (1–1000, default 1000).
+    pub async fn invocation(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<Invocation> {
+        let limit = limit
+            .unwrap_or(toolexec_store::SIDE_EFFECTS_PAGE)
+            .clamp(1, toolexec_store::SIDE_EFFECTS_PAGE);
+        Ok(self
+            .store
+            .invocation_page(tenant_id, id, after.unwrap_or(0).max(0), limit)
+            .await?)
     }
 
     pub async fn invocation_output(

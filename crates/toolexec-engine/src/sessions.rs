@@ -50,7 +50,11 @@ impl OutputSource for RecordedOutputs {
                 "No invocation {invocation_id} in this session. Use the invocation_id from a truncation marker of this session."
             )
         };
-        match self.store.invocation(self.tenant_id, invocation_id).await {
+        match self
+            .store
+            .invocation_page(self.tenant_id, invocation_id, 0, 0)
+            .await
+        {
             Ok(inv) if inv.session_id == session_id => {}
             Ok(_) | Err(toolexec_store::StoreError::NotFound) => return Err(not_here()),
             Err(e) => {

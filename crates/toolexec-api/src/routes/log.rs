@@ -67,10 +67,21 @@ async fn list_events(
     Ok(Json(EventPage { events, next_after }))
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InvocationQuery {
+    /// Side effects with `seq` greater than this (default 0: from the first). Pass the
+    /// previous page's `side_effects_next_after`.
+    pub after: Option<i64>,
+    /// Side effects per page (1–1000, default 1000).
+    pub limit: Option<u32>,
+}
+
 /// One invocation: its call, status, what the model was shown, timings, the capabilities it
-/// claimed and its side effects.
+/// claimed and a page of its side effects (`side_effects_total` says how many there are;
+/// `side_effects_next_after` is the `after` of the next page).
 #[utoipa::path(get, path = "/v1/invocations/{id}", tag = "log", security(("bearer" = [])),
-    params(("id" = Uuid, Path, description = "Invocation id")),
+    params(("id" = Uuid, Path, description = "Invocation id"), InvocationQuery),
     responses(
         (status = 200, description = "The invocation", body = Invocation),
         (status = 404, description = "No such invocation for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
@@ -79,12 +90,13 @@ async fn get_invocation(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
     Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<InvocationQuery>,
 ) -> Result<Json<Invocation>, ApiError> {
     let id = parse_id(&id, "invocation")?;
     Ok(Json(
         state
             .engine
-            .invocation(tenant.id, id)
+            .invocation(tenant.id, id, q.after, q.limit)
             .await
             .map_err(or_not_found("invocation"))?,
     ))

@@ -21,6 +21,11 @@ pub struct OutputSlice {
     /// Where the next slice starts; `None` at the end.
     pub next_offset: Option<usize>,
     pub content: String,
+    /// False when the record holds only the head and tail of the output (it was over
+    /// `limits.max_stored_output_bytes`): the text has a marker where the middle was dropped.
+    pub complete: bool,
+    /// Length of the output the tool produced, in characters (`total_chars` is what is stored).
+    pub output_chars: usize,
 }
 
 impl Engine {
@@ -65,12 +70,18 @@ impl Engine {
         offset: Option<usize>,
         limit: Option<usize>,
     ) -> Result<OutputSlice> {
+        // The row says how long the output was; the stored text may be shorter (head and tail).
+        let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
         let full = self.store.invocation_output(tenant_id, id).await?;
         let offset = offset.unwrap_or(0);
         let limit = limit
             .unwrap_or(DEFAULT_OUTPUT_SLICE)
             .clamp(1, MAX_OUTPUT_SLICE);
         let total_chars = full.chars().count();
+        let output_chars = inv
+            .output_chars
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(total_chars);
         let content: String = full.chars().skip(offset).take(limit).collect();
         let end = offset.saturating_add(limit);
         Ok(OutputSlice {
@@ -79,6 +90,8 @@ impl Engine {
             total_chars,
             next_offset: (end < total_chars).then_some(end),
             content,
+            complete: output_chars == total_chars,
+            output_chars,
         })
     }
 }

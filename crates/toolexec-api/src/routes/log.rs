@@ -38,7 +38,10 @@ pub struct EventPage {
 }
 
 /// A session's log, in order. Event kinds: `session.created`, `session.closed`,
-/// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`.
+/// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`,
+/// `files.changed` (a call's file changes beyond `limits.max_file_events_per_call`, summed up,
+/// each listed in the manifest blob it names), `plan.updated`, `process.started`,
+/// `process.exited`.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "log", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id"), EventsQuery),
     responses(
@@ -120,9 +123,17 @@ pub struct OutputSlice {
     /// Where the next slice starts; `null` at the end.
     pub next_offset: Option<usize>,
     pub content: String,
+    /// `false` when the service recorded only the beginning and the end of this output (it was
+    /// over `limits.max_stored_output_bytes`): the text then has a marker, where the middle was
+    /// dropped, saying how much. `total_chars` counts the stored text.
+    pub complete: bool,
+    /// Length of the output the tool produced, in characters.
+    pub output_chars: usize,
 }
 
-/// The full output of an invocation (what the model saw may have been truncated).
+/// The full output of an invocation (what the model saw may have been truncated), as recorded:
+/// an output over the service's `limits.max_stored_output_bytes` is recorded as its beginning
+/// and end (`complete: false`).
 #[utoipa::path(get, path = "/v1/invocations/{id}/output", tag = "log", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Invocation id"), OutputQuery),
     responses(
@@ -147,5 +158,7 @@ async fn get_output(
         total_chars: s.total_chars,
         next_offset: s.next_offset,
         content: s.content,
+        complete: s.complete,
+        output_chars: s.output_chars,
     }))
 }

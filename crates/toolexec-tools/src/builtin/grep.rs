@@ -27,6 +27,9 @@ pub const DEFAULT_MAX_RESULTS: u64 = 100;
 /// typical line lengths.
 pub const MAX_RESULTS: u64 = 1000;
 
+/// Files over the size limit named in the note about them; the rest are counted.
+const MAX_NAMED_TOO_LARGE: usize = 20;
+
 /// Characters of a matching line shown before it is cut: a match in a minified file should not
 /// fill the output.
 pub const MAX_LINE_CHARS: usize = 500;
@@ -376,10 +379,19 @@ impl Search {
             ));
         }
         if !self.too_large.is_empty() {
+            // Named up to a few: a walk can meet up to 100,000 (sparse) files over the limit,
+            // and the note must not grow with them.
+            let named = &self.too_large[..self.too_large.len().min(MAX_NAMED_TOO_LARGE)];
+            let more = self.too_large.len() - named.len();
             notes.push(format!(
-                "Not searched, over {}: {} (use the shell: rg PATTERN FILE).",
+                "Not searched, over {}: {}{} (use the shell: rg PATTERN FILE).",
                 human_bytes(MAX_READ_BYTES),
-                self.too_large.join(", ")
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
             ));
         }
         if self.unreadable > 0 {
@@ -472,5 +484,26 @@ mod tests {
             .run(&ctx, json!({"pattern": "*"}))
             .await;
         assert_eq!(glob.content, "a\\nfake.rs:1:\n");
+    }
+
+    #[tokio::test]
+    async fn the_note_about_files_too_large_to_search_names_a_few_and_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in 0..25 {
+            let f = std::fs::File::create(dir.path().join(format!("big{n:02}.bin"))).unwrap();
+            f.set_len(MAX_READ_BYTES + 1).unwrap();
+        }
+        let ctx = ToolContext::new(
+            uuid::Uuid::now_v7(),
+            Arc::new(Workspace::open(dir.path()).unwrap()),
+        );
+        let out = Grep::new().run(&ctx, json!({"pattern": "x"})).await;
+        assert!(
+            out.content.contains("big00.bin, big01.bin,")
+                && out.content.contains("big19.bin and 5 more (use the shell"),
+            "{}",
+            out.content
+        );
+        assert!(!out.content.contains("big20.bin"), "{}", out.content);
     }
 }

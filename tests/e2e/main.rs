@@ -6,6 +6,7 @@
 mod api;
 mod binary;
 mod descriptors;
+mod budget_tools;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;

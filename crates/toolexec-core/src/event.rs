@@ -35,10 +35,14 @@ pub enum EventKind {
     /// A background process exited (recorded by the call that first saw it, or at close).
     #[serde(rename = "process.exited")]
     ProcessExited,
+    /// The file changes of one call beyond its first `limits.max_file_events_per_call`, summed
+    /// up ([`FilesChanged`]); every one of them is listed in the manifest blob it names.
+    #[serde(rename = "files.changed")]
+    FilesChanged,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -49,6 +53,7 @@ impl EventKind {
         EventKind::PlanUpdated,
         EventKind::ProcessStarted,
         EventKind::ProcessExited,
+        EventKind::FilesChanged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +68,7 @@ impl EventKind {
             EventKind::PlanUpdated => "plan.updated",
             EventKind::ProcessStarted => "process.started",
             EventKind::ProcessExited => "process.exited",
+            EventKind::FilesChanged => "files.changed",
         }
     }
 
@@ -80,6 +86,7 @@ impl EventKind {
                 | EventKind::PlanUpdated
                 | EventKind::ProcessStarted
                 | EventKind::ProcessExited
+                | EventKind::FilesChanged
         )
     }
 }
@@ -139,6 +146,30 @@ pub struct FileChange {
     pub symlink_target: Option<String>,
 }
 
+/// The payload of a `files.changed` event: the file changes of one call beyond the first
+/// `limits.max_file_events_per_call` (which are `file.*` events of their own), counted, with
+/// every one of them in a manifest blob so that the log still holds each path, hash and content
+/// blob needed to rebuild the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FilesChanged {
+    /// Changes summed up here (not counting the individual `file.*` events before it).
+    pub changes: u64,
+    pub created: u64,
+    pub modified: u64,
+    pub deleted: u64,
+    /// Sum of `after_size` of the changes: bytes of the files as they are now.
+    pub after_bytes: u64,
+    /// Sum of `before_size`: bytes the changes replaced or removed.
+    pub before_bytes: u64,
+    /// The blob listing the changes: gzip-compressed JSON Lines, one [`FileChange`] per line
+    /// (exactly the payload a `file.*` event would have had), in the order they were found.
+    pub manifest_sha256: String,
+    /// Size of the blob (compressed).
+    pub manifest_bytes: u64,
+    /// `jsonl+gzip`.
+    pub manifest_format: String,
+}
+
 /// The recorded execution of one call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Invocation {
@@ -165,7 +196,15 @@ pub struct Invocation {
     pub duration_ms: Option<f64>,
     pub started_seq: i64,
     pub finished_seq: Option<i64>,
-    /// Side-effect events (files created, modified, deleted) in log order.
+    /// Side-effect events (files created, modified, deleted, processes, plan changes) in log
+    /// order: one page of them (`GET /v1/invocations/{id}?after=SEQ&limit=N`, at most 1,000).
     #[serde(default)]
     pub side_effects: Vec<Event>,
+    /// How many side-effect events the invocation has in all.
+    #[serde(default)]
+    pub side_effects_total: u64,
+    /// Pass as `after` to get the next page of side effects; `null` when this page reaches the
+    /// last one.
+    #[serde(default)]
+    pub side_effects_next_after: Option<i64>,
 }

@@ -14,7 +14,7 @@ pub mod tool;
 pub mod truncate;
 
 pub use call::{Call, CallResult, CallStatus, InvocationStatus};
-pub use event::{Event, EventKind, FileChange, FileChangeKind, Invocation};
+pub use event::{Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation};
 pub use hash::{Sha256Hex, sha256_hex};
 pub use session::{NetworkPolicy, NewSession, Policy, Session, SessionStatus, Tenant};
 pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};

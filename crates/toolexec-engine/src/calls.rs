@@ -322,7 +322,11 @@ impl Engine {
         args_hash: &str,
         other: Uuid,
     ) -> Result<CallResult> {
-        let inv = self.store.invocation(rt.session.tenant_id, other).await?;
+        // Its status and result only: the side effects are not needed here.
+        let inv = self
+            .store
+            .invocation_page(rt.session.tenant_id, other, 0, 0)
+            .await?;
         if inv.name != call.name || inv.arguments_sha256 != args_hash {
             return Err(reused(&call.id));
         }
@@ -343,7 +347,7 @@ impl Engine {
         let deadline = Instant::now() + FOREIGN_WAIT;
         let mut delay = Duration::from_millis(20);
         loop {
-            let inv = self.store.invocation(tenant_id, id).await?;
+            let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
             if let Some(r) = result_of(&inv) {
                 return Ok(r);
             }
@@ -586,30 +590,47 @@ impl Engine {
         if let Some(chars) = session.policy.output_limits.get(inv.name) {
             limit.max_chars = *chars;
         }
-        let hint = format!(
-            "call read_output with invocation_id \"{}\" to page through the full output",
-            inv.id
-        );
+        let limits = &self.config.limits;
+        // File changes first: past the per-call cap they are summed up, and the model is told.
+        let mut blobs = Vec::new();
+        let mut files = crate::effects::FileEvents::new(limits.max_file_events_per_call);
+        for change in out.changes {
+            let (event, blob) = self.change_event(change);
+            files.push(event);
+            blobs.extend(blob);
+        }
+        let (mut side_effects, manifest, files_note) = files.finish();
+        blobs.extend(manifest);
+        crate::effects::dedup_blobs(&mut blobs);
+        let mut full = out.content;
+        full.extend(files_note);
         // Text with NUL cannot be stored (nor is it useful to a model): shown as U+FFFD.
-        let full = if out.content.contains('\0') {
-            out.content.replace('\0', "\u{FFFD}")
+        if full.contains('\0') {
+            full = full.replace('\0', "\u{FFFD}");
+        }
+        let hint = if full.len() <= limits.max_stored_output_bytes {
+            format!(
+                "call read_output with invocation_id \"{}\" to page through the full output",
+                inv.id
+            )
         } else {
-            out.content
+            format!(
+                "call read_output with invocation_id \"{}\" to page through the recorded output \
+                 (only its first and last {} bytes are kept: it is over the service's {}-byte \
+                 limit for a recorded output)",
+                inv.id,
+                limits.max_stored_output_bytes / 2,
+                limits.max_stored_output_bytes
+            )
         };
         let (content, truncated) = truncate(&full, limit, &hint);
-        let mut blobs = Vec::new();
         let output_sha256 = truncated.as_ref().map(|_| {
-            let blob = Blob::new(full.clone().into_bytes());
+            let stored = crate::effects::stored_output(full, limits.max_stored_output_bytes);
+            let blob = Blob::new(stored.into_bytes());
             let sha = blob.sha256.clone();
             blobs.push(blob);
             sha
         });
-        let mut side_effects = Vec::new();
-        for change in out.changes {
-            let (event, blob) = self.change_event(change);
-            side_effects.push(event);
-            blobs.extend(blob);
-        }
         side_effects.extend(out.events.into_iter().map(|e| toolexec_store::NewEvent {
             kind: e.kind,
             data: e.data,

@@ -26,6 +26,16 @@ pub struct Limits {
     // --- workspace scans ---
     // --- the store ---
     // --- tool outputs and side effects ---
+    /// Bytes of file text (numbered lines) one `read_file` or `read_many_files` call returns;
+    /// past it the model is told where to continue (`read_file` with `offset`) and which files
+    /// were not read. Bounds what one small request can make the service hold and record.
+    pub max_read_bytes_per_call: usize,
+    /// Largest full output (bytes) kept for `read_output` when a result is truncated; a longer
+    /// one is stored as its head and tail with a marker saying how much was dropped.
+    pub max_stored_output_bytes: usize,
+    /// File changes of one call recorded as individual `file.*` events; the rest are summed up
+    /// in one `files.changed` event whose manifest blob lists every one of them.
+    pub max_file_events_per_call: usize,
 }
 
 impl Default for Limits {
@@ -41,6 +51,9 @@ impl Default for Limits {
             // --- workspace scans ---
             // --- the store ---
             // --- tool outputs and side effects ---
+            max_read_bytes_per_call: toolexec_tools::DEFAULT_MAX_READ_BYTES,
+            max_stored_output_bytes: 4 * 1024 * 1024,
+            max_file_events_per_call: 1_000,
         }
     }
 }

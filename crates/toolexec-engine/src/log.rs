@@ -21,6 +21,11 @@ pub struct OutputSlice {
     /// Where the next slice starts; `None` at the end.
     pub next_offset: Option<usize>,
     pub content: String,
+    /// False when the record holds only the head and tail of the output (it was over
+    /// `limits.max_stored_output_bytes`): the text has a marker where the middle was dropped.
+    pub complete: bool,
+    /// Length of the output the tool produced, in characters (`total_chars` is what is stored).
+    pub output_chars: usize,
 }
 
 impl Engine {
@@ -40,8 +45,22 @@ impl Engine {
             .await?)
     }
 
-    pub async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
-        Ok(self.store.invocation(tenant_id, id).await?)
+    /// One invocation with a page of its side effects: those after seq `after`, at most `limit`
+    /// (1–1000, default 1000).
+    pub async fn invocation(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<Invocation> {
+        let limit = limit
+            .unwrap_or(toolexec_store::SIDE_EFFECTS_PAGE)
+            .clamp(1, toolexec_store::SIDE_EFFECTS_PAGE);
+        Ok(self
+            .store
+            .invocation_page(tenant_id, id, after.unwrap_or(0).max(0), limit)
+            .await?)
     }
 
     pub async fn invocation_output(
@@ -51,12 +70,18 @@ impl Engine {
         offset: Option<usize>,
         limit: Option<usize>,
     ) -> Result<OutputSlice> {
+        // The row says how long the output was; the stored text may be shorter (head and tail).
+        let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
         let full = self.store.invocation_output(tenant_id, id).await?;
         let offset = offset.unwrap_or(0);
         let limit = limit
             .unwrap_or(DEFAULT_OUTPUT_SLICE)
             .clamp(1, MAX_OUTPUT_SLICE);
         let total_chars = full.chars().count();
+        let output_chars = inv
+            .output_chars
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(total_chars);
         let content: String = full.chars().skip(offset).take(limit).collect();
         let end = offset.saturating_add(limit);
         Ok(OutputSlice {
@@ -65,6 +90,8 @@ impl Engine {
             total_chars,
             next_offset: (end < total_chars).then_some(end),
             content,
+            complete: output_chars == total_chars,
+            output_chars,
         })
     }
 }

@@ -47,24 +47,33 @@ struct RecordedOutputs {
 
 #[async_trait::async_trait]
 impl OutputSource for RecordedOutputs {
-    async fn output(&self, session_id: Uuid, invocation_id: Uuid) -> Result<String, String> {
+    async fn output(
+        &self,
+        session_id: Uuid,
+        invocation_id: Uuid,
+    ) -> Result<toolexec_tools::RecordedOutput, String> {
         let not_here = || {
             format!(
                 "No invocation {invocation_id} in this session. Use the invocation_id from a truncation marker of this session."
             )
         };
-        match self.store.invocation(self.tenant_id, invocation_id).await {
-            Ok(inv) if inv.session_id == session_id => {}
+        let output_chars = match self
+            .store
+            .invocation_page(self.tenant_id, invocation_id, 0, 0)
+            .await
+        {
+            Ok(inv) if inv.session_id == session_id => inv.output_chars,
             Ok(_) | Err(toolexec_store::StoreError::NotFound) => return Err(not_here()),
             Err(e) => {
                 return Err(format!(
                     "The recorded output cannot be read right now ({e}); try again."
                 ));
             }
-        }
+        };
         self.store
             .invocation_output(self.tenant_id, invocation_id)
             .await
+            .map(|text| toolexec_tools::RecordedOutput::new(text, output_chars))
             .map_err(|e| format!("The recorded output cannot be read right now ({e}); try again."))
     }
 
@@ -282,6 +291,7 @@ impl Engine {
             }),
             processes: rt.processes.clone(),
             max_timeout_ms: self.config.limits.max_timeout_ms,
+            max_read_bytes: self.config.limits.max_read_bytes_per_call,
         }
     }
 

@@ -53,6 +53,9 @@ impl From<sqlx::Error> for StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// The most side-effect events one read of an invocation returns (and the default page).
+pub const SIDE_EFFECTS_PAGE: u32 = 1_000;
+
 /// Content-addressed bytes. Inserting a blob that exists is a no-op.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blob {
@@ -264,8 +267,22 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>>;
-    /// One invocation with its side-effect events.
-    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation>;
+    /// One invocation with a page of its side-effect events: those with `seq > after`, in log
+    /// order, at most `limit` (0: none), with `side_effects_total` and, when more follow,
+    /// `side_effects_next_after`. A call can have hundreds of thousands of side effects; one
+    /// read of them all would be one unbounded document.
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation>;
+    /// One invocation with the first [`SIDE_EFFECTS_PAGE`] of its side-effect events.
+    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+        self.invocation_page(tenant_id, id, 0, SIDE_EFFECTS_PAGE)
+            .await
+    }
     /// The full output of an invocation: the output blob, or its content when not truncated.
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String>;
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>>;

@@ -25,7 +25,7 @@ use uuid::Uuid;
 use crate::plan::{self, Plan};
 use crate::rows::{
     self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
-    session_columns,
+    session_columns, side_effects_where,
 };
 use crate::{
     Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
@@ -764,7 +764,13 @@ impl Store for PgStore {
         Ok(events)
     }
 
-    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation> {
         let row = sqlx::query(concat!(
             "SELECT ",
             invocation_columns!(),
@@ -776,20 +782,36 @@ impl Store for PgStore {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound)?;
-        let mut invocation = rows::invocation(&row)?;
-        let events = sqlx::query(concat!(
+        let invocation = rows::invocation(&row)?;
+        // Side effects are written with the finish; a running invocation has none yet.
+        let Some(finished_seq) = invocation.finished_seq.filter(|_| limit > 0) else {
+            return Ok(invocation);
+        };
+        let (session_id, started_seq) = (invocation.session_id, invocation.started_seq);
+        let page = sqlx::query(concat!(
             "SELECT ",
             event_columns!(),
-            " FROM events e WHERE e.invocation_id = $1 ORDER BY e.seq"
+            side_effects_where!(),
+            " ORDER BY e.seq LIMIT $5"
         ))
+        .bind(session_id)
         .bind(id)
+        .bind(after.max(started_seq))
+        .bind(finished_seq)
+        .bind(i64::from(limit) + 1)
         .fetch_all(&self.pool)
         .await?
         .iter()
         .map(rows::event)
         .collect::<Result<Vec<_>>>()?;
-        invocation.side_effects = rows::side_effects(events);
-        Ok(invocation)
+        let total: i64 = sqlx::query_scalar(concat!("SELECT count(*)", side_effects_where!()))
+            .bind(session_id)
+            .bind(id)
+            .bind(started_seq)
+            .bind(finished_seq)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(rows::with_side_effects(invocation, page, total, limit))
     }
 
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {

@@ -55,7 +55,20 @@ macro_rules! event_columns {
     };
 }
 
-pub(crate) use {event_columns, existing_columns, invocation_columns, session_columns};
+/// The side effects of an invocation lie between its own `invocation.started` and
+/// `invocation.finished` (both written with them, or the start earlier): a range of the log's
+/// primary key, so a page is read in seq order without sorting all of them. `$1` session, `$2`
+/// invocation, `$3` the lower bound (exclusive), `$4` the finished seq (exclusive).
+macro_rules! side_effects_where {
+    () => {
+        " FROM events e WHERE e.session_id = $1 AND e.invocation_id = $2 \
+         AND e.seq > $3 AND e.seq < $4"
+    };
+}
+
+pub(crate) use {
+    event_columns, existing_columns, invocation_columns, session_columns, side_effects_where,
+};
 
 /// Typed column access, implemented alike for each backend's row type.
 pub(crate) trait Columns {
@@ -183,6 +196,8 @@ pub(crate) fn invocation(row: &impl Columns) -> Result<Invocation> {
         started_seq: row.int("i_started_seq")?,
         finished_seq: row.opt_int("i_finished_seq")?,
         side_effects: Vec::new(),
+        side_effects_total: 0,
+        side_effects_next_after: None,
     })
 }
 
@@ -217,12 +232,21 @@ pub(crate) fn event(row: &impl Columns) -> Result<Event> {
     })
 }
 
-/// `Event`s of an invocation, keeping its side effects only (already in seq order).
-pub(crate) fn side_effects(events: Vec<Event>) -> Vec<Event> {
-    events
-        .into_iter()
-        .filter(|e| e.kind.is_side_effect())
-        .collect()
+/// Fills in a page of side effects (read with one row more than `limit`, to know whether more
+/// follow) and their total.
+pub(crate) fn with_side_effects(
+    mut invocation: Invocation,
+    mut page: Vec<Event>,
+    total: i64,
+    limit: u32,
+) -> Invocation {
+    let limit = limit as usize;
+    let more = page.len() > limit;
+    page.truncate(limit);
+    invocation.side_effects_next_after = more.then(|| page.last().map(|e| e.seq)).flatten();
+    invocation.side_effects = page;
+    invocation.side_effects_total = u64::try_from(total).unwrap_or(0);
+    invocation
 }
 
 /// The full output of an invocation from its `content`, `output_sha256` and the blob's bytes.

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::plan::{self, Plan};
 use crate::rows::{
     self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
-    session_columns,
+    session_columns, side_effects_where,
 };
 use crate::{
     Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
@@ -562,7 +562,13 @@ impl Store for SqliteStore {
         Ok(events)
     }
 
-    async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation> {
         let mut tx = self.reader.begin().await?;
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -575,21 +581,37 @@ impl Store for SqliteStore {
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::NotFound)?;
-        let mut invocation = rows::invocation(&row)?;
-        let events = sqlx::query(concat!(
+        let invocation = rows::invocation(&row)?;
+        // Side effects are written with the finish; a running invocation has none yet.
+        let Some(finished_seq) = invocation.finished_seq.filter(|_| limit > 0) else {
+            return Ok(invocation);
+        };
+        let (session_id, started_seq) = (invocation.session_id, invocation.started_seq);
+        let page = sqlx::query(concat!(
             "SELECT ",
             event_columns!(),
-            " FROM events e WHERE e.invocation_id = $1 ORDER BY e.seq"
+            side_effects_where!(),
+            " ORDER BY e.seq LIMIT $5"
         ))
+        .bind(session_id)
         .bind(id)
+        .bind(after.max(started_seq))
+        .bind(finished_seq)
+        .bind(i64::from(limit) + 1)
         .fetch_all(&mut *tx)
         .await?
         .iter()
         .map(rows::event)
         .collect::<Result<Vec<_>>>()?;
+        let total: i64 = sqlx::query_scalar(concat!("SELECT count(*)", side_effects_where!()))
+            .bind(session_id)
+            .bind(id)
+            .bind(started_seq)
+            .bind(finished_seq)
+            .fetch_one(&mut *tx)
+            .await?;
         tx.commit().await?;
-        invocation.side_effects = rows::side_effects(events);
-        Ok(invocation)
+        Ok(rows::with_side_effects(invocation, page, total, limit))
     }
 
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {

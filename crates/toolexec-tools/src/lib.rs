@@ -52,7 +52,15 @@ pub struct ToolContext {
     pub processes: Option<Arc<toolexec_sandbox::ProcessTable>>,
     /// The operator's ceiling on a command's timeout, milliseconds.
     pub max_timeout_ms: u64,
+    /// Bytes of file text one read_file or read_many_files call may return (the operator's
+    /// `limits.max_read_bytes_per_call`).
+    pub max_read_bytes: usize,
 }
+
+/// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
+/// be shown (200,000 characters) needs, and small enough that a call's output stays cheap to
+/// hold and to record.
+pub const DEFAULT_MAX_READ_BYTES: usize = 1024 * 1024;
 
 impl ToolContext {
     /// A context with a fresh read-state, the default policy and no recorded outputs.
@@ -66,6 +74,7 @@ impl ToolContext {
             outputs: Arc::new(NoOutputs),
             processes: None,
             max_timeout_ms: 600_000,
+            max_read_bytes: DEFAULT_MAX_READ_BYTES,
         }
     }
 }
@@ -74,8 +83,9 @@ impl ToolContext {
 /// the engine provides it. Only invocations of the asking session are visible.
 #[async_trait]
 pub trait OutputSource: Send + Sync {
-    /// The full output, or a sentence for the model saying why there is none.
-    async fn output(&self, session_id: Uuid, invocation_id: Uuid) -> Result<String, String>;
+    /// The full output as recorded, or a sentence for the model saying why there is none.
+    async fn output(&self, session_id: Uuid, invocation_id: Uuid)
+    -> Result<RecordedOutput, String>;
 
     /// The `process.started` record of a background process of this session, if the log has
     /// one (a process of an earlier run of the service, gone with it).
@@ -88,13 +98,35 @@ pub trait OutputSource: Send + Sync {
     }
 }
 
+/// An earlier invocation's output as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedOutput {
+    pub text: String,
+    /// Characters of the output the tool produced: more than `text` holds when the service
+    /// recorded only its beginning and end (`limits.max_stored_output_bytes`).
+    pub output_chars: usize,
+}
+
+impl RecordedOutput {
+    /// `output_chars` as the invocation recorded it (`None`: the text is all there was).
+    pub fn new(text: String, output_chars: Option<i64>) -> Self {
+        let stored = text.chars().count();
+        Self {
+            output_chars: output_chars
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(stored),
+            text,
+        }
+    }
+}
+
 /// No recorded outputs (a context outside a running service).
 #[derive(Debug, Clone, Copy)]
 pub struct NoOutputs;
 
 #[async_trait]
 impl OutputSource for NoOutputs {
-    async fn output(&self, _: Uuid, invocation_id: Uuid) -> Result<String, String> {
+    async fn output(&self, _: Uuid, invocation_id: Uuid) -> Result<RecordedOutput, String> {
         Err(format!(
             "No recorded output for invocation {invocation_id}."
         ))

@@ -238,8 +238,9 @@ impl Parser<'_> {
                 return Err(self.error(
                     header_at,
                     format!(
-                        "'*** Update File: {path}' has no hunks; give at least one @@ hunk with \
-                         the lines to change"
+                        "'*** Update File: {}' has no hunks; give at least one @@ hunk with \
+                         the lines to change",
+                        crate::text::shown_name(&path)
                     ),
                 ));
             }

@@ -1,10 +1,11 @@
-//! Text handling the editing tools share: refusing files they could not edit without corrupting
-//! them, line endings, line-numbered snippets, and finding the text closest to what a model
-//! asked for when it is not in the file.
+//! Text handling the tools share: names made safe to print ([`shown_name`]), refusing files the
+//! editing tools could not edit without corrupting them, line endings, line-numbered snippets,
+//! and finding the text closest to what a model asked for when it is not in the file.
 //!
 //! Nothing here touches the filesystem, and nothing here ever changes text on the model's
 //! behalf: a near-match is only ever shown, never applied.
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use similar::{Algorithm, DiffOp, TextDiff};
@@ -21,6 +22,89 @@ const NEAR_MATCH_MIN_CANDIDATES: usize = 8;
 /// Differing lines listed under a near-match; past this the model should re-read the file.
 const MAX_DIFF_LINES: usize = 12;
 
+/// A file name, path or symlink target as every tool prints it: characters that could make one
+/// name look like several, or like something else, are escaped, so that a file named
+/// `"a\n  forged.txt"` stays one entry (`a\n  forged.txt`) and a name cannot send terminal
+/// escape sequences or reorder the text around it.
+///
+/// Escaped: C0 controls as `\t`, `\n`, `\r` or `\xHH` (ESC is `\x1b`), DEL as `\x7f`; C1 controls
+/// (U+0080–U+009F), the line and paragraph separators (U+2028, U+2029) and the bidirectional
+/// formatting characters (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069: the "Trojan
+/// Source" characters) as `\u{XXXX}`. Everything else is printed as it is, backslashes
+/// included: ordinary names, non-ASCII letters and emoji look the same as in `ls`. A name that
+/// itself contains text like `\n` therefore prints like one with a newline; the log records
+/// every name exactly.
+///
+/// Idempotent (what it prints needs no further escaping), so it composes with a path that is
+/// already a display form with `\xHH` for bytes that are not UTF-8 ([`shown_name_bytes`]).
+pub(crate) fn shown_name(name: &str) -> Cow<'_, str> {
+    escape(name, true)
+}
+
+/// [`shown_name`] of a name as the kernel has it: bytes that are not valid UTF-8 are written
+/// `\xHH` (so `bad\xff` and `bad\xfe` stay two names, where lossy decoding would show both as
+/// `bad\u{FFFD}`).
+pub(crate) fn shown_name_bytes(name: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(name) {
+        Ok(text) => shown_name(text),
+        Err(_) => {
+            let mut out = String::with_capacity(name.len() + 8);
+            for chunk in name.utf8_chunks() {
+                out.push_str(&shown_name(chunk.valid()));
+                for byte in chunk.invalid() {
+                    let _ = write!(out, "\\x{byte:02x}");
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// A line of file content inside a listing of lines (grep's `path:line:content`): escaped like
+/// [`shown_name`] except for tabs, which are ordinary indentation. Content is not a name, but a
+/// carriage return, an escape sequence or a bidi override in it could still forge or hide
+/// result lines; read_file shows the same line unescaped.
+pub(crate) fn shown_line(line: &str) -> Cow<'_, str> {
+    escape(line, false)
+}
+
+/// Whether `c` is printed escaped (see [`shown_name`]); tabs only when `tabs` is true.
+fn needs_escape(c: char, tabs: bool) -> bool {
+    match c {
+        '\t' => tabs,
+        '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' => true,
+        '\u{2028}' | '\u{2029}' => true,
+        '\u{061c}'
+        | '\u{200e}'
+        | '\u{200f}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2066}'..='\u{2069}' => true,
+        _ => false,
+    }
+}
+
+fn escape(text: &str, tabs: bool) -> Cow<'_, str> {
+    if !text.chars().any(|c| needs_escape(c, tabs)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if !needs_escape(c, tabs) {
+            out.push(c);
+            continue;
+        }
+        let _ = match c {
+            '\t' => write!(out, "\\t"),
+            '\n' => write!(out, "\\n"),
+            '\r' => write!(out, "\\r"),
+            // One byte in UTF-8: the same `\xHH` as a byte that is not UTF-8.
+            '\u{0}'..='\u{7f}' => write!(out, "\\x{:02x}", u32::from(c)),
+            _ => write!(out, "\\u{{{:04x}}}", u32::from(c)),
+        };
+    }
+    Cow::Owned(out)
+}
+
 /// The file's bytes as UTF-8 text, or the refusal for the model: binary files, UTF-16 and
 /// anything else that is not valid UTF-8 are never edited, because writing them back through a
 /// `String` would change bytes the model never meant to touch.
@@ -29,6 +113,7 @@ pub(crate) fn decode_for_edit<'a>(
     bytes: &'a [u8],
     tool: &str,
 ) -> Result<&'a str, String> {
+    let path = shown_name(path);
     if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
         return Err(format!(
             "Cannot change '{path}': it is UTF-16 encoded, and {tool} only edits UTF-8 text (so \
@@ -242,6 +327,72 @@ pub(crate) fn has_line_number_prefixes(lines: &[&str]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_newline_in_a_name_cannot_make_a_second_entry() {
+        assert_eq!(shown_name("a\n  forged.txt"), "a\\n  forged.txt");
+        assert_eq!(shown_name("a\n  forged.txt").lines().count(), 1);
+        assert_eq!(shown_name("x\ry\tz"), "x\\ry\\tz");
+    }
+
+    #[test]
+    fn terminal_escapes_and_other_controls_are_shown_as_hex() {
+        assert_eq!(shown_name("\u{1b}[31mred\u{1b}[0m"), "\\x1b[31mred\\x1b[0m");
+        assert_eq!(
+            shown_name("nul\0del\u{7f}bell\u{7}"),
+            "nul\\x00del\\x7fbell\\x07"
+        );
+        // C1: U+009B is the one-character CSI of 8-bit terminals.
+        assert_eq!(shown_name("a\u{9b}31m"), "a\\u{009b}31m");
+        assert_eq!(shown_name("line\u{2028}sep"), "line\\u{2028}sep");
+    }
+
+    #[test]
+    fn bidi_overrides_are_escaped_so_a_name_cannot_read_backwards() {
+        // "evil\u{202e}txt.exe" displays as "evilexe.txt" in a bidi-aware viewer.
+        assert_eq!(shown_name("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
+        for c in [
+            '\u{202a}', '\u{202d}', '\u{2066}', '\u{2069}', '\u{200f}', '\u{61c}',
+        ] {
+            assert!(shown_name(&format!("a{c}b")).is_ascii(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn ordinary_names_are_untouched_and_not_copied() {
+        for name in [
+            "src/main.rs",
+            "docs/Überblick.md",
+            "emoji 🦀.txt",
+            "a\\b",
+            "日本語/ファイル",
+        ] {
+            assert!(
+                matches!(shown_name(name), Cow::Borrowed(n) if n == name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn escaping_twice_changes_nothing() {
+        let once = shown_name_bytes(b"x\n\x1b\xff\xc2\x9b\xe2\x80\xae");
+        assert_eq!(shown_name(&once), once);
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_written_as_hex_and_stay_distinct() {
+        assert_eq!(shown_name_bytes(b"bad\xff"), "bad\\xff");
+        assert_ne!(shown_name_bytes(b"bad\xff"), shown_name_bytes(b"bad\xfe"));
+        assert_eq!(shown_name_bytes(b"caf\xe9\n"), "caf\\xe9\\n");
+        assert_eq!(shown_name_bytes("é".as_bytes()), "é");
+    }
+
+    #[test]
+    fn content_lines_keep_their_tabs() {
+        assert_eq!(shown_line("\tindent\r"), "\tindent\\r");
+        assert_eq!(shown_line("\u{1b}]0;title\u{7}"), "\\x1b]0;title\\x07");
+    }
 
     #[test]
     fn non_utf8_and_utf16_and_binary_files_are_refused_for_editing() {

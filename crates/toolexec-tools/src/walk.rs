@@ -212,16 +212,28 @@ pub(crate) fn walk_files(
     report
 }
 
+/// How a tool prints the path of `entry` in `dir`: the entry's own name from its bytes (so a name
+/// that is not UTF-8 shows as `\xHH`, not as U+FFFD), everything escaped as
+/// [`shown_name`](crate::text::shown_name) says.
+pub(crate) fn shown_path(dir: &WorkspaceDir, entry: &Entry) -> String {
+    let name = crate::text::shown_name_bytes(entry.name_bytes());
+    if dir.path() == "." {
+        name.into_owned()
+    } else {
+        format!("{}/{name}", crate::text::shown_name(dir.path()))
+    }
+}
+
 /// The notes about what a walk passed over that are worth telling the model when a search found
 /// nothing (or less than expected).
 pub(crate) fn notes(report: &WalkReport) -> Vec<String> {
     let mut notes = Vec::new();
     if !report.skipped_dirs.is_empty() {
-        let dirs: Vec<&str> = report
+        let dirs: Vec<std::borrow::Cow<'_, str>> = report
             .skipped_dirs
             .iter()
             .take(10)
-            .map(String::as_str)
+            .map(|dir| crate::text::shown_name(dir))
             .collect();
         let more = report.skipped_dirs.len().saturating_sub(dirs.len());
         notes.push(format!(

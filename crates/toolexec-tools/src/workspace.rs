@@ -120,50 +120,69 @@ impl JailError {
 
     /// The sentence for the model: what went wrong and what to do instead.
     pub fn model_message(&self) -> String {
+        // The path came from the model or from the filesystem: escaped like every name a tool
+        // prints, so that it cannot forge lines or send escape sequences.
+        let path = crate::text::shown_name(self.path());
         match self {
-            JailError::OutsideWorkspace { path } => format!(
+            JailError::OutsideWorkspace { .. } => format!(
                 "Path '{path}' is outside the workspace (or leads out of it through '..' or a \
                  symlink; absolute symlinks are never followed). Use a path under /workspace \
                  (absolute, like /workspace/src/main.rs, or relative, like src/main.rs)."
             ),
-            JailError::NotFound { path } => format!(
+            JailError::NotFound { .. } => format!(
                 "'{path}' does not exist. Check the path with list_dir or glob and try again."
             ),
-            JailError::NotARegularFile { path, kind } => format!(
+            JailError::NotARegularFile { kind, .. } => format!(
                 "'{path}' is {kind}, not a regular file. The file tools only read and write \
                  regular files; use the shell to inspect it if you must."
             ),
-            JailError::IsADirectory { path } => format!(
+            JailError::IsADirectory { .. } => format!(
                 "'{path}' is a directory, not a file. Use list_dir to see what it contains, \
                  or give the path of a file inside it."
             ),
-            JailError::NotADirectory { path } => format!(
+            JailError::NotADirectory { .. } => format!(
                 "'{path}' is not a directory (or one of its parent components is a file). \
                  Check the path with list_dir."
             ),
-            JailError::HardLink { path } => format!(
+            JailError::HardLink { .. } => format!(
                 "'{path}' has more than one hard link, so it may be a file from outside the \
                  workspace; the file tools do not read such files. Replace it with a new file \
                  (delete it with the shell, then write it) if you need to change it."
             ),
-            JailError::TooLarge { path, size, limit } => format!(
+            JailError::TooLarge { size, limit, .. } => format!(
                 "'{path}' is {} ({size} bytes), over the {} limit for reading a whole file. \
                  Use grep to find the lines you need, or the shell to print part of it \
                  (sed -n '100,200p' '{path}', head, tail).",
                 human_bytes(*size),
                 human_bytes(*limit)
             ),
-            JailError::SymlinkLoop { path } => format!(
+            JailError::SymlinkLoop { .. } => format!(
                 "'{path}' could not be resolved: too many levels of symbolic links (a symlink \
                  loop, or a symlink where none is allowed). Use the path of the real file."
             ),
-            JailError::InvalidPath { path, reason } => format!(
+            JailError::InvalidPath { reason, .. } => format!(
                 "Invalid path '{path}': {reason}. Use a path relative to /workspace, \
                  like src/main.rs."
             ),
-            JailError::Io { path, op, source } => {
+            JailError::Io { op, source, .. } => {
                 format!("Could not {op} '{path}': {source}.")
             }
+        }
+    }
+
+    /// The path the error is about, as recorded in it.
+    pub fn path(&self) -> &str {
+        match self {
+            JailError::OutsideWorkspace { path }
+            | JailError::NotFound { path }
+            | JailError::NotARegularFile { path, .. }
+            | JailError::IsADirectory { path }
+            | JailError::NotADirectory { path }
+            | JailError::HardLink { path }
+            | JailError::TooLarge { path, .. }
+            | JailError::SymlinkLoop { path }
+            | JailError::InvalidPath { path, .. }
+            | JailError::Io { path, .. } => path,
         }
     }
 }

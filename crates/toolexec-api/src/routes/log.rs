@@ -40,7 +40,10 @@ pub struct EventPage {
 }
 
 /// A session's log, in order. Event kinds: `session.created`, `session.closed`,
-/// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`.
+/// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`,
+/// `files.changed` (a call's file changes beyond `limits.max_file_events_per_call`, summed up,
+/// each listed in the manifest blob it names), `plan.updated`, `process.started`,
+/// `process.exited`.
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "log", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id"), EventsQuery),
     responses(
@@ -69,10 +72,21 @@ async fn list_events(
     Ok(Json(EventPage { events, next_after }))
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InvocationQuery {
+    /// Side effects with `seq` greater than this (default 0: from the first). Pass the
+    /// previous page's `side_effects_next_after`.
+    pub after: Option<i64>,
+    /// Side effects per page (1–1000, default 1000).
+    pub limit: Option<u32>,
+}
+
 /// One invocation: its call, status, what the model was shown, timings, the capabilities it
-/// claimed and its side effects.
+/// claimed and a page of its side effects (`side_effects_total` says how many there are;
+/// `side_effects_next_after` is the `after` of the next page).
 #[utoipa::path(get, path = "/v1/invocations/{id}", tag = "log", security(("bearer" = [])),
-    params(("id" = Uuid, Path, description = "Invocation id")),
+    params(("id" = Uuid, Path, description = "Invocation id"), InvocationQuery),
     responses(
         (status = 200, description = "The invocation", body = Invocation),
         (status = 404, description = "No such invocation for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
@@ -81,12 +95,13 @@ async fn get_invocation(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
     Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<InvocationQuery>,
 ) -> Result<Json<Invocation>, ApiError> {
     let id = parse_id(&id, "invocation")?;
     Ok(Json(
         state
             .engine
-            .invocation(tenant.id, id)
+            .invocation(tenant.id, id, q.after, q.limit)
             .await
             .map_err(or_not_found("invocation"))?,
     ))
@@ -112,9 +127,17 @@ pub struct OutputSlice {
     /// Where the next slice starts; `null` at the end.
     pub next_offset: Option<usize>,
     pub content: String,
+    /// `false` when the service recorded only the beginning and the end of this output (it was
+    /// over `limits.max_stored_output_bytes`): the text then has a marker, where the middle was
+    /// dropped, saying how much. `total_chars` counts the stored text.
+    pub complete: bool,
+    /// Length of the output the tool produced, in characters.
+    pub output_chars: usize,
 }
 
-/// The full output of an invocation (what the model saw may have been truncated).
+/// The full output of an invocation (what the model saw may have been truncated), as recorded:
+/// an output over the service's `limits.max_stored_output_bytes` is recorded as its beginning
+/// and end (`complete: false`).
 #[utoipa::path(get, path = "/v1/invocations/{id}/output", tag = "log", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Invocation id"), OutputQuery),
     responses(
@@ -139,5 +162,7 @@ async fn get_output(
         total_chars: s.total_chars,
         next_offset: s.next_offset,
         content: s.content,
+        complete: s.complete,
+        output_chars: s.output_chars,
     }))
 }

@@ -21,7 +21,7 @@ use toolexec_core::{
 
 use super::{Action, blocking, check_read};
 use crate::patch::{self, Hunk, HunkFailure, Mismatch, Op};
-use crate::text::{decode_for_edit, numbered_range, view_lines};
+use crate::text::{decode_for_edit, numbered_range, shown_name, view_lines};
 use crate::workspace::{Before, JailError, Workspace, human_bytes};
 use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 
@@ -212,7 +212,11 @@ fn where_in_patch(op: &Op) -> String {
         Op::Delete { .. } => "*** Delete File:",
         Op::Update { .. } => "*** Update File:",
     };
-    format!("{header} {} (patch line {})", op.path(), op.line())
+    format!(
+        "{header} {} (patch line {})",
+        shown_name(op.path()),
+        op.line()
+    )
 }
 
 impl Plan {
@@ -284,17 +288,20 @@ impl Plan {
             Ok(file) => (file.path, Some((file.bytes, file.sha256))),
             Err(JailError::NotFound { .. }) if !lexical => {
                 return Err(Failure::error(format!(
-                    "{}: '{path}' does not exist. Name a file the patch creates or moves to \
-                     without '..' (for example '{display}' if that is the one you mean).",
-                    where_in_patch(op)
+                    "{}: '{}' does not exist. Name a file the patch creates or moves to \
+                     without '..' (for example '{}' if that is the one you mean).",
+                    where_in_patch(op),
+                    shown_name(path),
+                    shown_name(&display)
                 )));
             }
             Err(JailError::NotFound { .. }) => (display.clone(), None),
             Err(JailError::TooLarge { size, limit, .. }) => {
                 return Err(Failure::error(format!(
-                    "{}: '{display}' is {}, over the {} limit for files apply_patch changes. \
+                    "{}: '{}' is {}, over the {} limit for files apply_patch changes. \
                      Use the shell for it.",
                     where_in_patch(op),
+                    shown_name(&display),
                     human_bytes(size),
                     human_bytes(limit)
                 )));
@@ -321,6 +328,7 @@ impl Plan {
         let real = &self.entries[at].path;
         match Workspace::display_path(path) {
             Ok(display) if display != *real && self.entries[at].original.is_some() => {
+                let (display, real) = (shown_name(&display), shown_name(real));
                 Err(Failure::error(format!(
                     "{}: '{display}' leads through a symlink to '{real}'. Name the file by its \
                      real path ('{real}') to remove it, or remove the link itself with the shell.",
@@ -363,7 +371,7 @@ impl Plan {
                 let rollback = roll_back(ws, &done);
                 let text = format!(
                     "The patch was verified, but writing {} failed: {problem}\n{rollback}",
-                    entry.path
+                    shown_name(&entry.path)
                 );
                 return ToolOutput::error(text);
             }
@@ -391,9 +399,9 @@ impl Plan {
                 Some(sha) => reads.record(&entry.path, sha),
                 None => reads.forget(&entry.path),
             }
-            let mut line = format!("{letter} {}", entry.path);
+            let mut line = format!("{letter} {}", shown_name(&entry.path));
             if let Some(from) = &entry.moved_from {
-                line.push_str(&format!(" (moved from {from})"));
+                line.push_str(&format!(" (moved from {})", shown_name(from)));
             }
             if let Some(stat) =
                 line_stat(before.map(|(b, _)| b.as_slice()), entry.current.as_deref())
@@ -427,9 +435,10 @@ impl Plan {
 
 fn missing(op: &Op, path: &str, verb: &str) -> Failure {
     Failure::error(format!(
-        "{}: '{path}' does not exist, so there is nothing to {verb}. Check the path with glob \
+        "{}: '{}' does not exist, so there is nothing to {verb}. Check the path with glob \
          or list_dir (to create a file use '*** Add File:').",
-        where_in_patch(op)
+        where_in_patch(op),
+        shown_name(path)
     ))
 }
 
@@ -442,7 +451,7 @@ fn commit_one(ws: &Workspace, entry: &Entry) -> Result<(), String> {
         } else {
             Err(format!(
                 "'{}' changed while the patch was being applied.",
-                entry.path
+                shown_name(&entry.path)
             ))
         }
     };
@@ -473,8 +482,12 @@ fn roll_back(ws: &Workspace, done: &[&Entry]) -> String {
             None => ws.remove_file(&entry.path).map(|_| ()),
         };
         match result {
-            Ok(()) => restored.push(entry.path.clone()),
-            Err(e) => failed.push(format!("{} ({})", entry.path, e.model_message())),
+            Ok(()) => restored.push(shown_name(&entry.path).into_owned()),
+            Err(e) => failed.push(format!(
+                "{} ({})",
+                shown_name(&entry.path),
+                e.model_message()
+            )),
         }
     }
     let mut text = format!(
@@ -521,7 +534,8 @@ fn hunk_failure(path: &str, text: &str, hunks: &[Hunk], failure: &HunkFailure) -
     let hunk = &hunks[failure.hunk - 1];
     let lines = view_lines(text);
     let head = format!(
-        "{path}, hunk {} of {} (patch line {})",
+        "{}, hunk {} of {} (patch line {})",
+        shown_name(path),
         failure.hunk,
         hunks.len(),
         hunk.line

@@ -15,7 +15,7 @@ use toolexec_core::{
 use super::{Action, blocking, check_read, jail_failure, plural};
 use crate::text::{
     closest_window, decode_for_edit, describe_difference, has_line_number_prefixes, line_of,
-    numbered_range, to_crlf, uses_crlf, view_lines,
+    numbered_range, shown_name, to_crlf, uses_crlf, view_lines,
 };
 use crate::workspace::{JailError, Workspace};
 use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
@@ -150,6 +150,7 @@ fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
     let file = match workspace.read(&args.file_path) {
         Ok(file) => file,
         Err(JailError::NotFound { path }) => {
+            let path = shown_name(&path);
             return ToolOutput::error(format!(
                 "'{path}' does not exist. edit_file changes existing files: use write_file to \
                  create a new one, or find the right path with glob."
@@ -192,6 +193,7 @@ fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
         if before.sha256() == Some(expected.as_str()) {
             Ok(())
         } else {
+            let path = shown_name(path);
             Err(format!(
                 "Cannot edit '{path}': the file has changed since you read it (it changed while \
                  the edit was being made). Use read_file to read its current contents, then call \
@@ -247,7 +249,10 @@ fn find<'a>(
 
 /// The error for an old_string that is not in the file: the closest text, and how it differs.
 fn not_found(path: &str, text: &str, args: &Args) -> String {
-    let mut out = format!("old_string was not found in {path}; nothing was changed.");
+    let mut out = format!(
+        "old_string was not found in {}; nothing was changed.",
+        shown_name(path)
+    );
     let wanted = view_lines(&args.old_string);
     let file_lines = view_lines(text);
     if has_line_number_prefixes(&wanted) {
@@ -300,10 +305,11 @@ fn not_found(path: &str, text: &str, args: &Args) -> String {
 
 fn several_matches(path: &str, text: &str, starts: &[usize]) -> String {
     format!(
-        "old_string occurs {} times in {path} (at {}); nothing was changed. Add surrounding \
+        "old_string occurs {} times in {} (at {}); nothing was changed. Add surrounding \
          lines to old_string so that it matches exactly one place, or set replace_all to true \
          to replace all {}.",
         starts.len(),
+        shown_name(path),
         line_list(text, starts),
         starts.len()
     )
@@ -311,7 +317,8 @@ fn several_matches(path: &str, text: &str, starts: &[usize]) -> String {
 
 fn summary(path: &str, text: &str, starts: &[usize]) -> String {
     format!(
-        "Edited {path}: replaced {} at {}.",
+        "Edited {}: replaced {} at {}.",
+        shown_name(path),
         plural(starts.len(), "occurrence", "occurrences"),
         line_list(text, starts)
     )

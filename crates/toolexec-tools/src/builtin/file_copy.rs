@@ -12,6 +12,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{Action, blocking, jail_failure, read_before_write, written_change};
 use crate::reads::WriteCheck;
+use crate::text::shown_name;
 use crate::workspace::{Copied, JailError, Workspace, human_bytes};
 use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
 
@@ -141,8 +142,9 @@ fn copy(
         |path, before| {
             if before.exists() && !args.overwrite {
                 return Err(Refusal::Exists(format!(
-                    "Cannot copy to '{path}': it already exists{}. Set overwrite to true to \
+                    "Cannot copy to '{}': it already exists{}. Set overwrite to true to \
                      replace it, or choose another dest.",
+                    shown_name(path),
                     before
                         .size()
                         .map(|s| format!(" ({})", human_bytes(s)))
@@ -160,10 +162,11 @@ fn copy(
         Err(JailError::IsADirectory { path })
             if Workspace::display_path(&args.dest).is_ok_and(|d| d == path) =>
         {
+            let path = shown_name(&path);
             return ToolOutput::error(format!(
                 "'{path}' is a directory. dest must be the full path of the new file, like \
                  {path}/{}.",
-                args.source.rsplit('/').next().unwrap_or("name")
+                shown_name(args.source.rsplit('/').next().unwrap_or("name"))
             ));
         }
         Err(jail) => return jail_failure(&jail),
@@ -178,18 +181,16 @@ fn copy(
         reads.record(&written.path, &written.sha256);
     }
     let size = human_bytes(written.size);
+    let (shown_source, shown_dest) = (shown_name(&source), shown_name(&written.path));
     if !written.changed {
         return ToolOutput::ok(format!(
-            "{} already holds exactly the contents of {source} ({size}); nothing was written.",
-            written.path
+            "{shown_dest} already holds exactly the contents of {shown_source} ({size}); nothing \
+             was written."
         ));
     }
     let (change, how) = written_change(&written, Capability::ContentFromSource, kept);
-    ToolOutput::ok(format!(
-        "Copied {source} ({size}) to {} ({how}).",
-        written.path
-    ))
-    .with_change(change)
+    let message = format!("Copied {shown_source} ({size}) to {shown_dest} ({how}).");
+    ToolOutput::ok(message).with_change(change)
 }
 
 #[cfg(test)]

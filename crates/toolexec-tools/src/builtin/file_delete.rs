@@ -7,6 +7,7 @@ use toolexec_core::{
 };
 
 use super::{Action, blocking, jail_failure, read_before_write};
+use crate::text::shown_name;
 use crate::workspace::{JailError, Workspace, human_bytes};
 use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 
@@ -101,12 +102,14 @@ fn delete(
         Ok(Ok(removed)) => removed,
         Ok(Err(refusal)) => return ToolOutput::denied(refusal),
         Err(JailError::IsADirectory { path }) => {
+            let path = shown_name(&path);
             return ToolOutput::error(format!(
                 "'{path}' is a directory. file_delete deletes one file; remove a directory with \
                  the shell (rm -r '{path}') if you mean to."
             ));
         }
         Err(JailError::NotARegularFile { path, kind }) => {
+            let path = shown_name(&path);
             return ToolOutput::error(format!(
                 "'{path}' is {kind}, not a regular file. file_delete deletes regular files only; \
                  use the shell (rm '{path}') to remove it."
@@ -127,10 +130,13 @@ fn delete(
         capability: Capability::FsWrite,
         symlink_target: None,
     };
-    ToolOutput::ok(format!("Deleted {} ({}).", removed.path, human_bytes(size))).with_change(
-        RecordedChange {
-            change,
-            after: None,
-        },
-    )
+    let message = format!(
+        "Deleted {} ({}).",
+        shown_name(&removed.path),
+        human_bytes(size)
+    );
+    ToolOutput::ok(message).with_change(RecordedChange {
+        change,
+        after: None,
+    })
 }

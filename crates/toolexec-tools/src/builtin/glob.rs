@@ -10,6 +10,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::grep::relative_to;
 use super::{blocking, jail_failure, plural};
+use crate::text::shown_name;
 use crate::walk::{self, Flow};
 use crate::workspace::{VIRTUAL_ROOT, Workspace};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
@@ -129,7 +130,7 @@ fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
     let mut found: Vec<(Option<SystemTime>, String)> = Vec::new();
     let report = walk::walk_files(workspace, dir, &mut |dir, entry, path| {
         if matcher.is_match(relative_to(&start, path)) {
-            found.push((dir.modified(entry), path.to_owned()));
+            found.push((dir.modified(entry), walk::shown_path(dir, entry)));
         }
         Flow::Continue
     });
@@ -139,7 +140,7 @@ fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
     let where_ = if start == "." {
         "the workspace".to_owned()
     } else {
-        start.clone()
+        shown_name(&start).into_owned()
     };
     if found.is_empty() {
         let mut out = format!(

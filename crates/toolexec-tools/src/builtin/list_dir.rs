@@ -5,6 +5,7 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure};
+use crate::text::{shown_name, shown_name_bytes};
 use crate::workspace::{Entry, EntryKind, JailError, Workspace, WorkspaceDir};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -128,7 +129,7 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, JailE
     let header = if root.path() == "." {
         "./".to_owned()
     } else {
-        format!("{}/", root.path())
+        format!("{}/", shown_name(root.path()))
     };
     listing.out.push_str(&header);
     listing.out.push('\n');
@@ -158,16 +159,19 @@ impl Listing {
             }
             self.shown += 1;
             let indent = "  ".repeat(level);
+            // Names and link targets come from whoever made the files: escaped, so that one
+            // entry prints as one line (see `shown_name`).
+            let name = shown_name_bytes(entry.name_bytes());
             match entry.kind {
-                EntryKind::File => self.line(&indent, &entry.name, ""),
-                EntryKind::Other => self.line(&indent, &entry.name, "  [special file]"),
+                EntryKind::File => self.line(&indent, &name, ""),
+                EntryKind::Other => self.line(&indent, &name, "  [special file]"),
                 EntryKind::Symlink => {
                     let target = dir.read_link(&entry).unwrap_or_else(|| "?".to_owned());
-                    self.line(&indent, &entry.name, &format!(" -> {target}"));
+                    self.line(&indent, &name, &format!(" -> {}", shown_name(&target)));
                 }
                 EntryKind::Dir if NOT_EXPANDED.contains(&entry.name.as_str()) => {
                     self.not_expanded = true;
-                    self.line(&indent, &format!("{}/", entry.name), "  [not expanded]");
+                    self.line(&indent, &format!("{name}/"), "  [not expanded]");
                 }
                 EntryKind::Dir => self.directory(dir, &entry, &indent, depth_left, level),
             }
@@ -182,11 +186,11 @@ impl Listing {
         depth_left: usize,
         level: usize,
     ) {
+        let mut label = shown_name_bytes(entry.name_bytes()).into_owned();
         let Ok(mut dir) = parent.open_child(entry) else {
-            self.line(indent, &format!("{}/", entry.name), "  [cannot be opened]");
+            self.line(indent, &format!("{label}/"), "  [cannot be opened]");
             return;
         };
-        let mut label = entry.name.clone();
         let Ok(mut entries) = dir.entries() else {
             self.line(indent, &format!("{label}/"), "  [cannot be read]");
             return;
@@ -204,7 +208,7 @@ impl Listing {
             let Ok(child_entries) = child.entries() else {
                 break;
             };
-            label = format!("{label}/{}", only.name);
+            label = format!("{label}/{}", shown_name_bytes(only.name_bytes()));
             dir = child;
             entries = child_entries;
             self.collapsed = true;
@@ -348,6 +352,37 @@ mod tests {
             MAX_ENTRIES
         );
         assert!(text.contains("stopped after 1000 entries"), "{text}");
+    }
+
+    #[test]
+    fn names_print_as_one_line_each_with_controls_and_bad_bytes_escaped() {
+        use std::os::unix::ffi::OsStrExt;
+        let (dir, ws) = tree(&[
+            "a\n  forged.txt",
+            "\u{1b}[31mred",
+            "evil\u{202e}txt.exe",
+            "d/",
+        ]);
+        for raw in [&b"bad\xff"[..], b"bad\xfe"] {
+            fs::write(dir.path().join(std::ffi::OsStr::from_bytes(raw)), "x").unwrap();
+        }
+        std::os::unix::fs::symlink("t\narget", dir.path().join("link")).unwrap();
+        fs::write(dir.path().join("d/in\rside"), "x").unwrap();
+        let text = list(&ws, ".", 2).unwrap();
+        assert!(text.contains("\n  a\\n  forged.txt\n"), "{text}");
+        assert!(!text.contains("\n  forged.txt"), "{text}");
+        assert!(text.contains("\n  \\x1b[31mred\n"), "{text}");
+        assert!(text.contains("\n  evil\\u{202e}txt.exe\n"), "{text}");
+        assert!(text.contains("\n  bad\\xfe\n  bad\\xff\n"), "{text}");
+        assert!(text.contains("\n  link -> t\\narget\n"), "{text}");
+        assert!(text.contains("\n  d/\n    in\\rside\n"), "{text}");
+        assert!(!text.contains(['\u{1b}', '\r', '\u{202e}']), "{text}");
+        // Seven entries (and the d/ chain), each on its own line under the header.
+        assert_eq!(
+            text.lines().take_while(|l| !l.is_empty()).count(),
+            9,
+            "{text}"
+        );
     }
 
     #[test]

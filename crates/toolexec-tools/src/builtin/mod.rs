@@ -160,6 +160,7 @@ pub(crate) fn read_before_write(
         return Ok(());
     }
     let (verb, retry) = (action.verb(), action.retry());
+    let shown = crate::text::shown_name(path);
     match before {
         Before::Absent => Ok(()),
         Before::File { sha256, .. } => check_read(reads, path, sha256, action),
@@ -167,15 +168,15 @@ pub(crate) fn read_before_write(
             reason: UnreadReason::HardLink,
             ..
         } => Err(format!(
-            "Cannot {verb} '{path}': it has more than one hard link, so it may be a file from \
+            "Cannot {verb} '{shown}': it has more than one hard link, so it may be a file from \
              outside the workspace and cannot be read first. Delete it with the shell \
-             (rm '{path}'), then {retry}."
+             (rm '{shown}'), then {retry}."
         )),
         Before::Unread {
             reason: UnreadReason::TooLarge,
             size,
         } => Err(format!(
-            "Cannot {verb} '{path}': the existing file is {} and too large to have been read \
+            "Cannot {verb} '{shown}': the existing file is {} and too large to have been read \
              with read_file. Use the shell to change or remove it.",
             human_bytes(*size)
         )),
@@ -191,20 +192,21 @@ pub(crate) fn check_read(
     action: Action,
 ) -> Result<(), String> {
     let (verb, retry) = (action.verb(), action.retry());
+    let shown = crate::text::shown_name(path);
     match reads.check(path, sha256) {
         WriteCheck::Allowed => Ok(()),
         WriteCheck::NeverRead => Err(match action {
             Action::Write => format!(
-                "Cannot write to '{path}': file exists but has not been read. Use read_file to \
+                "Cannot write to '{shown}': file exists but has not been read. Use read_file to \
                  read it first, then write it again (or use a new path to create a new file)."
             ),
             _ => format!(
-                "Cannot {verb} '{path}': file exists but has not been read. Use read_file to \
+                "Cannot {verb} '{shown}': file exists but has not been read. Use read_file to \
                  read it first, then {retry}."
             ),
         }),
         WriteCheck::Stale => Err(format!(
-            "Cannot {verb} '{path}': the file has changed since you read it (something else \
+            "Cannot {verb} '{shown}': the file has changed since you read it (something else \
              modified it). Use read_file to read its current contents, then {retry}."
         )),
     }

@@ -5,7 +5,8 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure, plural};
-use crate::workspace::Workspace;
+use crate::text::shown_name;
+use crate::workspace::{FileContents, Workspace, human_bytes};
 use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
 
 /// Lines shown when the call gives no `limit`: most source files fit whole, and 2000 numbered
@@ -42,8 +43,10 @@ giving the offset to continue from.
 Example: {\"file_path\": \"src/main.rs\", \"offset\": 120, \"limit\": 40} returns lines 120 to 159.
 
 Limits: files over 10 MiB are refused (use grep, or the shell to print a range); lines longer than \
-2000 characters are cut with a marker; a file with a NUL byte in its first 8 KiB is treated as \
-binary and refused; bytes that are not valid UTF-8 are shown as U+FFFD.";
+2000 characters are cut with a marker; one call returns at most 1 MiB of text (the operator may \
+set another budget), and a note gives the offset to continue from when it stops early; a file with \
+a NUL byte in its first 8 KiB is treated as binary and refused; bytes that are not valid UTF-8 are \
+shown as U+FFFD.";
 
 pub struct ReadFile {
     spec: ToolSpec,
@@ -117,7 +120,8 @@ impl Tool for ReadFile {
             limit: args.limit.unwrap_or(DEFAULT_LINE_LIMIT).max(1),
         };
         let path = args.file_path;
-        match blocking(move || read_and_render(&workspace, &reads, &path, window)).await {
+        let budget = ReadBudget::new(ctx.max_read_bytes);
+        match blocking(move || read_and_render(&workspace, &reads, &path, window, &budget)).await {
             Ok(Ok(shown)) => ToolOutput::ok(shown.text),
             Ok(Err(failure)) => failure,
             Err(output) => output,
@@ -151,6 +155,44 @@ pub(crate) struct Shown {
     pub text: String,
 }
 
+/// The bytes of file text one call may still return (`ToolContext::max_read_bytes`): without it
+/// one call could hold and record without bound, e.g. read_many_files naming one 4 MB file 50
+/// times (200 million characters) or read_file of 10 MiB of one-character lines with a huge
+/// `limit` (45 MB once numbered).
+#[derive(Debug)]
+pub(crate) struct ReadBudget {
+    pub total: usize,
+    left: std::cell::Cell<usize>,
+}
+
+impl ReadBudget {
+    pub(crate) fn new(total: usize) -> Self {
+        Self {
+            total,
+            left: std::cell::Cell::new(total),
+        }
+    }
+
+    pub(crate) fn used_up(&self) -> bool {
+        self.left.get() == 0
+    }
+
+    /// Takes `bytes` if they fit in what is left.
+    fn take(&self, bytes: usize) -> bool {
+        match self.left.get().checked_sub(bytes) {
+            Some(left) => {
+                self.left.set(left);
+                true
+            }
+            None => {
+                // Nothing more fits: the next file must not squeeze in a line after a cut.
+                self.left.set(0);
+                false
+            }
+        }
+    }
+}
+
 /// Reads a file through the jail and renders a window of it the way read_file does, recording
 /// the read for read-before-write when something was shown. The failure is the tool output the
 /// model gets instead (a jail refusal or a file that cannot be shown). Shared by read_file and
@@ -160,9 +202,20 @@ pub(crate) fn read_and_render(
     reads: &ReadTracker,
     path: &str,
     window: Window,
+    budget: &ReadBudget,
 ) -> Result<Shown, ToolOutput> {
     let file = workspace.read(path).map_err(|jail| jail_failure(&jail))?;
-    let text = render(&file.path, &file.bytes, window).map_err(ToolOutput::error)?;
+    render_read(file, reads, window, budget)
+}
+
+/// [`read_and_render`] of a file already read through the jail.
+pub(crate) fn render_read(
+    file: FileContents,
+    reads: &ReadTracker,
+    window: Window,
+    budget: &ReadBudget,
+) -> Result<Shown, ToolOutput> {
+    let text = render(&file.path, &file.bytes, window, budget).map_err(ToolOutput::error)?;
     reads.record(&file.path, &file.sha256);
     Ok(Shown {
         path: file.path,
@@ -170,8 +223,11 @@ pub(crate) fn read_and_render(
     })
 }
 
-/// The model-facing text for a file's bytes, or the error text when nothing can be shown.
-fn render(path: &str, bytes: &[u8], window: Window) -> Result<String, String> {
+/// The model-facing text for a file's bytes, or the error text when nothing can be shown. Lines
+/// are taken from `budget` as they are added; when it runs out the text ends with the offset to
+/// continue from.
+fn render(path: &str, bytes: &[u8], window: Window, budget: &ReadBudget) -> Result<String, String> {
+    let path = &*shown_name(path);
     if bytes.is_empty() {
         return Ok(format!("(File '{path}' is empty: 0 bytes.)"));
     }
@@ -198,9 +254,10 @@ fn render(path: &str, bytes: &[u8], window: Window) -> Result<String, String> {
         ));
     }
     let start = window.offset - 1;
-    let end = start.saturating_add(window.limit).min(total);
+    let mut end = start.saturating_add(window.limit).min(total);
     let mut out = String::new();
     let mut crlf = false;
+    let mut stopped = false;
     for (index, line) in lines[start..end].iter().enumerate() {
         let line = match line.strip_suffix('\r') {
             Some(stripped) => {
@@ -210,10 +267,25 @@ fn render(path: &str, bytes: &[u8], window: Window) -> Result<String, String> {
             None => line,
         };
         let number = start + index + 1;
-        out.push_str(&format!("{number:>6}\t{}\n", cut_line(line)));
+        let numbered = format!("{number:>6}\t{}\n", cut_line(line));
+        if !budget.take(numbered.len()) {
+            stopped = true;
+            end = start + index;
+            break;
+        }
+        out.push_str(&numbered);
     }
     let mut notes = Vec::new();
-    if end < total {
+    if stopped {
+        notes.push(format!(
+            "… stopped before line {}: this call's read budget ({} of text) is used up; {} not \
+             shown. Call read_file with offset={} (and a limit) to continue.",
+            end + 1,
+            human_bytes(budget.total as u64),
+            plural(total - end, "more line", "more lines"),
+            end + 1
+        ));
+    } else if end < total {
         notes.push(format!(
             "… {} more {}; call read_file with offset={} to continue.",
             total - end,
@@ -250,6 +322,10 @@ pub(crate) fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
 mod tests {
     use super::*;
 
+    fn unlimited() -> ReadBudget {
+        ReadBudget::new(usize::MAX)
+    }
+
     fn all_lines() -> Window {
         Window {
             offset: 1,
@@ -259,13 +335,13 @@ mod tests {
 
     #[test]
     fn lines_are_numbered_like_cat_n() {
-        let text = render("a.rs", b"fn main() {\n}\n", all_lines()).unwrap();
+        let text = render("a.rs", b"fn main() {\n}\n", all_lines(), &unlimited()).unwrap();
         assert_eq!(text, "     1\tfn main() {\n     2\t}\n");
     }
 
     #[test]
     fn a_last_line_without_a_newline_is_shown() {
-        let text = render("a", b"x\ny", all_lines()).unwrap();
+        let text = render("a", b"x\ny", all_lines(), &unlimited()).unwrap();
         assert_eq!(text, "     1\tx\n     2\ty\n");
     }
 
@@ -279,6 +355,7 @@ mod tests {
                 offset: 3,
                 limit: 4,
             },
+            &unlimited(),
         )
         .unwrap();
         assert!(text.starts_with("     3\tline 3\n"));
@@ -296,6 +373,7 @@ mod tests {
                 offset: 5,
                 limit: 1,
             },
+            &unlimited(),
         )
         .unwrap_err();
         assert!(error.contains("has 2 lines"), "{error}");
@@ -304,21 +382,27 @@ mod tests {
 
     #[test]
     fn binary_files_are_refused() {
-        let error = render("img.png", b"\x89PNG\r\n\x1a\n\0\0\0", all_lines()).unwrap_err();
+        let error = render(
+            "img.png",
+            b"\x89PNG\r\n\x1a\n\0\0\0",
+            all_lines(),
+            &unlimited(),
+        )
+        .unwrap_err();
         assert!(error.contains("binary"), "{error}");
     }
 
     #[test]
     fn an_empty_file_says_so() {
         assert_eq!(
-            render("e", b"", all_lines()).unwrap(),
+            render("e", b"", all_lines(), &unlimited()).unwrap(),
             "(File 'e' is empty: 0 bytes.)"
         );
     }
 
     #[test]
     fn invalid_utf8_is_shown_lossily_with_a_note() {
-        let text = render("l", b"caf\xe9\n", all_lines()).unwrap();
+        let text = render("l", b"caf\xe9\n", all_lines(), &unlimited()).unwrap();
         assert!(text.starts_with("     1\tcaf\u{FFFD}\n"));
         assert!(text.contains("not valid UTF-8"));
     }
@@ -326,14 +410,38 @@ mod tests {
     #[test]
     fn long_lines_are_cut_with_a_marker() {
         let line = "é".repeat(MAX_LINE_CHARS + 5);
-        let text = render("m", line.as_bytes(), all_lines()).unwrap();
+        let text = render("m", line.as_bytes(), all_lines(), &unlimited()).unwrap();
         assert!(text.contains("… [line cut: 5 more characters]"));
         assert_eq!(text.matches('é').count(), MAX_LINE_CHARS);
     }
 
     #[test]
+    fn a_spent_budget_stops_at_a_whole_line_and_gives_the_offset_to_continue() {
+        let file: String = (1..=100).map(|n| format!("line {n:03}\n")).collect();
+        // Each numbered line is 6 + 1 + 8 + 1 = 16 bytes: 10 fit in 170.
+        let budget = ReadBudget::new(170);
+        let text = render("big", file.as_bytes(), all_lines(), &budget).unwrap();
+        assert!(text.contains("    10\tline 010\n"), "{text}");
+        assert!(!text.contains("line 011"), "{text}");
+        assert!(text.contains("stopped before line 11"), "{text}");
+        assert!(text.contains("read budget (170 bytes of text)"), "{text}");
+        assert!(text.contains("90 more lines not shown"), "{text}");
+        assert!(text.contains("offset=11"), "{text}");
+        assert!(budget.used_up());
+        // Whatever comes next gets nothing, not even a line that would fit the remainder.
+        let next = render("next", b"x\n", all_lines(), &budget).unwrap();
+        assert!(next.contains("stopped before line 1:"), "{next}");
+    }
+
+    #[test]
+    fn names_in_messages_are_escaped() {
+        let text = render("a\n  forged.txt", b"", all_lines(), &unlimited()).unwrap();
+        assert_eq!(text, "(File 'a\\n  forged.txt' is empty: 0 bytes.)");
+    }
+
+    #[test]
     fn crlf_endings_are_not_shown_but_mentioned() {
-        let text = render("w", b"a\r\nb\r\n", all_lines()).unwrap();
+        let text = render("w", b"a\r\nb\r\n", all_lines(), &unlimited()).unwrap();
         assert!(text.starts_with("     1\ta\n     2\tb\n"));
         assert!(text.contains("CRLF"));
     }

@@ -26,7 +26,9 @@ read_file with offset/limit) or to repeat a search (narrow the search instead).
 
 Example: {\"invocation_id\": \"0190f5c2-…\", \"offset\": 40000}
 
-Limits: only invocations of this session; outputs are as recorded, not re-run.";
+Limits: only invocations of this session; outputs are as recorded, not re-run. An output over the \
+service's limit for a recorded output (4 MiB by default) is kept as its beginning and end, with a \
+marker where the middle was dropped; the answer says so.";
 
 pub struct ReadOutput {
     spec: ToolSpec,
@@ -86,10 +88,11 @@ impl Tool for ReadOutput {
             Ok(args) => args,
             Err(out) => return out,
         };
-        let full = match ctx.outputs.output(ctx.session_id, args.invocation_id).await {
-            Ok(full) => full,
+        let recorded = match ctx.outputs.output(ctx.session_id, args.invocation_id).await {
+            Ok(recorded) => recorded,
             Err(message) => return ToolOutput::error(message),
         };
+        let full = recorded.text;
         let total = full.chars().count();
         let offset = args.offset.unwrap_or(0);
         let limit = args
@@ -107,6 +110,15 @@ impl Tool for ReadOutput {
             "Output of invocation {}: characters {offset}–{end} of {total}.\n",
             args.invocation_id
         );
+        if recorded.output_chars > total {
+            text.push_str(&format!(
+                "(The output had {} characters; the service recorded only its beginning and its \
+                 end, {total} characters with a marker where the middle was dropped. To see the \
+                 middle, run a narrower call: read_file with offset and limit, a more specific \
+                 grep, or a command that prints less.)\n",
+                recorded.output_chars
+            ));
+        }
         text.push_str(&page);
         if end < total {
             text.push_str(&format!(
@@ -125,13 +137,13 @@ mod tests {
     use super::*;
     use crate::{OutputSource, Workspace};
 
-    struct Fixed(Uuid, String);
+    struct Fixed(Uuid, String, Option<i64>);
 
     #[async_trait]
     impl OutputSource for Fixed {
-        async fn output(&self, _: Uuid, id: Uuid) -> Result<String, String> {
+        async fn output(&self, _: Uuid, id: Uuid) -> Result<crate::RecordedOutput, String> {
             if id == self.0 {
-                Ok(self.1.clone())
+                Ok(crate::RecordedOutput::new(self.1.clone(), self.2))
             } else {
                 Err("not in this session".into())
             }
@@ -146,7 +158,7 @@ mod tests {
             Uuid::now_v7(),
             Arc::new(Workspace::open(dir.path()).unwrap()),
         );
-        ctx.outputs = Arc::new(Fixed(id, "0123456789".into()));
+        ctx.outputs = Arc::new(Fixed(id, "0123456789".into(), None));
         let out = ReadOutput::new()
             .run(
                 &ctx,
@@ -166,5 +178,25 @@ mod tests {
             .await;
         assert!(other.status.is_error());
         assert!(other.content.contains("not in this session"));
+    }
+
+    #[tokio::test]
+    async fn an_output_recorded_as_head_and_tail_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Uuid::now_v7();
+        let mut ctx = ToolContext::new(
+            Uuid::now_v7(),
+            Arc::new(Workspace::open(dir.path()).unwrap()),
+        );
+        ctx.outputs = Arc::new(Fixed(id, "head[… dropped …]tail".into(), Some(9_000_000)));
+        let out = ReadOutput::new()
+            .run(&ctx, json!({"invocation_id": id.to_string()}))
+            .await;
+        assert!(
+            out.content
+                .contains("The output had 9000000 characters; the service recorded only its beginning and its end"),
+            "{}",
+            out.content
+        );
     }
 }

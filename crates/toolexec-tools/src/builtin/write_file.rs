@@ -5,6 +5,7 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{Action, blocking, jail_failure, plural, read_before_write, written_change};
+use crate::text::shown_name;
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 const DESCRIPTION: &str = "\
@@ -114,14 +115,14 @@ impl Tool for WriteFile {
         if !written.changed {
             return ToolOutput::ok(format!(
                 "{} already holds exactly this content ({lines}, {size}); nothing was written.",
-                written.path
+                shown_name(&written.path)
             ));
         }
         let (change, how) =
             written_change(&written, Capability::FsWrite, Some(content.into_bytes()));
         ToolOutput::ok(format!(
             "Wrote {lines} ({size}) to {} ({how}).",
-            written.path
+            shown_name(&written.path)
         ))
         .with_change(change)
     }

@@ -38,7 +38,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
@@ -1015,12 +1015,15 @@ impl WorkspaceDir {
     /// [`JailError::IsADirectory`]), and so are files with more than one hard link
     /// ([`JailError::HardLink`]: one may be a file from outside the workspace), and files over
     /// `max_bytes` ([`JailError::TooLarge`]). At most the size seen at the open is read, so a
-    /// file that keeps growing cannot keep the hash going.
+    /// file that keeps growing cannot keep the hash going; and reading stops when `deadline`
+    /// passes (checked between chunks of 256 KiB), as a [`JailError::Io`] of kind
+    /// [`io::ErrorKind::TimedOut`].
     pub fn hash_child(
         &self,
         entry: &Entry,
         keep_up_to: usize,
         max_bytes: u64,
+        deadline: Option<Instant>,
     ) -> Result<HashedFile, JailError> {
         let path = self.child_path(entry);
         let fd = openat2_retry(
@@ -1041,7 +1044,8 @@ impl WorkspaceDir {
                 limit: max_bytes,
             });
         }
-        let (sha256, size, kept) = hash_prefix(File::from(fd), stat.size, keep_up_to, &path)?;
+        let (sha256, size, kept) =
+            hash_prefix(File::from(fd), stat.size, keep_up_to, deadline, &path)?;
         Ok(HashedFile {
             sha256,
             size,
@@ -1456,10 +1460,13 @@ fn hash_stream(mut source: File, shown: &str) -> Result<String, JailError> {
 
 /// SHA-256 of the first `limit` bytes of `source` (fewer if it ends first), streamed; the bytes
 /// are kept when `limit` is at most `keep_up_to`. Returns (SHA-256, bytes read, kept bytes).
+/// Stops with [`io::ErrorKind::TimedOut`] when `deadline` passes while streaming (bytes that are
+/// kept are at most `keep_up_to` and read at once).
 fn hash_prefix(
     source: File,
     limit: u64,
     keep_up_to: usize,
+    deadline: Option<Instant>,
     shown: &str,
 ) -> Result<(String, u64, Option<Vec<u8>>), JailError> {
     use sha2::Digest;
@@ -1481,6 +1488,9 @@ fn hash_prefix(
     let mut buf = vec![0u8; buffer_len.max(1)];
     let mut size: u64 = 0;
     loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(read_err(io::ErrorKind::TimedOut.into()));
+        }
         match source.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {

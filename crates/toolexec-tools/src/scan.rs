@@ -413,6 +413,9 @@ struct Watcher {
     /// Watches taken out of the maps during a scan: removed at its end unless a walk found their
     /// directory again (a moved directory keeps its watch, under its new path).
     orphans: BTreeSet<i32>,
+    /// Paths whose watches were forgotten during this scan (to be found again by a walk):
+    /// watching the directory there again most likely adds no watch.
+    forgotten: BTreeSet<Key>,
     /// Entries the next rescan inspects whatever the events say (see [`Meta::recheck`]), and
     /// entries this one could not inspect.
     recheck: BTreeSet<Key>,
@@ -459,6 +462,7 @@ impl Watcher {
             dirs: HashMap::new(),
             wds: BTreeMap::new(),
             orphans: BTreeSet::new(),
+            forgotten: BTreeSet::new(),
             recheck: BTreeSet::new(),
             walk_next: Some(reason),
             failed: false,
@@ -475,6 +479,7 @@ impl Watcher {
     /// Gives the instance back to the pool after a scan, with the count of its watches.
     fn detach(&mut self) {
         self.fd = None;
+        self.forgotten.clear();
         self.lease.detach(self.dirs.len());
     }
 
@@ -483,24 +488,32 @@ impl Watcher {
         if self.failed {
             return;
         }
+        // Only a new watch is charged to the pool, and before it is added (the service never
+        // holds more than its cap), unless the directory was watched at this path already: then
+        // the kernel hands back its watch (a walk watches every directory again), and a new one
+        // is charged after the fact (the directory was replaced since: rare).
+        let expected = self.wds.contains_key(path) || self.forgotten.contains(path);
+        let reserved = !expected && self.lease.charge_watch();
+        if !expected && !reserved {
+            return self.cap_reached();
+        }
         match self.add_watch(dir) {
             Ok(wd) => {
-                // A directory watched already (under this path or another, or before a full
-                // walk forgot every path) has its watch: only a new one is charged to the pool.
                 let known = self.dirs.contains_key(&wd) || self.orphans.contains(&wd);
-                if !known && !self.lease.charge_watch() {
+                if known && reserved {
+                    self.lease.refund_watch();
+                } else if !known && !reserved && !self.lease.charge_watch() {
                     if let Some(fd) = self.fd.as_deref() {
                         let _ = inotify::remove_watch(fd, wd);
                     }
-                    tracing::warn!(
-                        "the service's share of inotify watches is used up (limits.max_inotify_watches): every rescan of this workspace walks all of it for a while"
-                    );
-                    self.failed = true;
-                    return;
+                    return self.cap_reached();
                 }
                 self.map(wd, path);
             }
             Err(e) => {
+                if reserved {
+                    self.lease.refund_watch();
+                }
                 tracing::warn!(
                     error = %e,
                     "a workspace directory cannot be watched (fs.inotify.max_user_watches?): every rescan of this workspace walks all of it for a while"
@@ -508,6 +521,13 @@ impl Watcher {
                 self.failed = true;
             }
         }
+    }
+
+    fn cap_reached(&mut self) {
+        tracing::warn!(
+            "the service's share of inotify watches is used up (limits.max_inotify_watches): every rescan of this workspace walks all of it for a while"
+        );
+        self.failed = true;
     }
 
     fn add_watch(&mut self, dir: &WorkspaceDir) -> Result<i32, Errno> {
@@ -558,13 +578,15 @@ impl Watcher {
             {
                 self.dirs.remove(&wd);
                 self.orphans.insert(wd);
+                self.forgotten.insert(key);
             }
         }
     }
 
     fn forget_all(&mut self) {
         self.orphans.extend(self.dirs.drain().map(|(wd, _)| wd));
-        self.wds.clear();
+        self.forgotten
+            .extend(std::mem::take(&mut self.wds).into_keys());
     }
 
     /// Removes the watches no directory was found for again.
@@ -917,11 +939,7 @@ impl Snapshot {
         let Some(pool) = self.pool.as_ref() else {
             return;
         };
-        let (reason, retry_at) = match self.unwatched {
-            Some(unwatched) => unwatched,
-            // Never watched: nothing is watched yet.
-            None => (FullWalkReason::Unwatched, None),
-        };
+        let (reason, retry_at) = self.unwatched.unwrap_or((FullWalkReason::NoInotify, None));
         if retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
@@ -931,7 +949,7 @@ impl Snapshot {
                 self.unwatched = None;
             }
             // Every instance of the pool is in use: the next scan asks again (it costs a lock).
-            Err(Refused::Full) => self.unwatched = Some((reason, None)),
+            Err(Refused::Full) => self.unwatched = Some((reason, retry_at)),
             Err(Refused::Kernel(e)) => {
                 tracing::warn!(
                     error = %e,
@@ -1015,6 +1033,7 @@ impl Snapshot {
             walk_next: None,
             new_link: false,
             recheck: Vec::new(),
+            deferred: Vec::new(),
             sweep_keys: Vec::new(),
             sweep_below: Vec::new(),
         };
@@ -1032,6 +1051,7 @@ impl Snapshot {
                 (full, carried)
             }
         };
+        walk.reread_deferred();
         let Walk {
             mut changes,
             hashed,
@@ -1162,6 +1182,8 @@ struct Walk<'a> {
     new_link: bool,
     /// Entries the next rescan inspects anyway.
     recheck: Vec<Key>,
+    /// Racily clean files, read at the end of the scan ([`Walk::reread_deferred`]).
+    deferred: Vec<Key>,
     /// From events: names inspected and directories walked or gone, below which records not
     /// seen by this scan are deleted.
     sweep_keys: Vec<Key>,
@@ -1387,6 +1409,13 @@ impl Walk<'_> {
                 }
                 return;
             }
+            // Racily clean: read again, but after every entry whose metadata changed, so that
+            // files most likely unchanged never take the budget of files that did change.
+            if old.meta == meta && st.kind == EntryKind::File {
+                old.seen = self.generation;
+                self.deferred.push(self.path.as_slice().into());
+                return;
+            }
         }
         if st.nlink > 1
             && !self.entries.get(self.path.as_slice()).is_some_and(|old| {
@@ -1395,12 +1424,17 @@ impl Walk<'_> {
         {
             self.new_link = true;
         }
+        self.record(dir, entry, st);
+    }
+
+    /// Reads the file or symlink at `self.path` and records it, reporting a change.
+    fn record(&mut self, dir: &WorkspaceDir, entry: &Entry, st: &ChildStat) {
         // Only a file whose metadata changed may take the place of contents kept before it: one
         // read again because its timestamps are racy has most likely not changed.
         let changed = self
             .entries
             .get(self.path.as_slice())
-            .is_none_or(|old| old.meta != meta);
+            .is_none_or(|old| old.meta != Meta::from(st));
         let Some((record, after)) = self.read(dir, entry, st, changed) else {
             return;
         };
@@ -1410,6 +1444,9 @@ impl Walk<'_> {
         let key: Key = self.path.as_slice().into();
         match self.entries.get(&key) {
             Some(old) if old.same_contents(&record) => self.unkeep(after),
+            // Read again only because its timestamps were racy, and not to the end within the
+            // budget: nothing says it changed. From now on it is followed by its metadata.
+            Some(_) if !changed && matches!(record.content, Content::Unread(_)) => {}
             Some(old) => {
                 let modified = change(
                     FileChangeKind::Modified,
@@ -1432,6 +1469,33 @@ impl Walk<'_> {
             }
         }
         self.entries.insert(key, record);
+    }
+
+    /// Reads the racily clean files put off by [`Walk::visit_entry`], with what is left of the
+    /// budget.
+    fn reread_deferred(&mut self) {
+        let mut by_dir: BTreeMap<Key, Vec<Key>> = BTreeMap::new();
+        for key in std::mem::take(&mut self.deferred) {
+            let (dir, name) = split(&key);
+            by_dir.entry(dir.into()).or_default().push(name.into());
+        }
+        for (dir_path, names) in by_dir {
+            let dir = self.ws.open_dir_exact(&dir_path).ok();
+            for name in names {
+                self.path = join(&dir_path, &name);
+                let found = dir
+                    .as_ref()
+                    .and_then(|dir| dir.child(&name).ok().map(|(entry, st)| (dir, entry, st)));
+                match found {
+                    Some((dir, entry, st)) if st.kind == EntryKind::File => {
+                        self.record(dir, &entry, &st);
+                    }
+                    // Gone or changed since it was seen: the change queued an event, and the
+                    // record is looked at again next time in any case.
+                    _ => self.recheck.push(self.path.as_slice().into()),
+                }
+            }
+        }
     }
 
     /// Reports a change (a rescan), remembering where contents are kept.
@@ -2386,6 +2450,44 @@ mod tests {
         f.write("old", b"changed");
         let report = f.rescan(&mut captured);
         assert_eq!(kinds(&report), [(Modified, "old")]);
+    }
+
+    #[test]
+    fn racily_clean_files_are_read_again_after_the_changed_ones() {
+        let f = Fixture::new();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        f.write("a-big", &[1u8; 8000]);
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(u64::MAX, 8000))
+            .unwrap();
+        assert_eq!(kinds(&report), [(Created, "a-big")]);
+        // Written just before that scan: its metadata is not trusted yet. Read again first, it
+        // would take the whole budget and leave the new file without a hash.
+        f.write("z-small", b"small");
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(u64::MAX, 8004))
+            .unwrap();
+        assert_eq!(kinds(&report), [(Created, "z-small")]);
+        assert_eq!(
+            change(&report, "z-small").change.after_sha256.as_deref(),
+            Some(sha256_hex(b"small").as_str())
+        );
+        assert_eq!(report.hashed_bytes, 5);
+        // Not read again within the budget: followed by its metadata from now on.
+        settle();
+        f.write("a-big", &[2u8; 8000]);
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(kinds(&report), [(Modified, "a-big")]);
+        let big = change(&report, "a-big");
+        assert_eq!(big.change.before_sha256, None);
+        assert_eq!(
+            big.change.after_sha256.as_deref(),
+            Some(sha256_hex(&[2u8; 8000]).as_str())
+        );
+        // With the budget for it, the racily clean file is read again at the end of the scan.
+        let report = f.rescan(&mut snapshot);
+        assert!(report.changes.is_empty());
+        assert_eq!(report.hashed_bytes, 8000);
     }
 
     #[test]

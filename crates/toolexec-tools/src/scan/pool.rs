@@ -201,7 +201,7 @@ impl Lease {
         }
     }
 
-    /// Charges one new watch of this instance; false at the pool's cap (the caller removes it).
+    /// Charges one new watch of this instance; false at the pool's cap.
     pub(super) fn charge_watch(&self) -> bool {
         let mut state = self.pool.lock();
         if state.watches >= self.pool.max_watches {
@@ -213,6 +213,18 @@ impl Lease {
         slot.watches += 1;
         state.watches += 1;
         true
+    }
+
+    /// Returns a watch charged but not added (the directory had its watch, or the kernel
+    /// refused).
+    pub(super) fn refund_watch(&self) {
+        let mut state = self.pool.lock();
+        if let Some(slot) = state.open.get_mut(&self.id)
+            && slot.watches > 0
+        {
+            slot.watches -= 1;
+            state.watches = state.watches.saturating_sub(1);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod config;
 mod log;
 pub mod metrics;
 pub mod recorder;
+mod scans;
 mod sessions;
 
 use std::collections::HashMap;
@@ -76,6 +77,8 @@ pub struct Engine {
     inflight: calls::Inflight,
     /// When the engine started: the clock of the runtimes' least-recently-used order.
     started: std::time::Instant,
+    /// This node's share of the host's inotify instances and watches (workspace scans).
+    inotify: Arc<toolexec_tools::scan::InotifyPool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -115,6 +118,7 @@ impl Engine {
         let metrics = Arc::new(metrics::Metrics::default());
         let recorder =
             recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
+        let inotify = scans::inotify_pool(&config.limits);
         Ok(Arc::new(Self {
             store,
             registry,
@@ -124,6 +128,7 @@ impl Engine {
             runtimes: Mutex::new(HashMap::new()),
             inflight: calls::Inflight::default(),
             started: std::time::Instant::now(),
+            inotify,
         }))
     }
 
@@ -141,5 +146,10 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Inotify instances and watches the workspace scans of this node hold.
+    pub fn inotify(&self) -> &toolexec_tools::scan::InotifyPool {
+        &self.inotify
     }
 }

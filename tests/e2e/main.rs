@@ -5,6 +5,7 @@
 
 mod api;
 mod binary;
+mod budget_scan;
 mod descriptors;
 mod http_jail;
 mod http_limits;

@@ -64,16 +64,21 @@
 //! inspection finds. What is recorded:
 //!
 //! - Regular files, with the SHA-256 of their contents, hashed streaming (at most the size seen at
-//!   the open is read, so a file that keeps growing cannot keep the scan going). Their contents
-//!   are returned only when small enough (`keep_up_to`).
+//!   the open is read, so a file that keeps growing cannot keep the scan going; the holes of a
+//!   sparse file are hashed as zeros without being read). Their contents are returned only
+//!   within the budget ([`ScanBudget`], below).
 //! - **Files with more than one hard link are never read**: a hard link may lead to a file from
 //!   outside the workspace. They are recorded by metadata only, with no hash and no contents
 //!   (`after_sha256` absent), and reported modified when their inode, size or mtime changes. The
-//!   same goes for files over [`MAX_HASH_BYTES`] (a sparse file can claim terabytes) and files the
-//!   service may not read.
+//!   same goes for files over [`MAX_HASH_BYTES`] (a sparse file can claim terabytes), files
+//!   beyond the scan's hash or time budget, and files the service may not read;
+//!   [`FileChange::after_unstored`] says which.
 //! - Symlinks, never followed: their target text is the contents (hashed, returned as `after`,
 //!   and given in [`FileChange::symlink_target`]). A change between a regular file and a symlink
 //!   at the same path is reported as `modified`.
+//! - Names (and symlink targets) exactly: one that is not UTF-8 is reported as a display form
+//!   with `\xHH` for each invalid byte and its bytes in base64 ([`FileChange::path_b64`]), so two
+//!   names never share a record. Changes come sorted by the raw bytes of their paths.
 //! - Not directories themselves, only what is in them: a directory that appears or disappears
 //!   shows as its files created or deleted (a renamed one as deletions and creations).
 //!   Everything is walked, `.git`, `node_modules` and `target` included: replaying a session
@@ -88,6 +93,27 @@
 //! for another reason (permissions, a mount point, a path over `PATH_MAX`) also keeps its
 //! previous records rather than reporting them deleted. Only an unusable workspace root is an
 //! error.
+//!
+//! **What a scan may cost.** A scan runs on the service's memory and CPU, after the command and
+//! outside its limits, so a rescan takes a [`ScanBudget`] (the engine's `[limits]`): the contents
+//! it returns for the log (in total: past it a file is reported by hash and size, and a smaller
+//! file takes the place of larger ones kept before it, so the small files are the ones kept),
+//! the bytes it hashes, and how long it hashes (checked between chunks of a file). A file beyond
+//! the hash or time budget is recorded by its metadata alone, like a hard-linked one: it is not
+//! read again while its metadata stays the same, and its next change is reported when the
+//! metadata shows it. Racily clean files (read again only because their timestamps cannot be
+//! trusted yet) are read last, so they never take the budget of files that did change; one the
+//! budget cannot cover any more is followed by its metadata from then on. The walk itself (one
+//! `statat` per entry looked at) always completes: a creation or deletion is never missed. The
+//! capture takes the same hash and time budgets.
+//!
+//! **Inotify is shared with the host.** Instances and watches are per-user kernel limits: a
+//! snapshot takes its instance from an [`InotifyPool`], which caps what one service holds. A
+//! snapshot refused an instance, or whose new watch is refused, walks the workspace at every
+//! rescan ([`FullWalkReason::NoInotify`]) and asks again later (at every rescan for an instance;
+//! a minute after a refused watch). The pool may close an instance idle for
+//! [`FULL_WALK_INTERVAL`] for another snapshot: its next rescan walks
+//! ([`FullWalkReason::InotifyReclaimed`]), as it would have for [`FullWalkReason::Periodic`].
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::mem::MaybeUninit;
 use std::ops::Bound;

@@ -5,6 +5,7 @@
 
 mod api;
 mod binary;
+mod budget_scan;
 mod descriptors;
 mod budget_tools;
 mod http_jail;

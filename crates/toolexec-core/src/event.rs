@@ -127,23 +127,63 @@ impl FileChangeKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FileChange {
     pub kind: FileChangeKind,
-    /// Workspace-relative path, `/`-separated.
+    /// Workspace-relative path, `/`-separated. For a path that is not UTF-8, a display form
+    /// with each invalid byte written `\xHH`, and `path_b64` holds the exact bytes.
     pub path: String,
+    /// Standard base64 of the raw path bytes, present only when the path is not UTF-8 (see
+    /// `toolexec_core::names`): two names never share one record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub path_b64: Option<String>,
     pub before_sha256: Option<String>,
     pub after_sha256: Option<String>,
     pub before_size: Option<u64>,
     pub after_size: Option<u64>,
     /// Whether the after contents are stored as a blob (they are unless over the size limit).
     pub after_stored: bool,
+    /// Why the after contents are not stored, for a file that exists after the change: absent
+    /// when they are stored, and for deletions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub after_unstored: Option<UnstoredReason>,
     /// The capability under which the change was made (`fs.write`, `content_from_source`, …).
     pub capability: Capability,
     /// Set when the path is a symbolic link after the change (created or modified): the link's
-    /// target text, not followed (lossily decoded if it is not UTF-8). `after_sha256` and
-    /// `after_size` are then those of this text, and the stored blob is the text. Absent for
-    /// regular files and for deletions.
+    /// target text, not followed (a display form like `path`'s if it is not UTF-8).
+    /// `after_sha256` and `after_size` are then those of this text, and the stored blob is the
+    /// text. Absent for regular files and for deletions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub symlink_target: Option<String>,
+    /// Standard base64 of the raw target bytes, present only when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub symlink_target_b64: Option<String>,
+}
+
+/// Why a file's contents after a change are not stored as a blob (`FileChange::after_unstored`).
+/// With `too_large` and `content_budget` the file was read and `after_sha256` is its hash; with
+/// the others it was not read (or not to the end), and `after_sha256` is absent: the record has
+/// its size and the change is found again by its metadata (inode, size, times).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UnstoredReason {
+    /// Larger than `limits.max_blob_bytes`.
+    TooLarge,
+    /// The workspace scan's budget for retained contents (`limits.scan_content_budget_bytes`)
+    /// was used up by smaller files.
+    ContentBudget,
+    /// The workspace scan's hash budget (`limits.scan_hash_budget_bytes`) was used up.
+    HashBudget,
+    /// The workspace scan's deadline (`limits.scan_time_budget_ms`) passed.
+    TimeBudget,
+    /// Larger than the scanner hashes at all (a sparse file can claim terabytes).
+    TooLargeToHash,
+    /// More than one hard link: never read, since a link may lead to a file outside the
+    /// workspace.
+    HardLink,
+    /// The service could not read it (permissions, an I/O error).
+    Unreadable,
 }
 
 /// The payload of a `files.changed` event: the file changes of one call beyond the first

@@ -9,12 +9,15 @@ pub mod call;
 pub mod event;
 pub mod hash;
 pub mod json;
+pub mod names;
 pub mod session;
 pub mod tool;
 pub mod truncate;
 
 pub use call::{Call, CallResult, CallStatus, InvocationStatus};
-pub use event::{Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation};
+pub use event::{
+    Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, UnstoredReason,
+};
 pub use hash::{Sha256Hex, sha256_hex};
 pub use session::{NetworkPolicy, NewSession, Policy, Session, SessionStatus, Tenant};
 pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};

@@ -464,7 +464,8 @@ impl Engine {
             (None, Some(rt.schedule.write().await))
         };
         if tool.spec().capabilities.contains(&Capability::Process) {
-            rt.ensure_baseline().await?;
+            rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                .await?;
         }
         let invocation_id = invocation.id;
         let key = key_of(&invocation);
@@ -502,10 +503,10 @@ impl Engine {
             return;
         };
         let ws = rt.workspace.clone();
-        let keep = self.config.limits.max_blob_bytes;
+        let budget = crate::scans::budget(&self.config.limits);
         let t0 = Instant::now();
         let scanned = tokio::task::spawn_blocking(move || {
-            let report = snap.rescan(&ws, keep);
+            let report = snap.rescan_within(&ws, &budget);
             (snap, report)
         })
         .await;
@@ -521,14 +522,30 @@ impl Engine {
         match scanned {
             Ok((snap, Ok(report))) => {
                 *guard = Some(snap);
-                let own: std::collections::HashSet<String> =
-                    out.changes.iter().map(|c| c.change.path.clone()).collect();
-                out.changes.extend(
-                    report
-                        .changes
-                        .into_iter()
-                        .filter(|c| !own.contains(&c.change.path)),
-                );
+                let budgeted = report
+                    .changes
+                    .iter()
+                    .filter(|c| {
+                        use toolexec_core::UnstoredReason::*;
+                        matches!(
+                            c.change.after_unstored,
+                            Some(ContentBudget | HashBudget | TimeBudget)
+                        )
+                    })
+                    .count();
+                if budgeted > 0 {
+                    tracing::info!(session = %rt.session.id, files = budgeted, hashed_bytes = report.hashed_bytes, kept_bytes = report.kept_bytes, "workspace scan budget reached: files recorded without contents (after_unstored)");
+                }
+                // By name as recorded: a display form alone could match a tool's UTF-8 path
+                // spelled like an escaped name that is not UTF-8.
+                let own: std::collections::HashSet<(String, Option<String>)> = out
+                    .changes
+                    .iter()
+                    .map(|c| (c.change.path.clone(), c.change.path_b64.clone()))
+                    .collect();
+                out.changes.extend(report.changes.into_iter().filter(|c| {
+                    !own.contains(&(c.change.path.clone(), c.change.path_b64.clone()))
+                }));
             }
             Ok((snap, Err(e))) => {
                 *guard = Some(snap);

@@ -24,6 +24,26 @@ pub struct Limits {
     pub max_cached_sessions: usize,
     // --- sessions and descriptors ---
     // --- workspace scans ---
+    /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
+    /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
+    /// files taking the place of larger ones. Bounds the service memory a command's output
+    /// files cost.
+    pub scan_content_budget_bytes: u64,
+    /// Bytes one workspace scan hashes, in total. Past it a changed file is recorded by its
+    /// metadata only, without a hash (`after_unstored: "hash_budget"`). Bounds the service CPU
+    /// a command's files cost (sparse files included).
+    pub scan_hash_budget_bytes: u64,
+    /// How long one workspace scan may hash (milliseconds); then the files not hashed yet are
+    /// recorded by metadata only (`after_unstored: "time_budget"`). The scan's time is part of
+    /// the call's recorded duration.
+    pub scan_time_budget_ms: u64,
+    /// Inotify instances the service holds for workspace scans (one per session that ran a
+    /// command); unset: half of `fs.inotify.max_user_instances` at start-up. Sessions beyond
+    /// it walk their workspace at every scan.
+    pub max_inotify_instances: Option<usize>,
+    /// Inotify watches the service holds (one per directory of those workspaces); unset: half
+    /// of `fs.inotify.max_user_watches` at start-up.
+    pub max_inotify_watches: Option<usize>,
     // --- the store ---
     // --- tool outputs and side effects ---
     /// Bytes of file text (numbered lines) one `read_file` or `read_many_files` call returns;
@@ -49,6 +69,15 @@ impl Default for Limits {
             max_cached_sessions: 10_000,
             // --- sessions and descriptors ---
             // --- workspace scans ---
+            // Six files at the 10 MiB blob limit, or every source file of a large repository;
+            // small beside the session's 1 GiB memory limit (the store copies it once more).
+            scan_content_budget_bytes: 64 * 1024 * 1024,
+            // About 1.7 s of one core for SHA-256 on the reference VM (docs/benchmarks.md).
+            scan_hash_budget_bytes: 1024 * 1024 * 1024,
+            // Past the hash budget's time on the reference VM; stops slow storage.
+            scan_time_budget_ms: 5_000,
+            max_inotify_instances: None,
+            max_inotify_watches: None,
             // --- the store ---
             // --- tool outputs and side effects ---
             max_read_bytes_per_call: toolexec_tools::DEFAULT_MAX_READ_BYTES,

@@ -13,6 +13,7 @@ mod effects;
 mod log;
 pub mod metrics;
 pub mod recorder;
+mod scans;
 mod sessions;
 
 use std::collections::HashMap;
@@ -78,6 +79,8 @@ pub struct Engine {
     inflight: calls::Inflight,
     /// When the engine started: the clock of the runtimes' least-recently-used order.
     started: std::time::Instant,
+    /// This node's share of the host's inotify instances and watches (workspace scans).
+    inotify: Arc<toolexec_tools::scan::InotifyPool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -117,6 +120,7 @@ impl Engine {
         let metrics = Arc::new(metrics::Metrics::default());
         let recorder =
             recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
+        let inotify = scans::inotify_pool(&config.limits);
         Ok(Arc::new(Self {
             store,
             registry,
@@ -126,6 +130,7 @@ impl Engine {
             runtimes: Mutex::new(HashMap::new()),
             inflight: calls::Inflight::default(),
             started: std::time::Instant::now(),
+            inotify,
         }))
     }
 
@@ -143,5 +148,10 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Inotify instances and watches the workspace scans of this node hold.
+    pub fn inotify(&self) -> &toolexec_tools::scan::InotifyPool {
+        &self.inotify
     }
 }

@@ -8,7 +8,7 @@ use serde_json::json;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
 use toolexec_sandbox::{ProcessTable, Sandbox};
 use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
-use toolexec_tools::scan::Snapshot;
+use toolexec_tools::scan::{InotifyPool, ScanBudget, Snapshot};
 use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
 use uuid::Uuid;
 
@@ -145,20 +145,25 @@ impl SessionRuntime {
         Arc::strong_count(self) == 1 && !self.has_running_processes()
     }
 
-    /// Takes the baseline the side-effect scans compare with (hashes every file once), unless
-    /// there is one.
-    pub(crate) async fn ensure_baseline(&self) -> Result<()> {
+    /// Takes the baseline the side-effect scans compare with (hashes every file once, within
+    /// the scan budget), unless there is one.
+    pub(crate) async fn ensure_baseline(
+        &self,
+        inotify: &Arc<InotifyPool>,
+        budget: ScanBudget,
+    ) -> Result<()> {
         let mut guard = self.snapshot.lock().await;
         if guard.is_some() {
             return Ok(());
         }
         let ws = self.workspace.clone();
-        let snap = tokio::task::spawn_blocking(move || Snapshot::capture(&ws))
-            .await
-            .map_err(|e| EngineError::Internal(format!("workspace scan: {e}")))?
-            .map_err(|e| {
-                EngineError::Unavailable(format!("the workspace cannot be scanned: {e}"))
-            })?;
+        let inotify = inotify.clone();
+        let snap = tokio::task::spawn_blocking(move || {
+            Snapshot::capture_within(&ws, Some(&inotify), &budget)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("workspace scan: {e}")))?
+        .map_err(|e| EngineError::Unavailable(format!("the workspace cannot be scanned: {e}")))?;
         *guard = Some(snap);
         Ok(())
     }
@@ -495,11 +500,15 @@ impl Engine {
         change: toolexec_tools::RecordedChange,
     ) -> (NewEvent, Option<Blob>) {
         let mut fc = change.change;
+        // The bytes move into the blob: contents are never copied on their way to the store.
         let blob = match change.after {
             Some(bytes) if bytes.len() <= self.config.limits.max_blob_bytes => {
                 Some(Blob::new(bytes))
             }
-            _ => {
+            after => {
+                if after.is_some() {
+                    fc.after_unstored = Some(toolexec_core::UnstoredReason::TooLarge);
+                }
                 fc.after_stored = false;
                 None
             }

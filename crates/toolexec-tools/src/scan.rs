@@ -64,16 +64,21 @@
 //! inspection finds. What is recorded:
 //!
 //! - Regular files, with the SHA-256 of their contents, hashed streaming (at most the size seen at
-//!   the open is read, so a file that keeps growing cannot keep the scan going). Their contents
-//!   are returned only when small enough (`keep_up_to`).
+//!   the open is read, so a file that keeps growing cannot keep the scan going; the holes of a
+//!   sparse file are hashed as zeros without being read). Their contents are returned only
+//!   within the budget ([`ScanBudget`], below).
 //! - **Files with more than one hard link are never read**: a hard link may lead to a file from
 //!   outside the workspace. They are recorded by metadata only, with no hash and no contents
 //!   (`after_sha256` absent), and reported modified when their inode, size or mtime changes. The
-//!   same goes for files over [`MAX_HASH_BYTES`] (a sparse file can claim terabytes) and files the
-//!   service may not read.
+//!   same goes for files over [`MAX_HASH_BYTES`] (a sparse file can claim terabytes), files
+//!   beyond the scan's hash or time budget, and files the service may not read;
+//!   [`FileChange::after_unstored`] says which.
 //! - Symlinks, never followed: their target text is the contents (hashed, returned as `after`,
 //!   and given in [`FileChange::symlink_target`]). A change between a regular file and a symlink
 //!   at the same path is reported as `modified`.
+//! - Names (and symlink targets) exactly: one that is not UTF-8 is reported as a display form
+//!   with `\xHH` for each invalid byte and its bytes in base64 ([`FileChange::path_b64`]), so two
+//!   names never share a record. Changes come sorted by the raw bytes of their paths.
 //! - Not directories themselves, only what is in them: a directory that appears or disappears
 //!   shows as its files created or deleted (a renamed one as deletions and creations).
 //!   Everything is walked, `.git`, `node_modules` and `target` included: replaying a session
@@ -88,20 +93,48 @@
 //! for another reason (permissions, a mount point, a path over `PATH_MAX`) also keeps its
 //! previous records rather than reporting them deleted. Only an unusable workspace root is an
 //! error.
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+//!
+//! **What a scan may cost.** A scan runs on the service's memory and CPU, after the command and
+//! outside its limits, so a rescan takes a [`ScanBudget`] (the engine's `[limits]`): the contents
+//! it returns for the log (in total: past it a file is reported by hash and size, and a smaller
+//! file takes the place of larger ones kept before it, so the small files are the ones kept),
+//! the bytes it hashes, and how long it hashes (checked between chunks of a file). A file beyond
+//! the hash or time budget is recorded by its metadata alone, like a hard-linked one: it is not
+//! read again while its metadata stays the same, and its next change is reported when the
+//! metadata shows it. Racily clean files (read again only because their timestamps cannot be
+//! trusted yet) are read last, so they never take the budget of files that did change; one the
+//! budget cannot cover any more is followed by its metadata from then on. The walk itself (one
+//! `statat` per entry looked at) always completes: a creation or deletion is never missed. The
+//! capture takes the same hash and time budgets.
+//!
+//! **Inotify is shared with the host.** Instances and watches are per-user kernel limits: a
+//! snapshot takes its instance from an [`InotifyPool`], which caps what one service holds. A
+//! snapshot refused an instance, or whose new watch is refused, walks the workspace at every
+//! rescan ([`FullWalkReason::NoInotify`]) and asks again later (at every rescan for an instance;
+//! a minute after a refused watch). The pool may close an instance idle for
+//! [`FULL_WALK_INTERVAL`] for another snapshot: its next rescan walks
+//! ([`FullWalkReason::InotifyReclaimed`]), as it would have for [`FullWalkReason::Periodic`].
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::mem::MaybeUninit;
 use std::ops::Bound;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use rustix::io::Errno;
-use toolexec_core::{Capability, FileChange, FileChangeKind, sha256_hex};
+use toolexec_core::names::RecordedName;
+use toolexec_core::{Capability, FileChange, FileChangeKind, UnstoredReason, sha256_hex};
 
 use crate::RecordedChange;
 use crate::workspace::{
     ChildStat, Entry, EntryKind, JailError, MAX_PATH_BYTES, Workspace, WorkspaceDir,
 };
+
+mod pool;
+
+pub use pool::InotifyPool;
+use pool::{Lease, Refused};
 
 /// How much older than the start of a scan a file's mtime and ctime must be for its metadata to
 /// be trusted at the next rescan: more than a kernel tick of the coarse clock files are stamped
@@ -154,6 +187,40 @@ const EVENT_BUFFER_BYTES: usize = 64 * 1024;
 /// them as fast as they are read): past this the rescan walks the whole workspace.
 const MAX_EVENTS: usize = 1 << 20;
 
+/// What one scan may cost the service (it runs after the command, outside the sandbox's limits,
+/// on the service's memory and CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanBudget {
+    /// Largest file whose contents a rescan returns ([`RecordedChange::after`]); larger ones are
+    /// hashed only ([`UnstoredReason::TooLarge`]).
+    pub keep_up_to: usize,
+    /// Contents one rescan returns in total. Past it a changed file is hashed only
+    /// ([`UnstoredReason::ContentBudget`]); a smaller file takes the place of larger ones kept
+    /// before it, so the small files (sources, configuration) are the ones kept.
+    pub content_bytes: u64,
+    /// Bytes one scan hashes in total. A file that does not fit is recorded by its metadata
+    /// only, with no hash ([`UnstoredReason::HashBudget`]), like a file over
+    /// [`MAX_HASH_BYTES`].
+    pub hash_bytes: u64,
+    /// How long one scan may spend hashing. Past it the files not hashed yet (and the one being
+    /// hashed) are recorded by metadata only ([`UnstoredReason::TimeBudget`]). The walk itself
+    /// (one `statat` per entry looked at) always completes: deletions and creations are never
+    /// missed.
+    pub time: Duration,
+}
+
+impl ScanBudget {
+    /// Only the per-file limit on returned contents.
+    pub fn unlimited(keep_up_to: usize) -> Self {
+        Self {
+            keep_up_to,
+            content_bytes: u64::MAX,
+            hash_bytes: u64::MAX,
+            time: Duration::MAX,
+        }
+    }
+}
+
 /// A path relative to the workspace root as raw bytes, components joined with `/`.
 type Key = Box<[u8]>;
 
@@ -171,8 +238,15 @@ pub struct Snapshot {
     /// Counts the scans.
     generation: u64,
     /// The directory watches; `None` without inotify (it could not be set up, a watch could not
-    /// be added, or the snapshot is a default or a clone), and then every rescan walks.
+    /// be added, the pool closed it, or the snapshot is a default or a clone), and then every
+    /// rescan walks.
     watcher: Option<Watcher>,
+    /// Where instances come from; `None`: never watched (a default or a clone).
+    pool: Option<Arc<InotifyPool>>,
+    /// Without a watcher: why (the reason the next rescan walks), and when to ask the pool for an
+    /// instance again (after the kernel refused one or a watch could not be added, not before
+    /// [`FULL_WALK_INTERVAL`]: trying means watching every directory again).
+    unwatched: Option<(FullWalkReason, Option<Instant>)>,
 }
 
 impl Clone for Snapshot {
@@ -184,6 +258,8 @@ impl Clone for Snapshot {
             started_ns: self.started_ns,
             generation: self.generation,
             watcher: None,
+            pool: None,
+            unwatched: None,
         }
     }
 }
@@ -198,6 +274,10 @@ pub struct ScanReport {
     pub files: usize,
     /// Entries whose contents were read by this rescan (files hashed, symlinks read).
     pub hashed: usize,
+    /// Bytes of regular files hashed ([`ScanBudget::hash_bytes`]).
+    pub hashed_bytes: u64,
+    /// Bytes of contents returned in [`RecordedChange::after`] ([`ScanBudget::content_bytes`]).
+    pub kept_bytes: u64,
     /// Why this rescan walked the whole workspace (one `statat` per entry) rather than look only
     /// at what inotify reported; `None` when it did not.
     pub full_walk: Option<FullWalkReason>,
@@ -206,10 +286,13 @@ pub struct ScanReport {
 /// Why a rescan walked the whole workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FullWalkReason {
-    /// The snapshot has no inotify instance: it could not be created (the per-user instance
-    /// limit, `fs.inotify.max_user_instances`), a watch could not be added (the per-user watch
-    /// limit, `fs.inotify.max_user_watches`), or the snapshot is a default or a clone.
+    /// The snapshot has no inotify instance: it could not be created (the service's cap,
+    /// [`InotifyPool`], or the per-user instance limit, `fs.inotify.max_user_instances`), a
+    /// watch could not be added (the pool's cap, or the per-user watch limit,
+    /// `fs.inotify.max_user_watches`), or the snapshot is a default or a clone.
     NoInotify,
+    /// The pool closed the snapshot's idle inotify instance to give it to another session.
+    InotifyReclaimed,
     /// Events were lost: the kernel's queue overflowed (`IN_Q_OVERFLOW`), could not be read, or
     /// held more than one rescan reads.
     EventsLost,
@@ -295,9 +378,9 @@ enum Content {
     File { sha256: Sha, size: u64 },
     /// A symlink: its target text, not followed.
     Symlink { target: Box<[u8]>, sha256: Sha },
-    /// A regular file whose contents were not read: more than one hard link, over
-    /// [`MAX_HASH_BYTES`], or unreadable.
-    Unread,
+    /// A regular file whose contents were not read (or not to the end), and why: more than one
+    /// hard link, over [`MAX_HASH_BYTES`], a scan budget used up, or unreadable.
+    Unread(UnstoredReason),
 }
 
 impl Record {
@@ -306,7 +389,7 @@ impl Record {
             Content::File { sha256, .. } | Content::Symlink { sha256, .. } => {
                 Some(hex::encode(sha256))
             }
-            Content::Unread => None,
+            Content::Unread(_) => None,
         }
     }
 
@@ -314,13 +397,13 @@ impl Record {
         match &self.content {
             Content::File { size, .. } => *size,
             Content::Symlink { target, .. } => target.len() as u64,
-            Content::Unread => self.meta.size,
+            Content::Unread(_) => self.meta.size,
         }
     }
 
-    fn symlink_target(&self) -> Option<String> {
+    fn symlink_target(&self) -> Option<&[u8]> {
         match &self.content {
-            Content::Symlink { target, .. } => Some(String::from_utf8_lossy(target).into_owned()),
+            Content::Symlink { target, .. } => Some(target),
             _ => None,
         }
     }
@@ -331,7 +414,7 @@ impl Record {
         match (&self.content, &other.content) {
             (Content::File { sha256: a, .. }, Content::File { sha256: b, .. })
             | (Content::Symlink { sha256: a, .. }, Content::Symlink { sha256: b, .. }) => a == b,
-            (Content::Unread, Content::Unread) => {
+            (Content::Unread(_), Content::Unread(_)) => {
                 let (a, b) = (&self.meta, &other.meta);
                 (a.dev, a.ino, a.size, a.mtime_ns) == (b.dev, b.ino, b.size, b.mtime_ns)
             }
@@ -343,7 +426,11 @@ impl Record {
 /// The inotify side of a snapshot: one instance, a watch on every directory of the workspace.
 #[derive(Debug)]
 struct Watcher {
-    fd: OwnedFd,
+    /// The instance's place in the pool, which keeps the instance between scans (and may close
+    /// it then, for another snapshot).
+    lease: Lease,
+    /// The instance, while a scan runs ([`Watcher::attach`]).
+    fd: Option<Arc<OwnedFd>>,
     /// Watch descriptor → the workspace-relative path of the directory it watches (empty for the
     /// root), where the walk that added the watch found it.
     dirs: HashMap<i32, Key>,
@@ -351,7 +438,10 @@ struct Watcher {
     wds: BTreeMap<Key, i32>,
     /// Watches taken out of the maps during a scan: removed at its end unless a walk found their
     /// directory again (a moved directory keeps its watch, under its new path).
-    orphans: Vec<i32>,
+    orphans: BTreeSet<i32>,
+    /// Paths whose watches were forgotten during this scan (to be found again by a walk):
+    /// watching the directory there again most likely adds no watch.
+    forgotten: BTreeSet<Key>,
     /// Entries the next rescan inspects whatever the events say (see [`Meta::recheck`]), and
     /// entries this one could not inspect.
     recheck: BTreeSet<Key>,
@@ -360,10 +450,6 @@ struct Watcher {
     /// A watch could not be added: the snapshot drops its inotify instance after this scan.
     failed: bool,
     last_full_walk: Instant,
-    /// Tests: how many more watches may be added before `inotify_add_watch` "fails" with
-    /// `ENOSPC`, as at the per-user watch limit.
-    #[cfg(test)]
-    watch_budget: Option<usize>,
 }
 
 /// What the events say to look at.
@@ -392,29 +478,35 @@ impl Plan {
 }
 
 impl Watcher {
-    fn new() -> Option<Self> {
-        match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
-            Ok(fd) => Some(Self {
-                fd,
-                dirs: HashMap::new(),
-                wds: BTreeMap::new(),
-                orphans: Vec::new(),
-                recheck: BTreeSet::new(),
-                // Nothing is watched yet.
-                walk_next: Some(FullWalkReason::Unwatched),
-                failed: false,
-                last_full_walk: Instant::now(),
-                #[cfg(test)]
-                watch_budget: None,
-            }),
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "inotify is unavailable (fs.inotify.max_user_instances?): every rescan of this workspace walks all of it"
-                );
-                None
-            }
-        }
+    /// A new instance from the pool, attached for the scan that asks for it. Nothing is
+    /// watched yet: that scan walks for `reason`.
+    fn open(pool: &Arc<InotifyPool>, reason: FullWalkReason) -> Result<Self, Refused> {
+        let (lease, fd) = pool.open()?;
+        Ok(Self {
+            lease,
+            fd: Some(fd),
+            dirs: HashMap::new(),
+            wds: BTreeMap::new(),
+            orphans: BTreeSet::new(),
+            forgotten: BTreeSet::new(),
+            recheck: BTreeSet::new(),
+            walk_next: Some(reason),
+            failed: false,
+            last_full_walk: Instant::now(),
+        })
+    }
+
+    /// Takes the instance for a scan; false if the pool closed it meanwhile.
+    fn attach(&mut self) -> bool {
+        self.fd = self.lease.attach();
+        self.fd.is_some()
+    }
+
+    /// Gives the instance back to the pool after a scan, with the count of its watches.
+    fn detach(&mut self) {
+        self.fd = None;
+        self.forgotten.clear();
+        self.lease.detach(self.dirs.len());
     }
 
     /// Watches an open directory (or finds its watch), known by `path` from now on.
@@ -422,28 +514,54 @@ impl Watcher {
         if self.failed {
             return;
         }
+        // Only a new watch is charged to the pool, and before it is added (the service never
+        // holds more than its cap), unless the directory was watched at this path already: then
+        // the kernel hands back its watch (a walk watches every directory again), and a new one
+        // is charged after the fact (the directory was replaced since: rare).
+        let expected = self.wds.contains_key(path) || self.forgotten.contains(path);
+        let reserved = !expected && self.lease.charge_watch();
+        if !expected && !reserved {
+            return self.cap_reached();
+        }
         match self.add_watch(dir) {
-            Ok(wd) => self.map(wd, path),
+            Ok(wd) => {
+                let known = self.dirs.contains_key(&wd) || self.orphans.contains(&wd);
+                if known && reserved {
+                    self.lease.refund_watch();
+                } else if !known && !reserved && !self.lease.charge_watch() {
+                    if let Some(fd) = self.fd.as_deref() {
+                        let _ = inotify::remove_watch(fd, wd);
+                    }
+                    return self.cap_reached();
+                }
+                self.map(wd, path);
+            }
             Err(e) => {
+                if reserved {
+                    self.lease.refund_watch();
+                }
                 tracing::warn!(
                     error = %e,
-                    "a workspace directory cannot be watched (fs.inotify.max_user_watches?): every rescan of this workspace walks all of it from now on"
+                    "a workspace directory cannot be watched (fs.inotify.max_user_watches?): every rescan of this workspace walks all of it for a while"
                 );
                 self.failed = true;
             }
         }
     }
 
+    fn cap_reached(&mut self) {
+        tracing::warn!(
+            "the service's share of inotify watches is used up (limits.max_inotify_watches): every rescan of this workspace walks all of it for a while"
+        );
+        self.failed = true;
+    }
+
     fn add_watch(&mut self, dir: &WorkspaceDir) -> Result<i32, Errno> {
-        #[cfg(test)]
-        if let Some(budget) = self.watch_budget.as_mut() {
-            if *budget == 0 {
-                return Err(Errno::NOSPC);
-            }
-            *budget -= 1;
-        }
+        let Some(fd) = self.fd.as_deref() else {
+            return Err(Errno::BADF);
+        };
         let by_fd = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
-        inotify::add_watch(&self.fd, by_fd.as_str(), WATCH_MASK)
+        inotify::add_watch(fd, by_fd.as_str(), WATCH_MASK)
     }
 
     /// Records that `wd` watches the directory at `path`, and nothing else watches it (a
@@ -462,7 +580,7 @@ impl Watcher {
             && self.dirs.get(&old_wd).is_some_and(|p| **p == *path)
         {
             self.dirs.remove(&old_wd);
-            self.orphans.push(old_wd);
+            self.orphans.insert(old_wd);
         }
         self.dirs.insert(wd, path.into());
         self.wds.insert(path.into(), wd);
@@ -485,22 +603,27 @@ impl Watcher {
                 && self.dirs.get(&wd) == Some(&key)
             {
                 self.dirs.remove(&wd);
-                self.orphans.push(wd);
+                self.orphans.insert(wd);
+                self.forgotten.insert(key);
             }
         }
     }
 
     fn forget_all(&mut self) {
         self.orphans.extend(self.dirs.drain().map(|(wd, _)| wd));
-        self.wds.clear();
+        self.forgotten
+            .extend(std::mem::take(&mut self.wds).into_keys());
     }
 
     /// Removes the watches no directory was found for again.
     fn release_orphans(&mut self) {
+        let Some(fd) = self.fd.as_deref() else {
+            return;
+        };
         for wd in std::mem::take(&mut self.orphans) {
             if !self.dirs.contains_key(&wd) {
                 // A watch whose directory was deleted is gone already (EINVAL): nothing to do.
-                let _ = inotify::remove_watch(&self.fd, wd);
+                let _ = inotify::remove_watch(fd, wd);
             }
         }
     }
@@ -516,7 +639,10 @@ impl Watcher {
         let mut names = Names::default();
         let mut buf = vec![MaybeUninit::<u8>::uninit(); EVENT_BUFFER_BYTES];
         let Self { fd, dirs, wds, .. } = self;
-        let mut reader = inotify::Reader::new(&*fd, &mut buf);
+        let Some(fd) = fd.as_deref() else {
+            return Err(untrusted.unwrap_or(FullWalkReason::NoInotify));
+        };
+        let mut reader = inotify::Reader::new(fd, &mut buf);
         let mut count = 0usize;
         // Even when the events will not be used, the queue is emptied: what they report is
         // covered by the walk that follows.
@@ -750,26 +876,49 @@ enum Mode {
 
 impl Snapshot {
     /// The baseline of the workspace as it is now (every regular file hashed, every directory
-    /// watched). Reports nothing.
+    /// watched), with an inotify instance of its own and no budget. Reports nothing.
     pub fn capture(ws: &Workspace) -> Result<Self, JailError> {
-        Self::capture_with(ws, Watcher::new())
+        Self::capture_within(
+            ws,
+            Some(&InotifyPool::unlimited()),
+            &ScanBudget::unlimited(0),
+        )
     }
 
-    fn capture_with(ws: &Workspace, watcher: Option<Watcher>) -> Result<Self, JailError> {
+    /// [`Snapshot::capture`] with its inotify instance from `pool` (`None`: without inotify)
+    /// and within `budget`'s hash and time budgets: a file beyond them is recorded by its
+    /// metadata only, and a later change to it is found when its metadata changes.
+    pub fn capture_within(
+        ws: &Workspace,
+        pool: Option<&Arc<InotifyPool>>,
+        budget: &ScanBudget,
+    ) -> Result<Self, JailError> {
         let mut snapshot = Self {
-            watcher,
+            pool: pool.cloned(),
             ..Self::default()
         };
-        snapshot.scan(ws, None)?;
+        snapshot.scan(ws, budget, false)?;
         Ok(snapshot)
     }
 
     /// Finds what changed since the last capture or rescan (from the inotify events, or by
     /// walking the workspace again), returns it, and becomes the new baseline. The contents of
     /// created and modified files (and the target text of symlinks) are returned in
-    /// [`RecordedChange::after`] when there are at most `keep_up_to` bytes of them.
+    /// [`RecordedChange::after`] when there are at most `keep_up_to` bytes of them. No other
+    /// budget: see [`Snapshot::rescan_within`].
     pub fn rescan(&mut self, ws: &Workspace, keep_up_to: usize) -> Result<ScanReport, JailError> {
-        self.scan(ws, Some(keep_up_to))
+        self.scan(ws, &ScanBudget::unlimited(keep_up_to), true)
+    }
+
+    /// [`Snapshot::rescan`] within a budget for what it keeps, hashes and how long it hashes;
+    /// every file beyond is still reported, by hash and size or by its metadata only, with
+    /// [`FileChange::after_unstored`] saying why.
+    pub fn rescan_within(
+        &mut self,
+        ws: &Workspace,
+        budget: &ScanBudget,
+    ) -> Result<ScanReport, JailError> {
+        self.scan(ws, budget, true)
     }
 
     /// How many regular files and symlinks the snapshot holds.
@@ -787,10 +936,69 @@ impl Snapshot {
         self.watcher.is_some()
     }
 
+    /// A scan with the inotify instance taken from the pool for its duration (a snapshot without
+    /// one asks for one first), given back at its end.
+    fn scan(
+        &mut self,
+        ws: &Workspace,
+        budget: &ScanBudget,
+        report: bool,
+    ) -> Result<ScanReport, JailError> {
+        self.attach_watcher();
+        let scanned = self.scan_attached(ws, budget, report);
+        if let Some(watcher) = self.watcher.as_mut() {
+            watcher.detach();
+        }
+        scanned
+    }
+
+    fn attach_watcher(&mut self) {
+        if let Some(watcher) = self.watcher.as_mut() {
+            if watcher.attach() {
+                return;
+            }
+            // Closed by the pool for another session, with all its watches: this scan walks,
+            // and watches again if an instance can be had.
+            self.watcher = None;
+            self.unwatched = Some((FullWalkReason::InotifyReclaimed, None));
+        }
+        let Some(pool) = self.pool.as_ref() else {
+            return;
+        };
+        let (reason, retry_at) = self.unwatched.unwrap_or((FullWalkReason::NoInotify, None));
+        if retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        match Watcher::open(pool, reason) {
+            Ok(watcher) => {
+                self.watcher = Some(watcher);
+                self.unwatched = None;
+            }
+            // Every instance of the pool is in use: the next scan asks again (it costs a lock).
+            Err(Refused::Full) => self.unwatched = Some((reason, retry_at)),
+            Err(Refused::Kernel(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "inotify is unavailable (fs.inotify.max_user_instances?): rescans of this workspace walk all of it for a while"
+                );
+                let retry_at = Instant::now().checked_add(FULL_WALK_INTERVAL);
+                self.unwatched = Some((FullWalkReason::NoInotify, retry_at));
+            }
+        }
+    }
+
     /// Updates the records in place: an unchanged entry costs nothing (events) or one `statat`
     /// and one lookup (a walk), no allocation. Entries looked for and not found are deleted.
-    fn scan(&mut self, ws: &Workspace, keep_up_to: Option<usize>) -> Result<ScanReport, JailError> {
+    /// `report`: whether changes are reported (a rescan) or not (a capture, which keeps no
+    /// contents).
+    fn scan_attached(
+        &mut self,
+        ws: &Workspace,
+        budget: &ScanBudget,
+        report: bool,
+    ) -> Result<ScanReport, JailError> {
         let started_ns = now_ns();
+        let deadline = Instant::now().checked_add(budget.time);
         // The root is the one thing that must work; nothing is changed before it does.
         let root = ws.open_dir_exact(b"")?;
         if root.stat()?.nlink == 0 {
@@ -802,7 +1010,13 @@ impl Snapshot {
         // started queues an event for the next rescan.
         let drained = match self.watcher.as_mut() {
             Some(watcher) => watcher.drain(&self.entries),
-            None => Err(FullWalkReason::NoInotify),
+            None => {
+                let (reason, retry_at) =
+                    self.unwatched.unwrap_or((FullWalkReason::NoInotify, None));
+                // Reported once: later walks without a watcher are for having none.
+                self.unwatched = Some((FullWalkReason::NoInotify, retry_at));
+                Err(reason)
+            }
         };
         let mode = match drained {
             Ok(plan) => Mode::Events(plan),
@@ -831,14 +1045,21 @@ impl Snapshot {
             generation: self.generation,
             previous_started_ns: self.started_ns,
             started_ns,
-            keep_up_to,
+            report,
+            keep_up_to: budget.keep_up_to,
+            content_left: budget.content_bytes,
+            hash_left: budget.hash_bytes,
+            deadline,
+            kept: BinaryHeap::new(),
             changes: Vec::new(),
             hashed: 0,
+            hashed_bytes: 0,
             path: Vec::new(),
             watcher: self.watcher.as_mut(),
             walk_next: None,
             new_link: false,
             recheck: Vec::new(),
+            deferred: Vec::new(),
             sweep_keys: Vec::new(),
             sweep_below: Vec::new(),
         };
@@ -856,9 +1077,11 @@ impl Snapshot {
                 (full, carried)
             }
         };
+        walk.reread_deferred();
         let Walk {
             mut changes,
             hashed,
+            hashed_bytes,
             walk_next,
             recheck,
             sweep_keys,
@@ -867,14 +1090,9 @@ impl Snapshot {
         } = walk;
         let generation = self.generation;
         let mut deleted = |key: &[u8], record: &Record| {
-            if keep_up_to.is_some() {
-                changes.push(change(
-                    FileChangeKind::Deleted,
-                    key,
-                    Some(record),
-                    None,
-                    None,
-                ));
+            if report {
+                let gone = change(FileChangeKind::Deleted, key, Some(record), None, Err(None));
+                changes.push((key.into(), gone));
             }
         };
         if full_walk.is_some() {
@@ -909,8 +1127,11 @@ impl Snapshot {
         }
         if let Some(watcher) = self.watcher.as_mut() {
             if watcher.failed {
-                // Closing the instance frees its watches (for other sessions).
+                // Closing the instance frees its watches (for other sessions). Watching again
+                // means adding every watch again: not before the next periodic walk.
                 self.watcher = None;
+                let retry_at = Instant::now().checked_add(FULL_WALK_INTERVAL);
+                self.unwatched = Some((FullWalkReason::NoInotify, retry_at));
             } else {
                 watcher.release_orphans();
                 let entries = &self.entries;
@@ -932,12 +1153,20 @@ impl Snapshot {
             }
         }
         self.started_ns = started_ns;
-        // Byte order of paths, except where lossy decoding changed a name.
-        changes.sort_by(|a, b| a.change.path.cmp(&b.change.path));
+        // Byte order of the raw paths.
+        changes.sort_by(|a, b| a.0.cmp(&b.0));
+        let changes: Vec<RecordedChange> = changes.into_iter().map(|(_, c)| c).collect();
+        let kept_bytes = changes
+            .iter()
+            .filter_map(|c| c.after.as_ref())
+            .map(|after| after.len() as u64)
+            .sum();
         Ok(ScanReport {
             changes,
             files: self.entries.len(),
             hashed,
+            hashed_bytes,
+            kept_bytes,
             full_walk,
         })
     }
@@ -954,10 +1183,20 @@ struct Walk<'a> {
     previous_started_ns: i128,
     /// When this scan started (which entries the next rescan inspects anyway).
     started_ns: i128,
-    /// `None` when nothing is reported (a capture): no contents are kept.
-    keep_up_to: Option<usize>,
-    changes: Vec<RecordedChange>,
+    /// Whether changes are reported; a capture reports none and keeps no contents.
+    report: bool,
+    /// The budget ([`ScanBudget`]): the largest file whose contents are kept, what is left of
+    /// the contents and hash budgets, and when hashing stops.
+    keep_up_to: usize,
+    content_left: u64,
+    hash_left: u64,
+    deadline: Option<Instant>,
+    /// The changes whose contents are kept, largest first: (bytes, index in `changes`).
+    kept: BinaryHeap<(usize, usize)>,
+    /// The changes found, with their raw paths (the order of the report).
+    changes: Vec<(Key, RecordedChange)>,
     hashed: usize,
+    hashed_bytes: u64,
     /// The path of the entry being visited (reused between entries).
     path: Vec<u8>,
     /// Where the directories walked are watched.
@@ -969,6 +1208,8 @@ struct Walk<'a> {
     new_link: bool,
     /// Entries the next rescan inspects anyway.
     recheck: Vec<Key>,
+    /// Racily clean files, read at the end of the scan ([`Walk::reread_deferred`]).
+    deferred: Vec<Key>,
     /// From events: names inspected and directories walked or gone, below which records not
     /// seen by this scan are deleted.
     sweep_keys: Vec<Key>,
@@ -1184,11 +1425,21 @@ impl Walk<'_> {
             if old.seen == self.generation {
                 return;
             }
-            if old.meta == meta && !old.meta.racy(self.previous_started_ns) {
+            // An unread file is compared by its metadata alone: reading it again because its
+            // timestamps are racy would find nothing to compare its contents with.
+            let unread = matches!(old.content, Content::Unread(_));
+            if old.meta == meta && (unread || !old.meta.racy(self.previous_started_ns)) {
                 old.seen = self.generation;
                 if meta.recheck(self.started_ns) {
                     self.recheck.push(self.path.as_slice().into());
                 }
+                return;
+            }
+            // Racily clean: read again, but after every entry whose metadata changed, so that
+            // files most likely unchanged never take the budget of files that did change.
+            if old.meta == meta && st.kind == EntryKind::File {
+                old.seen = self.generation;
+                self.deferred.push(self.path.as_slice().into());
                 return;
             }
         }
@@ -1199,58 +1450,164 @@ impl Walk<'_> {
         {
             self.new_link = true;
         }
-        let Some((record, contents)) = self.read(dir, entry, st) else {
+        self.record(dir, entry, st);
+    }
+
+    /// Reads the file or symlink at `self.path` and records it, reporting a change.
+    fn record(&mut self, dir: &WorkspaceDir, entry: &Entry, st: &ChildStat) {
+        // Only a file whose metadata changed may take the place of contents kept before it: one
+        // read again because its timestamps are racy has most likely not changed.
+        let changed = self
+            .entries
+            .get(self.path.as_slice())
+            .is_none_or(|old| old.meta != Meta::from(st));
+        let Some((record, after)) = self.read(dir, entry, st, changed) else {
             return;
         };
         if record.meta.recheck(self.started_ns) {
             self.recheck.push(self.path.as_slice().into());
         }
-        let keep_up_to = self.keep_up_to;
-        match self.entries.get_mut(self.path.as_slice()) {
+        let key: Key = self.path.as_slice().into();
+        match self.entries.get(&key) {
+            Some(old) if old.same_contents(&record) => self.unkeep(after),
+            // Read again only because its timestamps were racy, and not to the end within the
+            // budget: nothing says it changed. From now on it is followed by its metadata.
+            Some(_) if !changed && matches!(record.content, Content::Unread(_)) => {}
             Some(old) => {
-                if !old.same_contents(&record) && keep_up_to.is_some() {
-                    let key = self.path.as_slice();
-                    let modified = FileChangeKind::Modified;
-                    self.changes
-                        .push(change(modified, key, Some(old), Some(&record), contents));
-                }
-                *old = record;
+                let modified = change(
+                    FileChangeKind::Modified,
+                    &key,
+                    Some(old),
+                    Some(&record),
+                    after.map_err(Some),
+                );
+                self.push_change(key.clone(), modified);
             }
             None => {
-                if keep_up_to.is_some() {
-                    let key = self.path.as_slice();
-                    let created = FileChangeKind::Created;
-                    self.changes
-                        .push(change(created, key, None, Some(&record), contents));
+                let created = change(
+                    FileChangeKind::Created,
+                    &key,
+                    None,
+                    Some(&record),
+                    after.map_err(Some),
+                );
+                self.push_change(key.clone(), created);
+            }
+        }
+        self.entries.insert(key, record);
+    }
+
+    /// Reads the racily clean files put off by [`Walk::visit_entry`], with what is left of the
+    /// budget.
+    fn reread_deferred(&mut self) {
+        let mut by_dir: BTreeMap<Key, Vec<Key>> = BTreeMap::new();
+        for key in std::mem::take(&mut self.deferred) {
+            let (dir, name) = split(&key);
+            by_dir.entry(dir.into()).or_default().push(name.into());
+        }
+        for (dir_path, names) in by_dir {
+            let dir = self.ws.open_dir_exact(&dir_path).ok();
+            for name in names {
+                self.path = join(&dir_path, &name);
+                let found = dir
+                    .as_ref()
+                    .and_then(|dir| dir.child(&name).ok().map(|(entry, st)| (dir, entry, st)));
+                match found {
+                    Some((dir, entry, st)) if st.kind == EntryKind::File => {
+                        self.record(dir, &entry, &st);
+                    }
+                    // Gone or changed since it was seen: the change queued an event, and the
+                    // record is looked at again next time in any case.
+                    _ => self.recheck.push(self.path.as_slice().into()),
                 }
-                self.entries
-                    .insert(self.path.clone().into_boxed_slice(), record);
             }
         }
     }
-    /// Reads an entry whose metadata changed. `None` when it vanished (then it is deleted) or
-    /// changed type since its `stat` (then its previous record is kept, and the next rescan
-    /// looks again: its metadata differs).
+
+    /// Reports a change (a rescan), remembering where contents are kept.
+    fn push_change(&mut self, key: Key, change: RecordedChange) {
+        if !self.report {
+            return;
+        }
+        if let Some(after) = &change.after {
+            self.kept.push((after.len(), self.changes.len()));
+        }
+        self.changes.push((key, change));
+    }
+
+    /// Contents read but not reported (the file's contents did not change): back to the budget.
+    fn unkeep(&mut self, after: After) {
+        if let Ok(bytes) = after {
+            self.content_left = self.content_left.saturating_add(bytes.len() as u64);
+        }
+    }
+
+    /// How many bytes of a file of `size` bytes may be kept, making room (if `evict`) by dropping
+    /// the contents of larger files kept before it (so that the budget keeps the small files,
+    /// and as many of them as it can); the reason when none.
+    fn allowance(&mut self, size: u64, evict: bool) -> Result<usize, UnstoredReason> {
+        if !self.report || size > self.keep_up_to as u64 {
+            return Err(UnstoredReason::TooLarge);
+        }
+        while self.content_left < size {
+            match self.kept.peek() {
+                Some(&(largest, _)) if evict && largest as u64 > size => {}
+                _ => return Err(UnstoredReason::ContentBudget),
+            }
+            if let Some((_, index)) = self.kept.pop()
+                && let Some((_, dropped)) = self.changes.get_mut(index)
+                && let Some(bytes) = dropped.after.take()
+            {
+                dropped.change.after_stored = false;
+                dropped.change.after_unstored = Some(UnstoredReason::ContentBudget);
+                self.content_left = self.content_left.saturating_add(bytes.len() as u64);
+            }
+        }
+        // Room for the file as it is now; a file grown since its `stat` is kept if it still fits.
+        Ok(usize::try_from(self.content_left)
+            .unwrap_or(usize::MAX)
+            .min(self.keep_up_to))
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+    /// Reads an entry whose metadata changed (or cannot be trusted yet). `None` when it vanished
+    /// (then it is deleted) or changed type since its `stat` (then its previous record is kept,
+    /// and the next rescan looks again: its metadata differs). `evict`: whether its contents may
+    /// take the place of contents kept before it.
     fn read(
         &mut self,
         dir: &WorkspaceDir,
         entry: &Entry,
         st: &ChildStat,
-    ) -> Option<(Record, Option<Vec<u8>>)> {
+        evict: bool,
+    ) -> Option<(Record, After)> {
         let meta = Meta::from(st);
         let seen = self.generation;
-        let keep_up_to = self.keep_up_to.unwrap_or(0);
-        let unread = |meta| Record {
-            meta,
-            content: Content::Unread,
-            seen,
+        let unread = |meta, why| {
+            let record = Record {
+                meta,
+                content: Content::Unread(why),
+                seen,
+            };
+            Some((record, Err(why)))
         };
         if st.kind == EntryKind::Symlink {
+            // A target is at most `PATH_MAX` bytes, read with one system call: symlinks are
+            // read whatever is left of the hash and time budgets.
             return match dir.link_target(entry) {
                 Ok(target) => {
                     self.hashed += 1;
                     let sha256 = sha256_bytes(&target);
-                    let contents = (target.len() <= keep_up_to).then(|| target.clone());
+                    let after = match self.allowance(target.len() as u64, evict) {
+                        Ok(room) if target.len() <= room => {
+                            self.content_left -= target.len() as u64;
+                            Ok(target.clone())
+                        }
+                        Ok(_) => Err(UnstoredReason::ContentBudget),
+                        Err(why) => Err(why),
+                    };
                     let content = Content::Symlink {
                         target: target.into_boxed_slice(),
                         sha256,
@@ -1261,7 +1618,7 @@ impl Walk<'_> {
                             content,
                             seen,
                         },
-                        contents,
+                        after,
                     ))
                 }
                 Err(JailError::NotFound { .. }) => None,
@@ -1271,13 +1628,35 @@ impl Walk<'_> {
                 }
             };
         }
-        if st.nlink > 1 || st.size > MAX_HASH_BYTES {
-            // Never opened: a hard link may lead out of the workspace.
-            return Some((unread(meta), None));
+        // Never opened: a hard link may lead out of the workspace.
+        if st.nlink > 1 {
+            return unread(meta, UnstoredReason::HardLink);
         }
-        match dir.hash_child(entry, keep_up_to, MAX_HASH_BYTES) {
+        if st.size > MAX_HASH_BYTES {
+            return unread(meta, UnstoredReason::TooLargeToHash);
+        }
+        if self.past_deadline() {
+            return unread(meta, UnstoredReason::TimeBudget);
+        }
+        if st.size > self.hash_left {
+            return unread(meta, UnstoredReason::HashBudget);
+        }
+        let allowance = self.allowance(st.size, evict);
+        let keep = allowance.unwrap_or(0);
+        let max_bytes = MAX_HASH_BYTES.min(self.hash_left);
+        match dir.hash_child(entry, keep, max_bytes, self.deadline) {
             Ok(hashed) => {
                 self.hashed += 1;
+                self.hashed_bytes += hashed.size;
+                self.hash_left = self.hash_left.saturating_sub(hashed.size);
+                let after = match hashed.kept {
+                    Some(bytes) => {
+                        self.content_left = self.content_left.saturating_sub(bytes.len() as u64);
+                        Ok(bytes)
+                    }
+                    None if hashed.size > self.keep_up_to as u64 => Err(UnstoredReason::TooLarge),
+                    None => Err(allowance.err().unwrap_or(UnstoredReason::ContentBudget)),
+                };
                 let content = Content::File {
                     sha256: sha256_from_hex(&hashed.sha256),
                     size: hashed.size,
@@ -1289,14 +1668,21 @@ impl Walk<'_> {
                         content,
                         seen,
                     },
-                    hashed.kept,
+                    after,
                 ))
             }
             Err(JailError::NotFound { .. }) => None,
-            // Hard-linked or grown too large since the stat, or unreadable (permissions).
-            Err(JailError::HardLink { .. } | JailError::TooLarge { .. } | JailError::Io { .. }) => {
-                Some((unread(meta), None))
+            // Hard-linked or grown past a limit since the stat, out of time, or unreadable
+            // (permissions).
+            Err(JailError::HardLink { .. }) => unread(meta, UnstoredReason::HardLink),
+            Err(JailError::TooLarge { size, .. }) if size > MAX_HASH_BYTES => {
+                unread(meta, UnstoredReason::TooLargeToHash)
             }
+            Err(JailError::TooLarge { .. }) => unread(meta, UnstoredReason::HashBudget),
+            Err(JailError::Io { source, .. }) if source.kind() == std::io::ErrorKind::TimedOut => {
+                unread(meta, UnstoredReason::TimeBudget)
+            }
+            Err(JailError::Io { .. }) => unread(meta, UnstoredReason::Unreadable),
             // Not a regular file any more.
             Err(_) => {
                 self.keep();
@@ -1324,25 +1710,40 @@ impl Walk<'_> {
     }
 }
 
-/// A change of the entry at `key`, from `before` to `after`.
+/// The contents of a file after a change, or why they are not kept.
+type After = Result<Vec<u8>, UnstoredReason>;
+
+/// A change of the entry at `key`, from `before` to `after` (`contents`: `Err(None)` for a
+/// deletion).
 fn change(
     kind: FileChangeKind,
     key: &[u8],
     before: Option<&Record>,
     after: Option<&Record>,
-    contents: Option<Vec<u8>>,
+    contents: Result<Vec<u8>, Option<UnstoredReason>>,
 ) -> RecordedChange {
+    let (contents, unstored) = match contents {
+        Ok(bytes) => (Some(bytes), None),
+        Err(why) => (None, why),
+    };
+    let path = RecordedName::new(key);
+    let target = after
+        .and_then(Record::symlink_target)
+        .map(RecordedName::new);
     RecordedChange {
         change: FileChange {
             kind,
-            path: String::from_utf8_lossy(key).into_owned(),
+            path: path.display,
+            path_b64: path.base64,
             before_sha256: before.and_then(Record::sha256),
             after_sha256: after.and_then(Record::sha256),
             before_size: before.map(Record::size),
             after_size: after.map(Record::size),
             after_stored: contents.is_some(),
+            after_unstored: after.and(unstored),
             capability: Capability::Process,
-            symlink_target: after.and_then(Record::symlink_target),
+            symlink_target: target.as_ref().map(|t| t.display.clone()),
+            symlink_target_b64: target.and_then(|t| t.base64),
         },
         after: contents,
     }
@@ -1774,6 +2175,7 @@ mod tests {
             assert_eq!(c.change.after_sha256, None, "{}", c.change.path);
             assert_eq!(c.after, None);
             assert!(!c.change.after_stored);
+            assert_eq!(c.change.after_unstored, Some(UnstoredReason::HardLink));
         }
         assert_eq!(
             change(&report, "planted").change.after_size,
@@ -1847,6 +2249,10 @@ mod tests {
         );
         assert_eq!(big_change.change.after_size, Some(big.len() as u64));
         assert!(!big_change.change.after_stored);
+        assert_eq!(
+            big_change.change.after_unstored,
+            Some(UnstoredReason::TooLarge)
+        );
         assert_eq!(big_change.after, None);
         assert_eq!(
             change(&report, "exact.bin").after.as_deref(),
@@ -1861,18 +2267,307 @@ mod tests {
         let empty = change(&report, "empty");
         assert_eq!(empty.after.as_deref(), Some(&b""[..]));
         assert!(empty.change.after_stored);
+        assert_eq!(empty.change.after_unstored, None);
         assert_eq!(report.hashed, 4);
     }
 
     #[test]
-    fn names_that_are_not_utf8_are_shown_lossily() {
+    fn names_that_are_not_utf8_are_recorded_exactly() {
         use std::os::unix::ffi::OsStrExt;
+        let raw = |bytes: &[u8]| std::ffi::OsStr::from_bytes(bytes).to_owned();
         let f = Fixture::new();
         let mut snapshot = Snapshot::capture(&f.ws).unwrap();
-        let name = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
-        fs::write(f.root.join(name), b"latin-1").unwrap();
+        fs::write(f.root.join(raw(b"bad\xff")), b"ff").unwrap();
+        fs::write(f.root.join(raw(b"bad\xfe")), b"fe").unwrap();
+        // Spelled like the display form of the first, but UTF-8: a third, distinct name.
+        fs::write(f.path("bad\\xff"), b"literal").unwrap();
+        symlink(raw(b"caf\xe9"), f.root.join(raw(b"dir\x80link"))).unwrap();
         let report = f.rescan(&mut snapshot);
-        assert_eq!(kinds(&report), [(Created, "caf\u{fffd}.txt")]);
+        let names: Vec<_> = report
+            .changes
+            .iter()
+            .map(|c| {
+                let c = &c.change;
+                (c.path.as_str(), c.path_b64.as_deref())
+            })
+            .collect();
+        // In byte order of the raw names.
+        assert_eq!(
+            names,
+            [
+                ("bad\\xff", None),
+                ("bad\\xfe", Some("YmFk/g==")),
+                ("bad\\xff", Some("YmFk/w==")),
+                ("dir\\x80link", Some("ZGlygGxpbms=")),
+            ]
+        );
+        assert_eq!(
+            report.changes[1].after.as_deref(),
+            Some(&b"fe"[..]),
+            "each keeps its own contents"
+        );
+        let link = &report.changes[3];
+        assert_eq!(link.change.symlink_target.as_deref(), Some("caf\\xe9"));
+        assert_eq!(link.change.symlink_target_b64.as_deref(), Some("Y2Fm6Q=="));
+        assert_eq!(link.after.as_deref(), Some(&b"caf\xe9"[..]));
+        // Written as UTF-8: no base64 beside the names.
+        fs::remove_file(f.root.join(raw(b"dir\x80link"))).unwrap();
+        symlink("plain", f.path("link")).unwrap();
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(
+            kinds(&report),
+            [(Deleted, "dir\\x80link"), (Created, "link")]
+        );
+        let json = serde_json::to_value(&report.changes[1].change).unwrap();
+        assert_eq!(json["symlink_target"], "plain");
+        assert!(json.get("path_b64").is_none() && json.get("symlink_target_b64").is_none());
+        assert_eq!(
+            serde_json::to_value(&report.changes[0].change).unwrap()["path_b64"],
+            "ZGlygGxpbms="
+        );
+    }
+
+    /// A budget of `content` bytes of contents (files up to 1 KiB) and `hash` bytes hashed.
+    fn budget(content: u64, hash: u64) -> ScanBudget {
+        ScanBudget {
+            content_bytes: content,
+            hash_bytes: hash,
+            ..ScanBudget::unlimited(1024)
+        }
+    }
+
+    fn unstored(report: &ScanReport, path: &str) -> Option<UnstoredReason> {
+        change(report, path).change.after_unstored
+    }
+
+    #[test]
+    fn past_the_content_budget_files_are_hashed_only_and_the_smallest_are_kept() {
+        let f = Fixture::new();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        // Found in byte order of their names (the events of one directory): larger files
+        // first, then smaller ones that take their place.
+        f.write("a-900", &[1u8; 900]);
+        f.write("b-800", &[2u8; 800]);
+        f.write("c-2000", &[3u8; 2000]);
+        f.write("d-300", &[4u8; 300]);
+        f.write("e-300", &[5u8; 300]);
+        f.write("f-0", b"");
+        f.write("g-1000", &[6u8; 1000]);
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(1500, u64::MAX))
+            .unwrap();
+        // 900 + 800 do not fit: the 800 takes the place of the 900; the 300s and the empty file
+        // fit beside it; the 1000 does not, and nothing kept is larger. Over 1 KiB: too large.
+        let kept: Vec<&str> = report
+            .changes
+            .iter()
+            .filter(|c| c.after.is_some())
+            .map(|c| c.change.path.as_str())
+            .collect();
+        assert_eq!(kept, ["b-800", "d-300", "e-300", "f-0"]);
+        assert_eq!(report.kept_bytes, 1400);
+        assert_eq!(
+            unstored(&report, "a-900"),
+            Some(UnstoredReason::ContentBudget)
+        );
+        assert_eq!(
+            unstored(&report, "g-1000"),
+            Some(UnstoredReason::ContentBudget)
+        );
+        assert_eq!(unstored(&report, "c-2000"), Some(UnstoredReason::TooLarge));
+        for c in &report.changes {
+            // Every file is hashed all the same, and says whether its contents are stored.
+            assert!(c.change.after_sha256.is_some(), "{}", c.change.path);
+            assert_eq!(c.change.after_stored, c.after.is_some());
+            assert_eq!(c.change.after_unstored.is_none(), c.after.is_some());
+        }
+        let a = change(&report, "a-900");
+        assert_eq!(
+            a.change.after_sha256.as_deref(),
+            Some(sha256_hex(&[1u8; 900]).as_str())
+        );
+        assert_eq!(a.change.after_size, Some(900));
+        let json = serde_json::to_value(&a.change).unwrap();
+        assert_eq!(json["after_unstored"], "content_budget");
+        assert_eq!(json["after_stored"], false);
+
+        // A budget per scan: the next one keeps contents again.
+        f.write("a-900", &[7u8; 900]);
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(1500, u64::MAX))
+            .unwrap();
+        assert_eq!(kinds(&report), [(Modified, "a-900")]);
+        assert_eq!(
+            report.changes[0].after.as_deref(),
+            Some(&[7u8; 900][..]),
+            "{:?}",
+            report.changes[0].change
+        );
+    }
+
+    #[test]
+    fn past_the_hash_budget_files_are_recorded_by_metadata_and_later_changes_still_found() {
+        let f = Fixture::new();
+        f.write("old", b"old contents");
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        f.write("a", &[1u8; 6000]);
+        f.write("b", &[2u8; 6000]);
+        f.write("c", &[3u8; 3000]);
+        f.write("old", &[4u8; 5000]);
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(u64::MAX, 10_000))
+            .unwrap();
+        assert!(report.hashed_bytes <= 10_000, "{}", report.hashed_bytes);
+        assert_eq!(report.hashed_bytes, 9000);
+        assert_eq!(
+            kinds(&report),
+            [
+                (Created, "a"),
+                (Created, "b"),
+                (Created, "c"),
+                (Modified, "old")
+            ]
+        );
+        // a and c fit; b and old did not.
+        for (path, hashed) in [("a", true), ("b", false), ("c", true), ("old", false)] {
+            let c = change(&report, path);
+            assert_eq!(c.change.after_sha256.is_some(), hashed, "{path}");
+            assert_eq!(c.after, None, "over 1 KiB: {path}");
+            let why = if hashed {
+                UnstoredReason::TooLarge
+            } else {
+                UnstoredReason::HashBudget
+            };
+            assert_eq!(c.change.after_unstored, Some(why), "{path}");
+        }
+        let old = change(&report, "old");
+        assert_eq!(
+            old.change.before_sha256.as_deref(),
+            Some(sha256_hex(b"old contents").as_str())
+        );
+        assert_eq!(old.change.after_size, Some(5000));
+
+        // Not read again while their metadata stays the same, even racily clean: the budget
+        // is not spent on them at every scan, and nothing is reported. (The racily clean files
+        // that were hashed are hashed again, and found unchanged.)
+        let report = f.rescan(&mut snapshot);
+        assert!(report.changes.is_empty(), "{:?}", kinds(&report));
+        assert_eq!(report.hashed_bytes, 9000);
+        // A later change is found by the metadata, and read when the budget allows.
+        settle();
+        f.write("b", &[9u8; 6001]);
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(kinds(&report), [(Modified, "b")]);
+        let b = change(&report, "b");
+        assert_eq!(b.change.before_sha256, None);
+        assert_eq!(b.change.before_size, Some(6000));
+        assert_eq!(
+            b.change.after_sha256.as_deref(),
+            Some(sha256_hex(&[9u8; 6001]).as_str())
+        );
+        // A full walk agrees (the records are kept as they were).
+        let mut walking = snapshot.clone();
+        assert!(f.rescan(&mut walking).changes.is_empty());
+
+        // The capture has the same budget: a file beyond it is recorded by metadata only.
+        let budgeted = budget(0, 5000);
+        let mut captured = Snapshot::capture_within(&f.ws, None, &budgeted).unwrap();
+        assert_eq!(captured.len(), 4);
+        f.write("old", b"changed");
+        let report = f.rescan(&mut captured);
+        assert_eq!(kinds(&report), [(Modified, "old")]);
+    }
+
+    #[test]
+    fn racily_clean_files_are_read_again_after_the_changed_ones() {
+        let f = Fixture::new();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        f.write("a-big", &[1u8; 8000]);
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(u64::MAX, 8000))
+            .unwrap();
+        assert_eq!(kinds(&report), [(Created, "a-big")]);
+        // Written just before that scan: its metadata is not trusted yet. Read again first, it
+        // would take the whole budget and leave the new file without a hash.
+        f.write("z-small", b"small");
+        let report = snapshot
+            .rescan_within(&f.ws, &budget(u64::MAX, 8004))
+            .unwrap();
+        assert_eq!(kinds(&report), [(Created, "z-small")]);
+        assert_eq!(
+            change(&report, "z-small").change.after_sha256.as_deref(),
+            Some(sha256_hex(b"small").as_str())
+        );
+        assert_eq!(report.hashed_bytes, 5);
+        // Not read again within the budget: followed by its metadata from now on.
+        settle();
+        f.write("a-big", &[2u8; 8000]);
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(kinds(&report), [(Modified, "a-big")]);
+        let big = change(&report, "a-big");
+        assert_eq!(big.change.before_sha256, None);
+        assert_eq!(
+            big.change.after_sha256.as_deref(),
+            Some(sha256_hex(&[2u8; 8000]).as_str())
+        );
+        // With the budget for it, the racily clean file is read again at the end of the scan.
+        let report = f.rescan(&mut snapshot);
+        assert!(report.changes.is_empty());
+        assert_eq!(report.hashed_bytes, 8000);
+    }
+
+    #[test]
+    fn hashing_stops_at_the_deadline_and_the_rest_is_recorded_by_metadata() {
+        let f = Fixture::new();
+        let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+        f.write("small", b"small");
+        // Sparse: a second of hashing at least, on any machine this runs on.
+        let sparse = fs::File::create(f.path("sparse")).unwrap();
+        sparse.set_len(2 << 30).unwrap();
+        drop(sparse);
+        symlink("small", f.path("link")).unwrap();
+        let started = Instant::now();
+        let report = snapshot
+            .rescan_within(
+                &f.ws,
+                &ScanBudget {
+                    time: Duration::from_millis(100),
+                    ..ScanBudget::unlimited(1024)
+                },
+            )
+            .unwrap();
+        let elapsed = started.elapsed();
+        assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+        assert_eq!(
+            kinds(&report),
+            [(Created, "link"), (Created, "small"), (Created, "sparse")]
+        );
+        let sparse = change(&report, "sparse");
+        assert_eq!(sparse.change.after_sha256, None);
+        assert_eq!(sparse.change.after_size, Some(2 << 30));
+        assert_eq!(
+            sparse.change.after_unstored,
+            Some(UnstoredReason::TimeBudget)
+        );
+
+        // Out of time from the start: files are recorded by metadata, symlinks still read.
+        f.write("small", b"small, changed");
+        f.write("new", b"new");
+        let report = snapshot
+            .rescan_within(
+                &f.ws,
+                &ScanBudget {
+                    time: Duration::ZERO,
+                    ..ScanBudget::unlimited(1024)
+                },
+            )
+            .unwrap();
+        assert_eq!(kinds(&report), [(Created, "new"), (Modified, "small")]);
+        for c in &report.changes {
+            assert_eq!(c.change.after_unstored, Some(UnstoredReason::TimeBudget));
+            assert_eq!(c.change.after_sha256, None);
+        }
+        assert_eq!(report.hashed_bytes, 0);
     }
 
     #[test]
@@ -2010,6 +2705,14 @@ mod tests {
 
     fn watcher(snapshot: &Snapshot) -> &Watcher {
         snapshot.watcher.as_ref().expect("the snapshot watches")
+    }
+
+    /// The snapshot's inotify instance (kept by the pool between scans).
+    fn inotify_fd(snapshot: &Snapshot) -> Arc<OwnedFd> {
+        watcher(snapshot)
+            .lease
+            .attach()
+            .expect("the instance is open")
     }
 
     fn sh(dir: &std::path::Path, script: &str) {
@@ -2461,7 +3164,7 @@ mod tests {
         let f = Fixture::new();
         f.write("a/b", b"b");
         f.write("c", b"c");
-        let mut without = Snapshot::capture_with(&f.ws, None).unwrap();
+        let mut without = Snapshot::capture_within(&f.ws, None, &ScanBudget::unlimited(0)).unwrap();
         assert!(!without.is_watching());
         let mut default = Snapshot::default();
         let report = f.rescan(&mut default);
@@ -2478,18 +3181,21 @@ mod tests {
 
     #[test]
     fn when_a_watch_cannot_be_added_the_snapshot_stops_watching_and_walks() {
-        let limited = |budget| {
-            let mut watcher = Watcher::new().unwrap();
-            watcher.watch_budget = Some(budget);
-            Some(watcher)
+        let limited = |f: &Fixture, watches| {
+            let pool = InotifyPool::new(usize::MAX, watches);
+            let snapshot =
+                Snapshot::capture_within(&f.ws, Some(&pool), &ScanBudget::unlimited(0)).unwrap();
+            (pool, snapshot)
         };
         // At the capture: five directories, three watches.
         let f = Fixture::new();
         for dir in ["a", "b", "c", "d"] {
             f.write(&format!("{dir}/f"), b"f");
         }
-        let mut snapshot = Snapshot::capture_with(&f.ws, limited(3)).unwrap();
+        let (pool, mut snapshot) = limited(&f, 3);
         assert!(!snapshot.is_watching());
+        // The instance is closed, with its watches.
+        assert_eq!((pool.instances(), pool.watches()), (0, 0));
         assert_eq!(snapshot.len(), 4);
         f.write("d/f", b"changed");
         let report = f.rescan(&mut snapshot);
@@ -2497,13 +3203,21 @@ mod tests {
         assert_eq!(kinds(&report), [(Modified, "d/f")]);
 
         // At a rescan: the new directories are walked all the same, the next rescan walks.
-        let mut snapshot = Snapshot::capture_with(&f.ws, limited(6)).unwrap();
+        // Exactly as many watches as directories: a full walk watching them again needs none.
+        let (pool, mut snapshot) = limited(&f, 5);
         assert!(snapshot.is_watching());
+        assert_eq!((pool.instances(), pool.watches()), (1, 5));
+        watcher_mut(&mut snapshot).walk_next = Some(FullWalkReason::Periodic);
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::Periodic));
+        assert!(snapshot.is_watching());
+        assert_eq!(pool.watches(), 5);
         f.write("e/g/h", b"h");
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.full_walk, Some(FullWalkReason::NewDirectory));
         assert_eq!(kinds(&report), [(Created, "e/g/h")]);
         assert!(!snapshot.is_watching());
+        assert_eq!((pool.instances(), pool.watches()), (0, 0));
         f.write("e/g/h", b"h changed");
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
@@ -2544,11 +3258,10 @@ mod tests {
         let f = Fixture::new();
         f.write("a/b/f", b"f");
         let mut snapshot = Snapshot::capture(&f.ws).unwrap();
-        let w = watcher(&snapshot);
-        let a = w.wds[&b"a"[..]];
+        let a = watcher(&snapshot).wds[&b"a"[..]];
         // As if "a" were on a filesystem unmounted: IN_IGNORED with the directory still there,
         // unwatched for a while. Everything is walked (and "a" watched again).
-        inotify::remove_watch(&w.fd, a).unwrap();
+        inotify::remove_watch(&*inotify_fd(&snapshot), a).unwrap();
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
         assert!(report.changes.is_empty());
@@ -2559,8 +3272,8 @@ mod tests {
         assert_eq!(kinds(&report), [(Created, "a/new")]);
 
         // The root's: the next rescan walks.
-        let w = watcher(&snapshot);
-        inotify::remove_watch(&w.fd, w.wds[&b""[..]]).unwrap();
+        let root = watcher(&snapshot).wds[&b""[..]];
+        inotify::remove_watch(&*inotify_fd(&snapshot), root).unwrap();
         f.write("a/b/f", b"changed");
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
@@ -2590,6 +3303,102 @@ mod tests {
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.full_walk, Some(FullWalkReason::Unwatched));
         incremental(&f.rescan(&mut snapshot));
+    }
+
+    #[test]
+    fn past_the_pool_s_cap_snapshots_walk_and_watch_again_when_an_instance_is_free() {
+        let pool = InotifyPool::new(2, usize::MAX);
+        let fixtures: Vec<Fixture> = (0..3).map(|_| Fixture::new()).collect();
+        let mut snapshots: Vec<Snapshot> = fixtures
+            .iter()
+            .map(|f| {
+                f.write("a/f", b"f");
+                Snapshot::capture_within(&f.ws, Some(&pool), &ScanBudget::unlimited(0)).unwrap()
+            })
+            .collect();
+        let watching = |snapshots: &[Snapshot]| -> Vec<bool> {
+            snapshots.iter().map(Snapshot::is_watching).collect()
+        };
+        assert_eq!(watching(&snapshots), [true, true, false]);
+        assert_eq!((pool.instances(), pool.watches()), (2, 4));
+        // Every change is found all the same; the third walks.
+        for round in 0..2 {
+            for (f, snapshot) in fixtures.iter().zip(snapshots.iter_mut()) {
+                f.write("a/f", format!("round {round}").as_bytes());
+                let report = f.rescan(snapshot);
+                assert_eq!(kinds(&report), [(Modified, "a/f")]);
+                let walked = !snapshot.is_watching();
+                assert_eq!(
+                    report.full_walk,
+                    walked.then_some(FullWalkReason::NoInotify)
+                );
+            }
+        }
+        // An instance freed (a session gone): the snapshot without one takes it at its next
+        // rescan, walking once more, then goes by the events.
+        drop(snapshots.remove(0));
+        let (f, snapshot) = (&fixtures[2], &mut snapshots[1]);
+        assert_eq!((pool.instances(), pool.watches()), (1, 2));
+        f.write("a/g", b"g");
+        let report = f.rescan(snapshot);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Created, "a/g")]);
+        assert!(snapshot.is_watching());
+        assert_eq!((pool.instances(), pool.watches()), (2, 4));
+        f.write("a/g", b"changed");
+        let report = f.rescan(snapshot);
+        incremental(&report);
+        assert_eq!(kinds(&report), [(Modified, "a/g")]);
+        drop(snapshots);
+        assert_eq!((pool.instances(), pool.watches()), (0, 0));
+    }
+
+    #[test]
+    fn an_idle_watcher_is_closed_for_another_snapshot_and_its_next_rescan_walks() {
+        let idle = Duration::from_millis(100);
+        let pool = InotifyPool::reclaiming_after(1, idle);
+        let (f1, f2) = (Fixture::new(), Fixture::new());
+        f1.write("d/one", b"1");
+        f2.write("d/two", b"2");
+        let budget = ScanBudget::unlimited(1024);
+        let mut s1 = Snapshot::capture_within(&f1.ws, Some(&pool), &budget).unwrap();
+        // The first was used a moment ago: the second does without.
+        let mut s2 = Snapshot::capture_within(&f2.ws, Some(&pool), &budget).unwrap();
+        assert!(s1.is_watching() && !s2.is_watching());
+        std::thread::sleep(idle + Duration::from_millis(20));
+        // Idle long enough: its instance goes to the second.
+        f2.write("d/two", b"2 changed");
+        let report = f2.rescan(&mut s2);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Modified, "d/two")]);
+        assert!(s2.is_watching());
+        assert_eq!(pool.instances(), 1);
+        // The first's events are gone with its instance: it walks, and finds every change.
+        f1.write("d/one", b"1 changed");
+        f1.write("d/new", b"new");
+        let report = f1.rescan(&mut s1);
+        assert_eq!(report.full_walk, Some(FullWalkReason::InotifyReclaimed));
+        assert_eq!(kinds(&report), [(Created, "d/new"), (Modified, "d/one")]);
+        // The second was used just now: the first stays without, and walks.
+        assert!(!s1.is_watching());
+        f1.write("d/one", b"1 changed again");
+        let report = f1.rescan(&mut s1);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert_eq!(kinds(&report), [(Modified, "d/one")]);
+        // A watcher in use by a scan is never taken (its descriptor is held).
+        let held = inotify_fd(&s2);
+        std::thread::sleep(idle + Duration::from_millis(20));
+        f1.write("d/one", b"once more");
+        let report = f1.rescan(&mut s1);
+        assert_eq!(report.full_walk, Some(FullWalkReason::NoInotify));
+        assert!(!s1.is_watching());
+        drop(held);
+        let report = f1.rescan(&mut s1);
+        assert!(s1.is_watching());
+        assert!(report.changes.is_empty());
+        assert_eq!(pool.instances(), 1);
+        let report = f2.rescan(&mut s2);
+        assert_eq!(report.full_walk, Some(FullWalkReason::InotifyReclaimed));
     }
 
     fn watcher_mut(snapshot: &mut Snapshot) -> &mut Watcher {

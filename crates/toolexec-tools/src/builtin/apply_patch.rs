@@ -413,13 +413,16 @@ impl Plan {
                 change: FileChange {
                     kind,
                     path: entry.path.clone(),
+                    path_b64: None,
                     before_sha256: before.map(|(_, sha)| sha.clone()),
                     after_sha256: after_sha,
                     before_size: before.map(|(b, _)| b.len() as u64),
                     after_size: entry.current.as_ref().map(|c| c.len() as u64),
                     after_stored: entry.current.is_some(),
+                    after_unstored: None,
                     capability: Capability::FsWrite,
                     symlink_target: None,
+                    symlink_target_b64: None,
                 },
                 after: entry.current.clone(),
             });

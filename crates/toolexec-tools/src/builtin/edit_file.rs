@@ -213,13 +213,16 @@ fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
     let change = FileChange {
         kind: FileChangeKind::Modified,
         path: written.path.clone(),
+        path_b64: None,
         before_sha256: Some(file.sha256.clone()),
         after_sha256: Some(sha256_hex(edited.as_bytes())),
         before_size: Some(file.bytes.len() as u64),
         after_size: Some(written.size),
         after_stored: true,
+        after_unstored: None,
         capability: Capability::FsWrite,
         symlink_target: None,
+        symlink_target_b64: None,
     };
     ToolOutput::ok(content).with_change(RecordedChange {
         change,

@@ -122,13 +122,16 @@ fn delete(
     let change = FileChange {
         kind: FileChangeKind::Deleted,
         path: removed.path.clone(),
+        path_b64: None,
         before_sha256: removed.before.sha256().map(str::to_owned),
         after_sha256: None,
         before_size: removed.before.size(),
         after_size: None,
         after_stored: false,
+        after_unstored: None,
         capability: Capability::FsWrite,
         symlink_target: None,
+        symlink_target_b64: None,
     };
     let message = format!(
         "Deleted {} ({}).",

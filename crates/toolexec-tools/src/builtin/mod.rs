@@ -8,7 +8,7 @@ use crate::Tool;
 use crate::ToolOutput;
 use crate::reads::{ReadTracker, WriteCheck};
 use crate::workspace::{Before, JailError, UnreadReason, Written, human_bytes};
-use toolexec_core::{FileChange, FileChangeKind};
+use toolexec_core::{FileChange, FileChangeKind, UnstoredReason};
 
 pub mod apply_patch;
 pub mod edit_file;
@@ -71,13 +71,17 @@ pub(crate) fn written_change(
     let change = FileChange {
         kind,
         path: written.path.clone(),
+        path_b64: None,
         before_sha256: written.before.sha256().map(str::to_owned),
         after_sha256: Some(written.sha256.clone()),
         before_size: written.before.size(),
         after_size: Some(written.size),
         after_stored: after.is_some(),
+        // Only a copy leaves them out, when over the size it was asked to keep.
+        after_unstored: after.is_none().then_some(UnstoredReason::TooLarge),
         capability,
         symlink_target: None,
+        symlink_target_b64: None,
     };
     (RecordedChange { change, after }, how)
 }

@@ -18,8 +18,20 @@ pub struct Limits {
     /// Most seed files in `POST /v1/sessions`.
     pub max_seed_files: usize,
     // --- sessions and descriptors ---
+    /// Most open (active) sessions one tenant may hold; creating another is a 409
+    /// `too_many_open_sessions` that says to close some. Bounds what one tenant's sessions pin
+    /// on a node (workspaces, descriptors, runtimes).
+    pub max_open_sessions_per_tenant: u64,
     // --- workspace scans ---
     // --- the store ---
+    /// Most bytes of file contents (and full outputs) one call stores as blobs. Beyond it, files
+    /// are recorded by hash and size only (`after_stored: false`, `after_unstored:
+    /// "call_budget"`), so one call cannot grow the database by more than this.
+    pub max_blob_bytes_per_call: usize,
+    /// Most bytes of blob contents one statement carries to the store. Bigger change sets are
+    /// written in several statements, outside the group commit: no statement nears Postgres's
+    /// 1 GiB message limit, and one call's contents never hold up other sessions' commits.
+    pub blob_bytes_per_statement: usize,
     // --- tool outputs and side effects ---
 }
 
@@ -32,8 +44,11 @@ impl Default for Limits {
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
             // --- sessions and descriptors ---
+            max_open_sessions_per_tenant: 1_000,
             // --- workspace scans ---
             // --- the store ---
+            max_blob_bytes_per_call: 128 * 1024 * 1024,
+            blob_bytes_per_statement: toolexec_store::check::DEFAULT_BLOB_STATEMENT_BYTES,
             // --- tool outputs and side effects ---
         }
     }

@@ -29,14 +29,19 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
             Arc::new(
                 PgStore::connect(url, config.max_db_connections)
                     .await
-                    .with_context(|| format!("connecting to {}", config::redact_url(url)))?,
+                    .with_context(|| format!("connecting to {}", config::redact_url(url)))?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
             )
         }
         Some(url) if url.starts_with("sqlite:") => {
             let path = url
                 .trim_start_matches("sqlite://")
                 .trim_start_matches("sqlite:");
-            Arc::new(open_sqlite(std::path::Path::new(path)).await?)
+            Arc::new(
+                open_sqlite(std::path::Path::new(path))
+                    .await?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
+            )
         }
         Some(other) => anyhow::bail!(
             "database_url '{}' is neither postgres://… nor sqlite:PATH",
@@ -45,7 +50,11 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         None => {
             std::fs::create_dir_all(&config.data_dir)
                 .with_context(|| format!("creating {}", config.data_dir.display()))?;
-            Arc::new(open_sqlite(&config.data_dir.join("toolexec.db")).await?)
+            Arc::new(
+                open_sqlite(&config.data_dir.join("toolexec.db"))
+                    .await?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
+            )
         }
     };
     Ok(store)

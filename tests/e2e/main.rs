@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod budget_store;
 mod http_jail;
 mod http_scenarios;
 mod openapi;

@@ -75,8 +75,13 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
 
 /// A server on the embedded SQLite store, the zero-configuration default.
 pub async fn spawn_sqlite_app() -> TestApp {
+    spawn_sqlite_app_with(|_| {}).await
+}
+
+/// Like [`spawn_sqlite_app`], with the configuration adjusted first.
+pub async fn spawn_sqlite_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let data = data_dir();
-    let config = Config {
+    let mut config = Config {
         bind: "127.0.0.1:0".into(),
         data_dir: data.path().to_owned(),
         node: Some("test-node".into()),
@@ -84,6 +89,7 @@ pub async fn spawn_sqlite_app() -> TestApp {
         sandbox: sandbox_config(),
         ..Config::default()
     };
+    adjust(&mut config);
     TestApp::start(config, data, None).await
 }
 
@@ -93,7 +99,17 @@ impl TestApp {
         data: Arc<tempfile::TempDir>,
         db: Option<Arc<TestPgDatabase>>,
     ) -> TestApp {
-        let state = toolexec_server::build_state(&config)
+        Self::start_wrapped(config, data, db, |store| store).await
+    }
+
+    /// Like [`TestApp::start`], with the service's store wrapped (to count its queries).
+    pub async fn start_wrapped(
+        config: Config,
+        data: Arc<tempfile::TempDir>,
+        db: Option<Arc<TestPgDatabase>>,
+        wrap: impl FnOnce(Arc<dyn toolexec_store::Store>) -> Arc<dyn toolexec_store::Store>,
+    ) -> TestApp {
+        let state = toolexec_server::build_state_with(&config, wrap)
             .await
             .expect("build state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -1,5 +1,6 @@
 //! test support
 
 pub mod app;
+pub mod counting;
 pub mod db;
 pub mod fixtures;

@@ -88,7 +88,16 @@ pub async fn auth_mode(config: &Config, store: &dyn Store) -> anyhow::Result<Aut
 /// Builds the application state from a configuration: store (migrated if configured), engine
 /// (which interrupts this node's leftovers from a previous run) and auth.
 pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
-    let store = open_store(config).await?;
+    build_state_with(config, |store| store).await
+}
+
+/// Like [`build_state`], with the opened store wrapped before anything uses it (instrumentation,
+/// or a test that counts the store's queries).
+pub async fn build_state_with(
+    config: &Config,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> anyhow::Result<Arc<AppState>> {
+    let store = wrap(open_store(config).await?);
     if config.auto_migrate {
         store.migrate().await.context("applying migrations")?;
     }

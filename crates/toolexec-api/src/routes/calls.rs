@@ -45,7 +45,7 @@ pub struct CallsResponse {
         (status = 200, description = "One result per call, in request order", body = CallsResponse),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A call id reused with other arguments (`call_id_reused`), or the session is closed (`session_closed`); nothing ran", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad envelope: empty or too large batch, bad call id (`empty_batch`, `batch_too_large`, `invalid_call_id`, `invalid_request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad envelope: empty or too large batch, bad call id (too long, empty, or holding NUL), a tool name holding NUL (`empty_batch`, `batch_too_large`, `invalid_call_id`, `invalid_tool_name`, `invalid_request`); the detail names the field by JSON pointer", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn run_calls(
     State(state): State<SharedState>,

@@ -61,6 +61,10 @@ store_suite!(
     events_are_paged_by_after_and_limit,
     lookup_calls_returns_the_session_and_the_calls_it_already_has,
     the_event_log_refuses_updates_and_deletes,
+    blobs_beyond_the_statement_bound_are_stored_once_in_bounded_statements,
+    a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words,
+    the_open_session_cap_counts_only_active_sessions,
+    a_process_start_is_found_by_its_id_in_its_own_session_only,
 );
 
 // --- helpers ---
@@ -1260,4 +1264,179 @@ mod replicas {
         let seqs = log_seqs(&a, &s).await;
         assert_eq!(seqs, one_to(seqs.len() as i64));
     }
+}
+
+/// 24 MiB of blobs against the default 16 MiB bound: in statements of at most the bound (two
+/// 6 MiB blobs each), each blob once, from `put_blobs` and from a commit that carries them.
+async fn blobs_beyond_the_statement_bound_are_stored_once_in_bounded_statements(db: &TestStore) {
+    const MIB: usize = 1024 * 1024;
+    let bound = db.store.blob_statement_bytes();
+    assert_eq!(bound, 16 * MIB);
+    let blobs: Vec<Blob> = (0..4u8).map(|i| Blob::new(vec![i; 6 * MIB])).collect();
+    let sizes = db.store.put_blobs(blobs.clone()).await.unwrap();
+    assert_eq!(sizes, vec![12 * MIB, 12 * MIB]);
+    for b in &blobs {
+        assert_eq!(
+            db.store.blob(&b.sha256).await.unwrap(),
+            Some(b.bytes.to_vec())
+        );
+    }
+    // Postgres asks which are stored and sends none of them again; SQLite's insert is local
+    // (no bytes travel) and skips them on conflict.
+    let again = db.store.put_blobs(blobs.clone()).await.unwrap();
+    if db.store.backend() == "postgres" {
+        assert_eq!(again, Vec::<usize>::new());
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM blobs").await.unwrap(), 4);
+
+    // A commit whose blobs exceed the bound: the blobs go first, the rows in one statement.
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let more: Vec<Blob> = (10..13u8).map(|i| Blob::new(vec![i; 7 * MIB])).collect();
+    let r = db
+        .store
+        .commit(&[Write::Record {
+            invocation: call(s.id, "c1"),
+            outcome: ok("x"),
+            side_effects: vec![],
+            blobs: vec![
+                more[0].clone(),
+                more[1].clone(),
+                more[2].clone(),
+                blobs[0].clone(),
+            ],
+        }])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![assigned(2, Some(3))]);
+    for b in more.iter().chain(&blobs) {
+        assert_eq!(
+            db.store.blob(&b.sha256).await.unwrap(),
+            Some(b.bytes.to_vec())
+        );
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM blobs").await.unwrap(), 7);
+}
+
+/// A rule of the database the store cannot know (installed behind its back) refuses one write
+/// of a batch: the whole batch writes nothing, the error is `Refused` (not `Unavailable`, which
+/// would be retried forever) with a reason in plain words, and the other write alone succeeds.
+async fn a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let rule = if db.store.backend() == "postgres" {
+        "ALTER TABLE events ADD CONSTRAINT test_refuse CHECK (data->>'path' IS DISTINCT FROM 'forbidden') NOT VALID"
+    } else {
+        "CREATE TRIGGER test_refuse BEFORE INSERT ON events \
+         WHEN json_extract(NEW.data, '$.path') = 'forbidden' \
+         BEGIN SELECT RAISE(ABORT, 'test rule'); END"
+    };
+    db.execute(rule).await.unwrap();
+    let fine = record(call(s.id, "fine"), "ok");
+    let c = call(s.id, "bad");
+    let bad = Write::Record {
+        invocation: c,
+        outcome: ok("x"),
+        side_effects: vec![file_event(EventKind::FileCreated, "forbidden")],
+        blobs: vec![],
+    };
+    assert_eq!(bad.unstorable(), None, "only the database knows this rule");
+    match db.store.commit(&[fine.clone(), bad]).await {
+        Err(StoreError::Refused { reason, cause }) => {
+            assert_eq!(reason, "it breaks a rule of the database's schema");
+            assert!(!cause.is_empty());
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    assert_eq!(
+        seqs(db, &s).await,
+        one_to(1),
+        "nothing of the batch written"
+    );
+    assert_eq!(
+        db.store.commit(&[fine]).await.unwrap(),
+        vec![assigned(2, Some(3))]
+    );
+}
+
+async fn the_open_session_cap_counts_only_active_sessions(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let other = tenant(db, "other").await;
+    let first = db
+        .store
+        .create_session(&new_session(&acme), vec![], vec![], 2)
+        .await
+        .unwrap();
+    db.store
+        .create_session(&new_session(&acme), vec![], vec![], 2)
+        .await
+        .unwrap();
+    let third = new_session(&acme);
+    assert!(matches!(
+        db.store.create_session(&third, vec![], vec![], 2).await,
+        Err(StoreError::TooManyOpenSessions(2))
+    ));
+    assert!(matches!(
+        db.store.get_session(acme.id, third.id).await,
+        Err(StoreError::NotFound)
+    ));
+    // Another tenant has a cap of its own.
+    db.store
+        .create_session(&new_session(&other), vec![], vec![], 2)
+        .await
+        .unwrap();
+    // A closed session no longer counts.
+    db.store
+        .close_session(acme.id, first.id, json!({}))
+        .await
+        .unwrap();
+    db.store
+        .create_session(&third, vec![], vec![], 2)
+        .await
+        .unwrap();
+}
+
+async fn a_process_start_is_found_by_its_id_in_its_own_session_only(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let other = tenant(db, "other").await;
+    let s = session(db, &acme).await;
+    let t = session(db, &acme).await;
+    let started = |id: &str| NewEvent {
+        kind: EventKind::ProcessStarted,
+        data: json!({"process_id": id, "command": format!("sleep {id}")}),
+    };
+    db.store
+        .commit(&[Write::Record {
+            invocation: call(s.id, "c1"),
+            outcome: ok("started"),
+            side_effects: vec![
+                started("p1"),
+                // Not a start: the same id in another kind of event is not found.
+                NewEvent {
+                    kind: EventKind::ProcessExited,
+                    data: json!({"process_id": "p2"}),
+                },
+            ],
+            blobs: vec![],
+        }])
+        .await
+        .unwrap();
+    let found = db.store.process_started(acme.id, s.id, "p1").await.unwrap();
+    assert_eq!(found.unwrap()["command"], "sleep p1");
+    assert_eq!(
+        db.store.process_started(acme.id, s.id, "p2").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        db.store.process_started(acme.id, t.id, "p1").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        db.store
+            .process_started(other.id, s.id, "p1")
+            .await
+            .unwrap(),
+        None,
+        "another tenant's session"
+    );
 }

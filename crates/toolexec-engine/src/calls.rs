@@ -95,13 +95,19 @@ impl Inflight {
     }
 }
 
+/// Waits for the result of the same call running here, as long as a call may run
+/// ([`FOREIGN_WAIT`]): a retry never hangs, even while the store is down and the finish waits
+/// for it.
 async fn wait_slot(mut rx: Slot) -> Result<CallResult> {
-    match rx.wait_for(Option::is_some).await {
-        Ok(v) => v
+    match tokio::time::timeout(FOREIGN_WAIT, rx.wait_for(Option::is_some)).await {
+        Ok(Ok(v)) => v
             .clone()
             .ok_or_else(|| EngineError::Internal("empty slot".into())),
-        Err(_) => Err(EngineError::Unavailable(
+        Ok(Err(_)) => Err(EngineError::Unavailable(
             "the earlier attempt of this call could not be recorded; retry the same call".into(),
+        )),
+        Err(_) => Err(EngineError::Unavailable(
+            "the call is still running or its result is still being recorded; retry the same call id later".into(),
         )),
     }
 }

@@ -205,3 +205,108 @@ fn plain_reason(e: StoreError) -> String {
         _ => "the store failed to record it (the service's log has the cause)".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use toolexec_core::{CallStatus, Policy, Session, SessionStatus, new_id};
+    use toolexec_store::sqlite::SqliteStore;
+    use toolexec_store::{NewInvocation, Outcome};
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn record(session_id: Uuid, call_id: &str, content: &str) -> Write {
+        Write::Record {
+            invocation: NewInvocation {
+                id: new_id(),
+                session_id,
+                call_id: call_id.into(),
+                name: "read_file".into(),
+                arguments: json!({}),
+                arguments_sha256: String::new(),
+                read_only: true,
+                capabilities: vec![],
+                node: "n".into(),
+                started_at: chrono::Utc::now(),
+            },
+            outcome: Outcome {
+                status: CallStatus::Ok,
+                content: content.into(),
+                truncated: None,
+                output_chars: 0,
+                output_sha256: None,
+                finished_at: chrono::Utc::now(),
+                duration_ms: 0.0,
+            },
+            side_effects: vec![],
+            blobs: vec![],
+        }
+    }
+
+    /// Writes committed, counted from the recorder's own metric (`…_batch_size_sum`).
+    fn committed(metrics: &Metrics) -> f64 {
+        metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("toolexec_store_commit_batch_size_sum "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstorable_write_is_answered_alone_and_never_reaches_a_commit() {
+        let store = SqliteStore::memory().await.unwrap();
+        store.migrate().await.unwrap();
+        let tenant = store.ensure_tenant("t").await.unwrap();
+        let session = Session {
+            id: new_id(),
+            tenant_id: tenant.id,
+            status: SessionStatus::Active,
+            tools: None,
+            policy: Policy::default(),
+            env: Default::default(),
+            metadata: json!({}),
+            created_at: chrono::Utc::now(),
+            closed_at: None,
+            last_seq: 0,
+        };
+        store
+            .create_session(&session, vec![], vec![], u64::MAX)
+            .await
+            .unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let recorder = Recorder::start(Arc::new(store), 1, metrics.clone());
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..20 {
+            let (recorder, sid) = (recorder.clone(), session.id);
+            let content = if i == 7 { "bad\0text" } else { "fine" };
+            tasks.spawn(async move {
+                (
+                    i,
+                    recorder.write(record(sid, &format!("c{i}"), content)).await,
+                )
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            let (i, result) = done.unwrap();
+            match result.unwrap() {
+                Err(WriteError::Refused(reason)) => {
+                    assert_eq!(i, 7);
+                    assert!(
+                        reason.starts_with("the output: it contains a NUL"),
+                        "{reason}"
+                    );
+                }
+                Ok(_) => assert_ne!(i, 7),
+                other => panic!("{i}: {other:?}"),
+            }
+        }
+        assert_eq!(committed(&metrics), 19.0);
+        assert!(
+            metrics
+                .render()
+                .contains("toolexec_store_writes_refused_total 1")
+        );
+    }
+}

@@ -134,7 +134,9 @@ impl Config {
         fig.merge(
             Env::prefixed("TOOLEXEC_")
                 .split("__")
-                .filter(|key| is_config_key(key.as_str())),
+                // The filter sees the key as written (`LIMITS.MAX_BLOB_BYTES`); figment
+                // lowercases it only afterwards.
+                .filter(|key| is_config_key(&key.as_str().to_ascii_lowercase())),
         )
         .extract()
         .map_err(Box::new)
@@ -189,6 +191,19 @@ mod tests {
         assert!(!is_config_key("config"));
         assert!(!is_config_key("service_host"));
         assert!(!is_config_key("port_8080_tcp"));
+    }
+
+    #[test]
+    fn settings_come_from_toolexec_environment_variables() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TOOLEXEC_BIND", "127.0.0.1:9999");
+            jail.set_env("TOOLEXEC_LIMITS__MAX_BLOB_BYTES", "1234");
+            jail.set_env("TOOLEXEC_SERVICE_HOST", "10.0.0.1");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.bind, "127.0.0.1:9999");
+            assert_eq!(c.limits.max_blob_bytes, 1234);
+            Ok(())
+        });
     }
 
     #[test]

@@ -25,8 +25,9 @@ use crate::sessions::{SessionRuntime, invalid};
 use crate::storable;
 use crate::{Engine, EngineError, Result};
 
-/// How long a request waits for a finish record that could not be written at once (store blip)
-/// before answering 503; the write keeps being retried in the background.
+/// How long a request waits for a finish record after its first attempt failed (store blip)
+/// before answering 503; the write keeps being retried in the background. A first attempt that
+/// is merely slow (a big change set going to the store) is waited for in full.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 /// How long a retry waits for a call that another instance is still running.
 const FOREIGN_WAIT: Duration = Duration::from_secs(900);
@@ -716,8 +717,8 @@ impl Engine {
     /// Records the end of a mutating call. Its effects already happened, so it is recorded
     /// whatever it takes: a store failure is retried in the background (with backoff, holding
     /// one copy of the write) until it lands, and a write the store refuses is recorded as a
-    /// failed call instead. The request waits up to [`FINISH_GRACE`]; a retry of the call
-    /// meanwhile waits for the record.
+    /// failed call instead. The request waits for the first attempt, then up to
+    /// [`FINISH_GRACE`] for the retries; a retry of the call meanwhile waits for the record.
     async fn commit_finish(
         &self,
         guard: InflightGuard,
@@ -736,21 +737,29 @@ impl Engine {
         let recorder = self.recorder.clone();
         let metrics = self.metrics.clone();
         let result = rec.result;
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
         // Its own task: the record must land even if the client goes away meanwhile.
         tokio::spawn(async move {
-            if let Some((result, a)) = record_finish(&recorder, write, result, invocation_id).await
+            if let Some((result, a)) =
+                record_finish(&recorder, write, result, invocation_id, failed_tx).await
             {
                 let _ = done_tx.send(finish(&metrics, guard, result, a));
             }
         });
-        match tokio::time::timeout(FINISH_GRACE, done_rx).await {
+        let done = tokio::select! {
+            biased;
+            done = &mut done_rx => Ok(done),
+            // The first attempt failed (or the task ended): the grace starts now.
+            _ = failed_rx => tokio::time::timeout(FINISH_GRACE, done_rx).await,
+        };
+        match done {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(_)) => Err(EngineError::Internal(format!(
                 "the finish of invocation {invocation_id} could not be recorded"
             ))),
             Err(_) => Err(EngineError::Unavailable(
-                "the call ran but its result is not recorded yet (store unavailable); retry the same call id to get it".into(),
+                "the call ran but its result is not recorded yet (the store is unavailable); retry the same call id to get it".into(),
             )),
         }
     }
@@ -771,15 +780,17 @@ impl Engine {
 }
 
 /// Writes a finish until it is recorded: store failures are retried with backoff (up to 5 s
-/// apart); a refusal moves on to what [`storable::fallbacks`] records in its place. `None` when
-/// nothing could be recorded (the invocation is not running any more, or every fallback was
-/// refused), which the log explains.
+/// apart), the first of them signalled on `failed`; a refusal moves on to what
+/// [`storable::fallbacks`] records in its place. `None` when nothing could be recorded (the
+/// invocation is not running any more, or every fallback was refused), which the log explains.
 async fn record_finish(
     recorder: &crate::recorder::Recorder,
     write: Write,
     mut result: CallResult,
     invocation_id: Uuid,
+    failed: tokio::sync::oneshot::Sender<()>,
 ) -> Option<(CallResult, Assigned)> {
+    let mut failed = Some(failed);
     let mut current = write;
     let mut ladder: Option<std::vec::IntoIter<(Write, Outcome)>> = None;
     let mut delay = Duration::from_millis(50);
@@ -804,6 +815,9 @@ async fn record_finish(
             Err(e) => {
                 // Kept once (handed back by the recorder), retried until the store is back.
                 tracing::warn!(error = %e, %invocation_id, "finish not recorded yet; retrying");
+                if let Some(failed) = failed.take() {
+                    let _ = failed.send(());
+                }
                 current = back?;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));

@@ -194,6 +194,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::result_large_err,
+        reason = "the closure's figment::Result is the signature Jail::expect_with takes"
+    )]
     fn settings_come_from_toolexec_environment_variables() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("TOOLEXEC_BIND", "127.0.0.1:9999");

@@ -6,8 +6,9 @@
 mod api;
 mod binary;
 mod budget_scan;
-mod descriptors;
+mod budget_store;
 mod budget_tools;
+mod descriptors;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;

@@ -135,7 +135,7 @@ async fn invocations_left_running_by_a_crash_are_marked_interrupted_at_the_next_
         .state
         .engine
         .store()
-        .commit(vec![Write::Start {
+        .commit(&[Write::Start {
             invocation: NewInvocation {
                 id,
                 session_id,

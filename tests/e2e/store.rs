@@ -61,6 +61,10 @@ store_suite!(
     events_are_paged_by_after_and_limit,
     lookup_calls_returns_the_session_and_the_calls_it_already_has,
     the_event_log_refuses_updates_and_deletes,
+    blobs_beyond_the_statement_bound_are_stored_once_in_bounded_statements,
+    a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words,
+    the_open_session_cap_counts_only_active_sessions,
+    a_process_start_is_found_by_its_id_in_its_own_session_only,
 );
 
 // --- helpers ---
@@ -96,6 +100,7 @@ async fn session(db: &TestStore, tenant: &Tenant) -> Session {
                 data: json!({"files": 0}),
             }],
             vec![],
+            u64::MAX,
         )
         .await
         .unwrap()
@@ -263,6 +268,7 @@ async fn a_created_session_is_stored_active_with_its_first_events(db: &TestStore
                 },
             ],
             vec![seed.clone()],
+            u64::MAX,
         )
         .await
         .unwrap();
@@ -292,7 +298,10 @@ async fn a_created_session_is_stored_active_with_its_first_events(db: &TestStore
     );
     assert_eq!(events[1].data["path"], "src/main.rs");
     assert!(events.iter().all(|e| e.session_id == new.id));
-    assert_eq!(db.store.blob(&seed.sha256).await.unwrap(), Some(seed.bytes));
+    assert_eq!(
+        db.store.blob(&seed.sha256).await.unwrap(),
+        Some(seed.bytes.to_vec())
+    );
 }
 
 async fn sessions_are_listed_newest_first_one_page_at_a_time(db: &TestStore) {
@@ -339,10 +348,7 @@ async fn another_tenants_session_is_not_found_anywhere(db: &TestStore) {
     let intruder = tenant(db, "intruder").await;
     let s = session(db, &acme).await;
     let c = call(s.id, "c1");
-    db.store
-        .commit(vec![record(c.clone(), "done")])
-        .await
-        .unwrap();
+    db.store.commit(&[record(c.clone(), "done")]).await.unwrap();
 
     let not_found = |r: Result<(), StoreError>, what: &str| {
         assert!(matches!(r, Err(StoreError::NotFound)), "{what}: {r:?}");
@@ -438,7 +444,7 @@ async fn a_started_then_finished_call_gets_consecutive_seqs_and_records_its_even
     let s = session(db, &acme).await;
     let c = call(s.id, "toolu_01");
 
-    let started = db.store.commit(vec![start(c.clone())]).await.unwrap();
+    let started = db.store.commit(&[start(c.clone())]).await.unwrap();
     assert_eq!(started, vec![assigned(2, None)]);
 
     let running = db.store.invocation(acme.id, c.id).await.unwrap();
@@ -454,7 +460,7 @@ async fn a_started_then_finished_call_gets_consecutive_seqs_and_records_its_even
     let outcome = ok("Wrote 6 bytes to toolu_01.txt");
     let finished = db
         .store
-        .commit(vec![Write::Finish {
+        .commit(&[Write::Finish {
             session_id: s.id,
             invocation_id: c.id,
             outcome: outcome.clone(),
@@ -518,7 +524,10 @@ async fn a_started_then_finished_call_gets_consecutive_seqs_and_records_its_even
         db.store.get_session(acme.id, s.id).await.unwrap().last_seq,
         4
     );
-    assert_eq!(db.store.blob(&blob.sha256).await.unwrap(), Some(blob.bytes));
+    assert_eq!(
+        db.store.blob(&blob.sha256).await.unwrap(),
+        Some(blob.bytes.to_vec())
+    );
 }
 
 async fn a_record_writes_start_side_effects_and_finish_in_one_go(db: &TestStore) {
@@ -530,7 +539,7 @@ async fn a_record_writes_start_side_effects_and_finish_in_one_go(db: &TestStore)
 
     let result = db
         .store
-        .commit(vec![Write::Record {
+        .commit(&[Write::Record {
             invocation: c.clone(),
             outcome,
             side_effects: vec![
@@ -575,7 +584,7 @@ async fn one_batch_can_start_and_finish_a_call_across_several_sessions(db: &Test
 
     let results = db
         .store
-        .commit(vec![
+        .commit(&[
             start(a.clone()),
             start(b.clone()),
             finish(&a, ok("a")),
@@ -622,13 +631,13 @@ async fn a_call_id_recorded_in_an_earlier_batch_is_a_duplicate(db: &TestStore) {
     let s = session(db, &acme).await;
     let first = call(s.id, "c1");
     db.store
-        .commit(vec![record(first.clone(), "done")])
+        .commit(&[record(first.clone(), "done")])
         .await
         .unwrap();
 
     let again = db
         .store
-        .commit(vec![start(call(s.id, "c1")), record(call(s.id, "c1"), "x")])
+        .commit(&[start(call(s.id, "c1")), record(call(s.id, "c1"), "x")])
         .await
         .unwrap();
     assert_eq!(
@@ -642,7 +651,7 @@ async fn a_call_id_recorded_in_an_earlier_batch_is_a_duplicate(db: &TestStore) {
     let other = session(db, &acme).await;
     let fine = db
         .store
-        .commit(vec![record(call(other.id, "c1"), "x")])
+        .commit(&[record(call(other.id, "c1"), "x")])
         .await
         .unwrap();
     assert_eq!(fine, vec![assigned(2, Some(3))]);
@@ -659,7 +668,7 @@ async fn a_duplicate_call_id_in_one_batch_does_not_abort_the_others(db: &TestSto
     let s = session(db, &acme).await;
     let old = call(s.id, "old");
     db.store
-        .commit(vec![record(old.clone(), "old")])
+        .commit(&[record(old.clone(), "old")])
         .await
         .unwrap();
 
@@ -671,7 +680,7 @@ async fn a_duplicate_call_id_in_one_batch_does_not_abort_the_others(db: &TestSto
     };
     let results = db
         .store
-        .commit(vec![
+        .commit(&[
             start(first.clone()),
             start(second),
             record(call(s.id, "old"), "again"),
@@ -710,7 +719,7 @@ async fn a_closed_or_missing_session_refuses_new_calls_but_running_ones_can_fini
     let acme = tenant(db, "acme").await;
     let s = session(db, &acme).await;
     let running = call(s.id, "c0");
-    db.store.commit(vec![start(running.clone())]).await.unwrap();
+    db.store.commit(&[start(running.clone())]).await.unwrap();
     db.store
         .close_session(acme.id, s.id, json!({}))
         .await
@@ -718,7 +727,7 @@ async fn a_closed_or_missing_session_refuses_new_calls_but_running_ones_can_fini
 
     let results = db
         .store
-        .commit(vec![
+        .commit(&[
             start(call(s.id, "c1")),
             record(call(s.id, "c2"), "x"),
             start(call(new_id(), "c3")),
@@ -751,7 +760,7 @@ async fn finishing_an_invocation_that_is_not_running_is_refused(db: &TestStore) 
     let done = call(s.id, "done");
     let running = call(s.id, "running");
     db.store
-        .commit(vec![record(done.clone(), "x"), start(running.clone())])
+        .commit(&[record(done.clone(), "x"), start(running.clone())])
         .await
         .unwrap(); // seqs 2..=4
 
@@ -771,7 +780,7 @@ async fn finishing_an_invocation_that_is_not_running_is_refused(db: &TestStore) 
     };
     let results = db
         .store
-        .commit(vec![
+        .commit(&[
             finish(&done, ok("again")),
             unknown,
             wrong_session,
@@ -816,11 +825,11 @@ async fn concurrent_committers_get_gapless_ordered_seqs(db: &TestStore) {
         tasks.spawn(async move {
             let mut mine = Vec::new();
             for round in 0..ROUNDS {
-                let batch = order
+                let batch: Vec<Write> = order
                     .iter()
                     .map(|&sid| record(call(sid, &format!("t{task}-r{round}")), "ok"))
                     .collect();
-                let results = store.commit(batch).await.unwrap();
+                let results = store.commit(&batch).await.unwrap();
                 for (sid, result) in order.iter().zip(results) {
                     mine.push((*sid, result.unwrap()));
                 }
@@ -870,20 +879,20 @@ async fn a_blob_is_stored_once_and_readable(db: &TestStore) {
         blobs,
     };
     db.store
-        .commit(vec![
+        .commit(&[
             with_blob("c1", vec![blob.clone(), blob.clone()]),
             with_blob("c2", vec![blob.clone()]),
         ])
         .await
         .unwrap();
     db.store
-        .commit(vec![with_blob("c3", vec![blob.clone()])])
+        .commit(&[with_blob("c3", vec![blob.clone()])])
         .await
         .unwrap();
 
     assert_eq!(
         db.store.blob(&blob.sha256).await.unwrap(),
-        Some(blob.bytes.clone())
+        Some(blob.bytes.to_vec())
     );
     let rows = db
         .scalar(&format!(
@@ -902,7 +911,7 @@ async fn a_blob_is_stored_once_and_readable(db: &TestStore) {
     let orphan = Blob::new(b"orphan".to_vec());
     let refused = db
         .store
-        .commit(vec![with_blob("c1", vec![orphan.clone()])])
+        .commit(&[with_blob("c1", vec![orphan.clone()])])
         .await
         .unwrap();
     assert!(matches!(refused[0], Err(WriteError::DuplicateCall(_))));
@@ -914,7 +923,7 @@ async fn an_invocation_lists_its_side_effects_in_log_order(db: &TestStore) {
     let s = session(db, &acme).await;
     let c = call(s.id, "c1");
     db.store
-        .commit(vec![
+        .commit(&[
             record(call(s.id, "before"), "x"),
             Write::Record {
                 invocation: c.clone(),
@@ -970,7 +979,7 @@ async fn the_output_is_the_blob_when_truncated_and_the_content_otherwise(db: &Te
     lossy.output_sha256 = Some(bytes_blob.sha256.clone());
 
     db.store
-        .commit(vec![
+        .commit(&[
             record(plain.clone(), "short output"),
             Write::Record {
                 invocation: cut.clone(),
@@ -1016,7 +1025,7 @@ async fn interrupting_a_node_finishes_only_its_own_running_calls(db: &TestStore)
     let finished = call_on(one.id, "finished", NODE);
     let elsewhere = call_on(two.id, "mine-too", NODE);
     db.store
-        .commit(vec![
+        .commit(&[
             start(mine.clone()),
             start(theirs.clone()),
             record(finished.clone(), "done"),
@@ -1061,7 +1070,7 @@ async fn events_are_paged_by_after_and_limit(db: &TestStore) {
     let acme = tenant(db, "acme").await;
     let s = session(db, &acme).await;
     db.store
-        .commit(vec![
+        .commit(&[
             record(call(s.id, "c1"), "1"),
             record(call(s.id, "c2"), "2"),
             record(call(s.id, "c3"), "3"),
@@ -1092,7 +1101,7 @@ async fn lookup_calls_returns_the_session_and_the_calls_it_already_has(db: &Test
     let done = call(s.id, "done");
     let running = call(s.id, "running");
     db.store
-        .commit(vec![
+        .commit(&[
             record(done.clone(), "x"),
             start(running.clone()),
             record(call(s.id, "unasked"), "y"),
@@ -1125,7 +1134,7 @@ async fn the_event_log_refuses_updates_and_deletes(db: &TestStore) {
     let acme = tenant(db, "acme").await;
     let s = session(db, &acme).await;
     db.store
-        .commit(vec![record(call(s.id, "c1"), "x")])
+        .commit(&[record(call(s.id, "c1"), "x")])
         .await
         .unwrap();
     let before: Vec<Value> = db
@@ -1186,6 +1195,7 @@ mod replicas {
                     data: json!({}),
                 }],
                 vec![],
+                u64::MAX,
             )
             .await
             .unwrap()
@@ -1205,15 +1215,15 @@ mod replicas {
     async fn replicas_writing_one_session_keep_its_seqs_gapless_and_see_each_others_calls() {
         let (_db, a, b) = two_replicas().await;
         let s = session_on(&a).await;
-        let r = a.commit(vec![record(call(s.id, "c1"), "x")]).await.unwrap();
+        let r = a.commit(&[record(call(s.id, "c1"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(2, Some(3))]);
-        let r = b.commit(vec![record(call(s.id, "c2"), "x")]).await.unwrap();
+        let r = b.commit(&[record(call(s.id, "c2"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(4, Some(5))]);
         // A's cache still says last_seq 3: its one-statement write must notice and step aside.
-        let r = a.commit(vec![record(call(s.id, "c3"), "x")]).await.unwrap();
+        let r = a.commit(&[record(call(s.id, "c3"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(6, Some(7))]);
         // B never saw c1 being recorded, but the database did.
-        let r = b.commit(vec![record(call(s.id, "c1"), "x")]).await.unwrap();
+        let r = b.commit(&[record(call(s.id, "c1"), "x")]).await.unwrap();
         assert!(matches!(r[0], Err(WriteError::DuplicateCall(_))), "{r:?}");
 
         let mut tasks = Vec::new();
@@ -1222,7 +1232,7 @@ mod replicas {
             let sid = s.id;
             tasks.push(tokio::spawn(async move {
                 store
-                    .commit(vec![record(call(sid, &format!("p{i}")), "x")])
+                    .commit(&[record(call(sid, &format!("p{i}")), "x")])
                     .await
                     .unwrap()
             }));
@@ -1238,20 +1248,195 @@ mod replicas {
         let (_db, a, b) = two_replicas().await;
         let s = session_on(&a).await;
         let inv = call(s.id, "c1");
-        a.commit(vec![start(inv.clone())]).await.unwrap();
+        a.commit(&[start(inv.clone())]).await.unwrap();
         // B finishes it (locked path: B has never seen the session)…
-        let r = b.commit(vec![finish(&inv, ok("b"))]).await.unwrap();
+        let r = b.commit(&[finish(&inv, ok("b"))]).await.unwrap();
         assert!(r[0].is_ok(), "{r:?}");
         // …so A, which still believes it running, is refused.
-        let r = a.commit(vec![finish(&inv, ok("a"))]).await.unwrap();
+        let r = a.commit(&[finish(&inv, ok("a"))]).await.unwrap();
         assert_eq!(r, vec![Err(WriteError::NotRunning)]);
         let shown = a.invocation(s.tenant_id, inv.id).await.unwrap();
         assert_eq!(shown.content.as_deref(), Some("b"));
 
         b.close_session(s.tenant_id, s.id, json!({})).await.unwrap();
-        let r = a.commit(vec![record(call(s.id, "c2"), "x")]).await.unwrap();
+        let r = a.commit(&[record(call(s.id, "c2"), "x")]).await.unwrap();
         assert_eq!(r, vec![Err(WriteError::SessionNotActive)]);
         let seqs = log_seqs(&a, &s).await;
         assert_eq!(seqs, one_to(seqs.len() as i64));
     }
+}
+
+/// 24 MiB of blobs against the default 16 MiB bound: in statements of at most the bound (two
+/// 6 MiB blobs each), each blob once, from `put_blobs` and from a commit that carries them.
+async fn blobs_beyond_the_statement_bound_are_stored_once_in_bounded_statements(db: &TestStore) {
+    const MIB: usize = 1024 * 1024;
+    let bound = db.store.blob_statement_bytes();
+    assert_eq!(bound, 16 * MIB);
+    let blobs: Vec<Blob> = (0..4u8).map(|i| Blob::new(vec![i; 6 * MIB])).collect();
+    let sizes = db.store.put_blobs(blobs.clone()).await.unwrap();
+    assert_eq!(sizes, vec![12 * MIB, 12 * MIB]);
+    for b in &blobs {
+        assert_eq!(
+            db.store.blob(&b.sha256).await.unwrap(),
+            Some(b.bytes.to_vec())
+        );
+    }
+    // Postgres asks which are stored and sends none of them again; SQLite's insert is local
+    // (no bytes travel) and skips them on conflict.
+    let again = db.store.put_blobs(blobs.clone()).await.unwrap();
+    if db.store.backend() == "postgres" {
+        assert_eq!(again, Vec::<usize>::new());
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM blobs").await.unwrap(), 4);
+
+    // A commit whose blobs exceed the bound: the blobs go first, the rows in one statement.
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let more: Vec<Blob> = (10..13u8).map(|i| Blob::new(vec![i; 7 * MIB])).collect();
+    let r = db
+        .store
+        .commit(&[Write::Record {
+            invocation: call(s.id, "c1"),
+            outcome: ok("x"),
+            side_effects: vec![],
+            blobs: vec![
+                more[0].clone(),
+                more[1].clone(),
+                more[2].clone(),
+                blobs[0].clone(),
+            ],
+        }])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![assigned(2, Some(3))]);
+    for b in more.iter().chain(&blobs) {
+        assert_eq!(
+            db.store.blob(&b.sha256).await.unwrap(),
+            Some(b.bytes.to_vec())
+        );
+    }
+    assert_eq!(db.scalar("SELECT COUNT(*) FROM blobs").await.unwrap(), 7);
+}
+
+/// A rule of the database the store cannot know (installed behind its back) refuses one write
+/// of a batch: the whole batch writes nothing, the error is `Refused` (not `Unavailable`, which
+/// would be retried forever) with a reason in plain words, and the other write alone succeeds.
+async fn a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let rule = if db.store.backend() == "postgres" {
+        "ALTER TABLE events ADD CONSTRAINT test_refuse CHECK (data->>'path' IS DISTINCT FROM 'forbidden') NOT VALID"
+    } else {
+        "CREATE TRIGGER test_refuse BEFORE INSERT ON events \
+         WHEN json_extract(NEW.data, '$.path') = 'forbidden' \
+         BEGIN SELECT RAISE(ABORT, 'test rule'); END"
+    };
+    db.execute(rule).await.unwrap();
+    let fine = record(call(s.id, "fine"), "ok");
+    let c = call(s.id, "bad");
+    let bad = Write::Record {
+        invocation: c,
+        outcome: ok("x"),
+        side_effects: vec![file_event(EventKind::FileCreated, "forbidden")],
+        blobs: vec![],
+    };
+    assert_eq!(bad.unstorable(), None, "only the database knows this rule");
+    match db.store.commit(&[fine.clone(), bad]).await {
+        Err(StoreError::Refused { reason, cause }) => {
+            assert_eq!(reason, "it breaks a rule of the database's schema");
+            assert!(!cause.is_empty());
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    assert_eq!(
+        seqs(db, &s).await,
+        one_to(1),
+        "nothing of the batch written"
+    );
+    assert_eq!(
+        db.store.commit(&[fine]).await.unwrap(),
+        vec![assigned(2, Some(3))]
+    );
+}
+
+async fn the_open_session_cap_counts_only_active_sessions(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let other = tenant(db, "other").await;
+    let first = db
+        .store
+        .create_session(&new_session(&acme), vec![], vec![], 2)
+        .await
+        .unwrap();
+    db.store
+        .create_session(&new_session(&acme), vec![], vec![], 2)
+        .await
+        .unwrap();
+    let third = new_session(&acme);
+    assert!(matches!(
+        db.store.create_session(&third, vec![], vec![], 2).await,
+        Err(StoreError::TooManyOpenSessions(2))
+    ));
+    assert!(matches!(
+        db.store.get_session(acme.id, third.id).await,
+        Err(StoreError::NotFound)
+    ));
+    // Another tenant has a cap of its own.
+    db.store
+        .create_session(&new_session(&other), vec![], vec![], 2)
+        .await
+        .unwrap();
+    // A closed session no longer counts.
+    db.store
+        .close_session(acme.id, first.id, json!({}))
+        .await
+        .unwrap();
+    db.store
+        .create_session(&third, vec![], vec![], 2)
+        .await
+        .unwrap();
+}
+
+async fn a_process_start_is_found_by_its_id_in_its_own_session_only(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let other = tenant(db, "other").await;
+    let s = session(db, &acme).await;
+    let t = session(db, &acme).await;
+    let started = |id: &str| NewEvent {
+        kind: EventKind::ProcessStarted,
+        data: json!({"process_id": id, "command": format!("sleep {id}")}),
+    };
+    db.store
+        .commit(&[Write::Record {
+            invocation: call(s.id, "c1"),
+            outcome: ok("started"),
+            side_effects: vec![
+                started("p1"),
+                // Not a start: the same id in another kind of event is not found.
+                NewEvent {
+                    kind: EventKind::ProcessExited,
+                    data: json!({"process_id": "p2"}),
+                },
+            ],
+            blobs: vec![],
+        }])
+        .await
+        .unwrap();
+    let found = db.store.process_started(acme.id, s.id, "p1").await.unwrap();
+    assert_eq!(found.unwrap()["command"], "sleep p1");
+    assert_eq!(
+        db.store.process_started(acme.id, s.id, "p2").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        db.store.process_started(acme.id, t.id, "p1").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        db.store
+            .process_started(other.id, s.id, "p1")
+            .await
+            .unwrap(),
+        None,
+        "another tenant's session"
+    );
 }

@@ -84,7 +84,17 @@ impl TestApp {
         data: Arc<tempfile::TempDir>,
         db: Option<Arc<TestPgDatabase>>,
     ) -> TestApp {
-        let state = toolexec_server::build_state(&config)
+        Self::start_wrapped(config, data, db, |store| store).await
+    }
+
+    /// Like [`TestApp::start`], with the service's store wrapped (to count its queries).
+    pub async fn start_wrapped(
+        config: Config,
+        data: Arc<tempfile::TempDir>,
+        db: Option<Arc<TestPgDatabase>>,
+        wrap: impl FnOnce(Arc<dyn toolexec_store::Store>) -> Arc<dyn toolexec_store::Store>,
+    ) -> TestApp {
+        let state = toolexec_server::build_state_with(&config, wrap)
             .await
             .expect("build state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

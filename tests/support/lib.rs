@@ -2,5 +2,6 @@
 
 pub mod app;
 pub mod binary;
+pub mod counting;
 pub mod db;
 pub mod fixtures;

@@ -142,6 +142,7 @@ pub fn app(state: Arc<AppState>) -> Router {
                 ApiError::internal().into_response()
             },
         ))
+        .layer(axum::middleware::from_fn(problem::with_request_id))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
                 let id = req

@@ -157,13 +157,13 @@ const COMMON: &[CommonError] = &[
     },
     CommonError {
         status: "500",
-        description: "Internal error (`internal`); details are in the server log under the request id.",
+        description: "Internal error (`internal`); the detail is generic and names the request id, under which the server log has the cause.",
         with_body: false,
         v1_only: false,
     },
     CommonError {
         status: "503",
-        description: "Store or sandbox unavailable (`unavailable`) or too many requests in flight (`overloaded`); nothing ran. Retry after `Retry-After` seconds.",
+        description: "Store or sandbox unavailable (`unavailable`) or too many requests in flight (`overloaded`); nothing ran (unless the detail says the call ran and its record is pending: then retry the same call id). The detail names the request id, never the cause. Retry after `Retry-After` seconds.",
         with_body: false,
         v1_only: false,
     },

@@ -1,5 +1,7 @@
 //! The one error type of the API: every failure leaves as `application/problem+json` with a
-//! stable `code`. Internals of 5xx errors are logged here, once, and never shown to the client.
+//! stable `code`. Internals of 5xx errors (store and database messages above all) are logged
+//! here, once, and never shown to the client: a 5xx detail is a generic sentence plus the
+//! request id that finds the cause in the log.
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -75,9 +77,37 @@ impl ApiError {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
-            "internal error; the request id in the x-request-id header identifies it in the logs",
+            "internal error; the service's log has the cause under this request's id",
         )
     }
+
+    /// The store cannot be reached: nothing was run (or, for a call that ran, the detail of the
+    /// engine says so instead).
+    pub fn store_unavailable() -> Self {
+        Self::unavailable(
+            "the store is temporarily unavailable and nothing was done; retry after the Retry-After delay",
+        )
+    }
+}
+
+tokio::task_local! {
+    /// The id of the request being served (`x-request-id`), for the detail of a 5xx answer.
+    static REQUEST_ID: String;
+}
+
+/// Serves `next` with the request's id known to every error built on the way
+/// ([`ApiError::into_response`] appends it to 5xx details).
+pub async fn with_request_id(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    REQUEST_ID.scope(id, next.run(req)).await
 }
 
 impl From<EngineError> for ApiError {
@@ -93,6 +123,14 @@ impl From<EngineError> for ApiError {
             EngineError::Unavailable(detail) => {
                 tracing::warn!(%detail, "unavailable");
                 ApiError::unavailable(format!("temporarily unavailable: {detail}"))
+            }
+            EngineError::Store(e @ toolexec_store::StoreError::Unavailable(_)) => {
+                tracing::warn!(error = %e, "store unavailable");
+                ApiError::store_unavailable()
+            }
+            EngineError::Store(e) => {
+                tracing::error!(error = %e, "store error");
+                ApiError::internal()
             }
             EngineError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
@@ -114,11 +152,17 @@ pub fn title_of(status: StatusCode) -> String {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let mut detail = self.detail;
+        if self.status.is_server_error()
+            && let Ok(id) = REQUEST_ID.try_with(String::clone)
+        {
+            detail.push_str(&format!(" (request id {id})"));
+        }
         let body = Problem {
             type_: format!("urn:toolexec:problem:{}", self.code),
             title: title_of(self.status),
             status: self.status.as_u16(),
-            detail: self.detail,
+            detail,
             code: self.code.to_owned(),
         };
         let bytes = serde_json::to_vec(&body).unwrap_or_default();

@@ -184,6 +184,8 @@ pub enum UnstoredReason {
     HardLink,
     /// The service could not read it (permissions, an I/O error).
     Unreadable,
+    /// The call's budget of stored blob bytes (`limits.max_blob_bytes_per_call`) was used up.
+    CallBudget,
 }
 
 /// The payload of a `files.changed` event: the file changes of one call beyond the first

@@ -22,10 +22,12 @@ use uuid::Uuid;
 use crate::canonical::{arguments_sha256, nul_pointer, without_nul};
 use crate::metrics::Metrics;
 use crate::sessions::{SessionRuntime, invalid};
+use crate::storable;
 use crate::{Engine, EngineError, Result};
 
-/// How long a request waits for a finish record that could not be written at once (store blip)
-/// before answering 503; the write keeps being retried in the background.
+/// How long a request waits for a finish record after its first attempt failed (store blip)
+/// before answering 503; the write keeps being retried in the background. A first attempt that
+/// is merely slow (a big change set going to the store) is waited for in full.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 /// How long a retry waits for a call that another instance is still running.
 const FOREIGN_WAIT: Duration = Duration::from_secs(900);
@@ -94,13 +96,19 @@ impl Inflight {
     }
 }
 
+/// Waits for the result of the same call running here, as long as a call may run
+/// ([`FOREIGN_WAIT`]): a retry never hangs, even while the store is down and the finish waits
+/// for it.
 async fn wait_slot(mut rx: Slot) -> Result<CallResult> {
-    match rx.wait_for(Option::is_some).await {
-        Ok(v) => v
+    match tokio::time::timeout(FOREIGN_WAIT, rx.wait_for(Option::is_some)).await {
+        Ok(Ok(v)) => v
             .clone()
             .ok_or_else(|| EngineError::Internal("empty slot".into())),
-        Err(_) => Err(EngineError::Unavailable(
+        Ok(Err(_)) => Err(EngineError::Unavailable(
             "the earlier attempt of this call could not be recorded; retry the same call".into(),
+        )),
+        Err(_) => Err(EngineError::Unavailable(
+            "the call is still running or its result is still being recorded; retry the same call id later".into(),
         )),
     }
 }
@@ -145,6 +153,20 @@ impl Engine {
                 return Err(invalid(
                     "invalid_call_id",
                     format!("calls/{i}/id: must be 1 to {MAX_CALL_ID_BYTES} bytes"),
+                ));
+            }
+            // No database text type holds NUL, and unlike arguments these cannot be recorded
+            // with a replacement character: the id is the call's identity, the name its tool.
+            if c.id.contains('\0') {
+                return Err(invalid(
+                    "invalid_call_id",
+                    format!("calls/{i}/id: must not contain a NUL character (\\u0000)"),
+                ));
+            }
+            if c.name.contains('\0') {
+                return Err(invalid(
+                    "invalid_tool_name",
+                    format!("calls/{i}/name: must not contain a NUL character (\\u0000)"),
                 ));
             }
         }
@@ -689,22 +711,36 @@ impl Engine {
         rt: &SessionRuntime,
         call: &Call,
         invocation: NewInvocation,
-        rec: Recorded,
+        mut rec: Recorded,
     ) -> Result<CallResult> {
         let session_id = invocation.session_id;
         let key = key_of(&invocation);
+        self.blob_budget(&mut rec);
         let write = Write::Record {
             invocation,
             outcome: rec.outcome,
             side_effects: rec.side_effects,
             blobs: rec.blobs,
         };
-        match self.recorder.write(write).await {
+        let (mut recorded, mut back) = self.recorder.write_back(write).await;
+        let mut result = rec.result;
+        // A write the store cannot hold is recorded as a failed call instead (nothing to retry).
+        if let (Ok(Err(WriteError::Refused(reason))), Some(original)) = (&recorded, back.take()) {
+            tracing::error!(%reason, call_id = %call.id, "the store refused a call's record; recording it as failed");
+            for (fallback, outcome) in storable::fallbacks(&original, reason) {
+                recorded = self.recorder.write(fallback).await;
+                if !matches!(recorded, Ok(Err(WriteError::Refused(_)))) {
+                    result = refused_result(result, &outcome);
+                    break;
+                }
+            }
+        }
+        match recorded {
             // Nothing with a side effect ran yet: the client retries and it runs again.
             Err(e) => Err(e.into()),
             Ok(Ok(a)) => {
                 rt.remember(key);
-                Ok(finish(&self.metrics, guard, rec.result, a))
+                Ok(finish(&self.metrics, guard, result, a))
             }
             Ok(Err(WriteError::DuplicateCall(other))) => {
                 drop(guard);
@@ -716,15 +752,19 @@ impl Engine {
         }
     }
 
-    /// Records the end of a mutating call. Its effects already happened, so a store failure here
-    /// is retried in the background until it is recorded; a retry of the call meanwhile waits.
+    /// Records the end of a mutating call. Its effects already happened, so it is recorded
+    /// whatever it takes: a store failure is retried in the background (with backoff, holding
+    /// one copy of the write) until it lands, and a write the store refuses is recorded as a
+    /// failed call instead. The request waits for the first attempt, then up to
+    /// [`FINISH_GRACE`] for the retries; a retry of the call meanwhile waits for the record.
     async fn commit_finish(
         &self,
         guard: InflightGuard,
         session_id: Uuid,
         invocation_id: Uuid,
-        rec: Recorded,
+        mut rec: Recorded,
     ) -> Result<CallResult> {
+        self.blob_budget(&mut rec);
         let write = Write::Finish {
             session_id,
             invocation_id,
@@ -732,41 +772,105 @@ impl Engine {
             side_effects: rec.side_effects,
             blobs: rec.blobs,
         };
-        match self.recorder.write(write.clone()).await {
-            Ok(Ok(a)) => return Ok(finish(&self.metrics, guard, rec.result, a)),
-            Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
-            Err(e) => {
-                tracing::warn!(error = %e, %invocation_id, "finish not recorded yet; retrying in the background")
-            }
-        }
         let recorder = self.recorder.clone();
         let metrics = self.metrics.clone();
         let result = rec.result;
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
+        // Its own task: the record must land even if the client goes away meanwhile.
         tokio::spawn(async move {
-            let mut delay = Duration::from_millis(50);
-            loop {
-                tokio::time::sleep(delay).await;
-                match recorder.write(write.clone()).await {
-                    Ok(Ok(a)) => {
-                        let _ = done_tx.send(finish(&metrics, guard, result, a));
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, %invocation_id, "finish refused by the store");
-                        return;
-                    }
-                    Err(_) => delay = (delay * 2).min(Duration::from_secs(5)),
-                }
+            if let Some((result, a)) =
+                record_finish(&recorder, write, result, invocation_id, failed_tx).await
+            {
+                let _ = done_tx.send(finish(&metrics, guard, result, a));
             }
         });
-        match tokio::time::timeout(FINISH_GRACE, done_rx).await {
+        let done = tokio::select! {
+            biased;
+            done = &mut done_rx => Ok(done),
+            // The first attempt failed (or the task ended): the grace starts now.
+            _ = failed_rx => tokio::time::timeout(FINISH_GRACE, done_rx).await,
+        };
+        match done {
             Ok(Ok(r)) => Ok(r),
-            _ => Err(EngineError::Unavailable(
-                "the call ran but its result is not recorded yet (store unavailable); retry the same call id to get it".into(),
+            Ok(Err(_)) => Err(EngineError::Internal(format!(
+                "the finish of invocation {invocation_id} could not be recorded"
+            ))),
+            Err(_) => Err(EngineError::Unavailable(
+                "the call ran but its result is not recorded yet (the store is unavailable); retry the same call id to get it".into(),
             )),
         }
     }
+
+    /// Holds a call's stored contents to `limits.max_blob_bytes_per_call`.
+    fn blob_budget(&self, rec: &mut Recorded) {
+        let max = self.config.limits.max_blob_bytes_per_call;
+        let dropped = storable::apply_blob_budget(&mut rec.side_effects, &mut rec.blobs, max);
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                max,
+                invocation = %rec.result.invocation_id,
+                "file contents beyond the call's blob budget recorded by hash only"
+            );
+        }
+    }
+}
+
+/// Writes a finish until it is recorded: store failures are retried with backoff (up to 5 s
+/// apart), the first of them signalled on `failed`; a refusal moves on to what
+/// [`storable::fallbacks`] records in its place. `None` when nothing could be recorded (the
+/// invocation is not running any more, or every fallback was refused), which the log explains.
+async fn record_finish(
+    recorder: &crate::recorder::Recorder,
+    write: Write,
+    mut result: CallResult,
+    invocation_id: Uuid,
+    failed: tokio::sync::oneshot::Sender<()>,
+) -> Option<(CallResult, Assigned)> {
+    let mut failed = Some(failed);
+    let mut current = write;
+    let mut ladder: Option<std::vec::IntoIter<(Write, Outcome)>> = None;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let (recorded, back) = recorder.write_back(current).await;
+        match recorded {
+            Ok(Ok(a)) => return Some((result, a)),
+            Ok(Err(WriteError::Refused(reason))) => {
+                tracing::error!(%reason, %invocation_id, "the store refused a finish; recording the call as failed");
+                if ladder.is_none() {
+                    let original = back?;
+                    ladder = Some(storable::fallbacks(&original, &reason).into_iter());
+                }
+                let (next, outcome) = ladder.as_mut()?.next()?;
+                result = refused_result(result, &outcome);
+                current = next;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, %invocation_id, "finish refused by the store");
+                return None;
+            }
+            Err(e) => {
+                // Kept once (handed back by the recorder), retried until the store is back.
+                tracing::warn!(error = %e, %invocation_id, "finish not recorded yet; retrying");
+                if let Some(failed) = failed.take() {
+                    let _ = failed.send(());
+                }
+                current = back?;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// A call's result as recorded in place of one the store refused.
+fn refused_result(mut result: CallResult, outcome: &Outcome) -> CallResult {
+    result.status = outcome.status;
+    result.is_error = outcome.status.is_error();
+    result.content = outcome.content.clone();
+    result.truncated = None;
+    result
 }
 
 /// The parts of an invocation needed to build its result.

@@ -23,6 +23,10 @@ pub struct Limits {
     /// further to what its open-file limit allows (see docs/operator.md).
     pub max_cached_sessions: usize,
     // --- sessions and descriptors ---
+    /// Most open (active) sessions one tenant may hold; creating another is a 409
+    /// `too_many_open_sessions` that says to close some. Bounds what one tenant's sessions pin
+    /// on a node (workspaces, descriptors, runtimes).
+    pub max_open_sessions_per_tenant: u64,
     // --- workspace scans ---
     /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
     /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
@@ -45,6 +49,14 @@ pub struct Limits {
     /// of `fs.inotify.max_user_watches` at start-up.
     pub max_inotify_watches: Option<usize>,
     // --- the store ---
+    /// Most bytes of file contents (and full outputs) one call stores as blobs. Beyond it, files
+    /// are recorded by hash and size only (`after_stored: false`, `after_unstored:
+    /// "call_budget"`), so one call cannot grow the database by more than this.
+    pub max_blob_bytes_per_call: usize,
+    /// Most bytes of blob contents one statement carries to the store. Bigger change sets are
+    /// written in several statements, outside the group commit: no statement nears Postgres's
+    /// 1 GiB message limit, and one call's contents never hold up other sessions' commits.
+    pub blob_bytes_per_statement: usize,
     // --- tool outputs and side effects ---
     /// Bytes of file text (numbered lines) one `read_file` or `read_many_files` call returns;
     /// past it the model is told where to continue (`read_file` with `offset`) and which files
@@ -68,6 +80,7 @@ impl Default for Limits {
             max_seed_files: 1_000,
             max_cached_sessions: 10_000,
             // --- sessions and descriptors ---
+            max_open_sessions_per_tenant: 1_000,
             // --- workspace scans ---
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).
@@ -79,6 +92,8 @@ impl Default for Limits {
             max_inotify_instances: None,
             max_inotify_watches: None,
             // --- the store ---
+            max_blob_bytes_per_call: 128 * 1024 * 1024,
+            blob_bytes_per_statement: toolexec_store::check::DEFAULT_BLOB_STATEMENT_BYTES,
             // --- tool outputs and side effects ---
             max_read_bytes_per_call: toolexec_tools::DEFAULT_MAX_READ_BYTES,
             max_stored_output_bytes: 4 * 1024 * 1024,

@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(s.manifest_bytes, blob.bytes.len() as u64);
         let mut text = String::new();
         std::io::Read::read_to_string(
-            &mut flate2::read::GzDecoder::new(blob.bytes.as_slice()),
+            &mut flate2::read::GzDecoder::new(&blob.bytes[..]),
             &mut text,
         )
         .unwrap();

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod recorder;
 mod scans;
 mod sessions;
+mod storable;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -45,9 +46,14 @@ pub enum EngineError {
     /// above the operator's ceiling, an empty batch, …).
     #[error("{detail}")]
     Invalid { code: &'static str, detail: String },
-    /// The store (or the session's workspace) is unavailable; nothing was run. Retry later.
+    /// The session's workspace (or the record of a call) is unavailable; the detail is written
+    /// for the client. Retry later.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The store failed. Its message is for the log only: the API answers with a generic detail
+    /// (503 when it is unreachable, 500 otherwise), never with database text.
+    #[error("store: {0}")]
+    Store(StoreError),
     /// A bug or an unexpected environment failure. The detail is for logs, not clients.
     #[error("internal: {0}")]
     Internal(String),
@@ -57,8 +63,13 @@ impl From<StoreError> for EngineError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound => EngineError::NotFound,
-            StoreError::Unavailable(m) => EngineError::Unavailable(m),
-            StoreError::Migration(m) | StoreError::Corrupt(m) => EngineError::Internal(m),
+            StoreError::TooManyOpenSessions(max) => EngineError::Conflict {
+                code: "too_many_open_sessions",
+                detail: format!(
+                    "this tenant already has {max} open sessions, the most this service allows (limits.max_open_sessions_per_tenant); close sessions it no longer needs (DELETE /v1/sessions/{{id}}) and create this one again"
+                ),
+            },
+            other => EngineError::Store(other),
         }
     }
 }

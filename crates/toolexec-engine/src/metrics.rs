@@ -28,6 +28,8 @@ pub struct Metrics {
     scan_seconds: Histogram,
     scans: Family<ScanLabel, Counter>,
     sessions_evicted: Counter,
+    blob_statement_bytes: Histogram,
+    writes_refused: Counter,
 }
 
 /// How a workspace scan found its changes: `events` (inotify) or why it walked the tree.
@@ -90,8 +92,23 @@ impl Default for Metrics {
             "Writes per group commit",
             commit_batch.clone(),
         );
+        // 64 KiB … 1 GiB: every bound an operator may set falls on a bucket edge.
+        let blob_statement_bytes = Histogram::new(exponential_buckets(65_536.0, 2.0, 15));
+        registry.register(
+            "store_blob_statement_bytes",
+            "Blob contents sent in one statement, outside the group commit (bounded by limits.blob_bytes_per_statement)",
+            blob_statement_bytes.clone(),
+        );
+        let writes_refused = Counter::default();
+        registry.register(
+            "store_writes_refused",
+            "Writes the store cannot hold, answered alone (the call is recorded as failed instead)",
+            writes_refused.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
+            blob_statement_bytes,
+            writes_refused,
             calls,
             call_seconds,
             commit_seconds,
@@ -121,6 +138,14 @@ impl Metrics {
     pub fn commit(&self, batch: usize, seconds: f64) {
         self.commit_seconds.observe(seconds);
         self.commit_batch.observe(batch as f64);
+    }
+
+    pub fn blob_statement(&self, bytes: usize) {
+        self.blob_statement_bytes.observe(bytes as f64);
+    }
+
+    pub fn write_refused(&self) {
+        self.writes_refused.inc();
     }
 
     pub fn workspace_scan(&self, mode: &str, seconds: f64) {

@@ -37,12 +37,24 @@ pub struct SessionRuntime {
     /// before the session's first command: until then only tools change the workspace, and they
     /// record their own changes.
     pub snapshot: tokio::sync::Mutex<Option<Snapshot>>,
+    /// The first process id (`p<N>`) this runtime assigns: ids below it belong to earlier runs
+    /// (or earlier runtimes) of the session and may be in its log; ids from it on are known here.
+    pub first_process_id: u64,
 }
 
 /// `read_output`'s view of the store: full outputs of this session's invocations only.
 struct RecordedOutputs {
     store: Arc<dyn toolexec_store::Store>,
     tenant_id: Uuid,
+    /// Process ids the log can hold for processes this node does not know: `p1` up to the id
+    /// before the runtime's first (see [`SessionRuntime::first_process_id`]).
+    first_process_id: u64,
+}
+
+/// What the model reads when the store cannot answer a read: no database text (the log has it).
+fn unreadable(e: &toolexec_store::StoreError) -> String {
+    tracing::warn!(error = %e, "a recorded output could not be read");
+    "The recorded output cannot be read right now (the store is unavailable); try again.".into()
 }
 
 #[async_trait::async_trait]
@@ -64,17 +76,13 @@ impl OutputSource for RecordedOutputs {
         {
             Ok(inv) if inv.session_id == session_id => inv.output_chars,
             Ok(_) | Err(toolexec_store::StoreError::NotFound) => return Err(not_here()),
-            Err(e) => {
-                return Err(format!(
-                    "The recorded output cannot be read right now ({e}); try again."
-                ));
-            }
+            Err(e) => return Err(unreadable(&e)),
         };
         self.store
             .invocation_output(self.tenant_id, invocation_id)
             .await
             .map(|text| toolexec_tools::RecordedOutput::new(text, output_chars))
-            .map_err(|e| format!("The recorded output cannot be read right now ({e}); try again."))
+            .map_err(|e| unreadable(&e))
     }
 
     async fn process_started(
@@ -82,21 +90,22 @@ impl OutputSource for RecordedOutputs {
         session_id: Uuid,
         process_id: &str,
     ) -> Option<serde_json::Value> {
-        let mut after = 0;
-        loop {
-            let page = self
-                .store
-                .events(self.tenant_id, session_id, after, crate::MAX_EVENTS_PAGE)
-                .await
-                .ok()?;
-            let last = page.last()?.seq;
-            if let Some(e) = page
-                .into_iter()
-                .find(|e| e.kind == EventKind::ProcessStarted && e.data["process_id"] == process_id)
-            {
-                return Some(e.data);
+        // Ids are `p<N>`, numbered per session; every N from the runtime's first id on is one
+        // this node assigned (and knows). Anything else cannot be in the log: no query.
+        let n: u64 = process_id.strip_prefix('p')?.parse().ok()?;
+        if n == 0 || n >= self.first_process_id || process_id != format!("p{n}") {
+            return None;
+        }
+        match self
+            .store
+            .process_started(self.tenant_id, session_id, process_id)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, %session_id, process_id, "looking up a process in the log failed");
+                None
             }
-            after = last;
         }
     }
 }
@@ -114,6 +123,7 @@ impl SessionRuntime {
         // Each shell call starts at most one background process, so numbering above the
         // session's recorded shell calls never reuses an id of an earlier run of the service.
         let first_id = calls.iter().filter(|k| k.name == "shell").count() as u64 + 1;
+        let first_process_id = first_id;
         let processes = sandbox.map(|s| {
             Arc::new(ProcessTable::new(
                 s.clone(),
@@ -131,6 +141,7 @@ impl SessionRuntime {
             processes,
             last_used: std::sync::atomic::AtomicU64::new(0),
             snapshot: tokio::sync::Mutex::new(None),
+            first_process_id,
         }
     }
 
@@ -293,6 +304,7 @@ impl Engine {
             outputs: Arc::new(RecordedOutputs {
                 store: self.store.clone(),
                 tenant_id: session.tenant_id,
+                first_process_id: rt.first_process_id,
             }),
             processes: rt.processes.clone(),
             max_timeout_ms: self.config.limits.max_timeout_ms,
@@ -368,6 +380,18 @@ impl Engine {
                     "env: values must not contain NUL bytes".into(),
                 ));
             }
+        }
+        // Stored as JSON, which no database holds with NUL; and unlike a call's arguments it is
+        // returned as is, so it is refused rather than recorded with a replacement.
+        if let Some(at) = new
+            .metadata
+            .as_ref()
+            .and_then(|m| crate::canonical::nul_pointer(m, String::new()))
+        {
+            return Err(invalid(
+                "invalid_metadata",
+                format!("metadata{at}: must not contain a NUL character (\\u0000)"),
+            ));
         }
         if new
             .files
@@ -445,7 +469,12 @@ impl Engine {
             events.push(event);
             blobs.extend(blob);
         }
-        match self.store.create_session(&session, events, blobs).await {
+        let cap = self.config.limits.max_open_sessions_per_tenant;
+        match self
+            .store
+            .create_session(&session, events, blobs, cap)
+            .await
+        {
             Ok(stored) => {
                 self.keep_runtime(rt);
                 Ok(stored)

@@ -30,14 +30,19 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
             Arc::new(
                 PgStore::connect(url, config.max_db_connections)
                     .await
-                    .with_context(|| format!("connecting to {}", config::redact_url(url)))?,
+                    .with_context(|| format!("connecting to {}", config::redact_url(url)))?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
             )
         }
         Some(url) if url.starts_with("sqlite:") => {
             let path = url
                 .trim_start_matches("sqlite://")
                 .trim_start_matches("sqlite:");
-            Arc::new(open_sqlite(std::path::Path::new(path)).await?)
+            Arc::new(
+                open_sqlite(std::path::Path::new(path))
+                    .await?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
+            )
         }
         Some(other) => anyhow::bail!(
             "database_url '{}' is neither postgres://… nor sqlite:PATH",
@@ -46,7 +51,11 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         None => {
             std::fs::create_dir_all(&config.data_dir)
                 .with_context(|| format!("creating {}", config.data_dir.display()))?;
-            Arc::new(open_sqlite(&config.data_dir.join("toolexec.db")).await?)
+            Arc::new(
+                open_sqlite(&config.data_dir.join("toolexec.db"))
+                    .await?
+                    .with_blob_statement_bytes(config.limits.blob_bytes_per_statement),
+            )
         }
     };
     Ok(store)
@@ -82,7 +91,16 @@ pub mod descriptors;
 /// Builds the application state from a configuration: store (migrated if configured), engine
 /// (which interrupts this node's leftovers from a previous run) and auth.
 pub async fn build_state(config: &Config) -> anyhow::Result<Arc<AppState>> {
-    let store = open_store(config).await?;
+    build_state_with(config, |store| store).await
+}
+
+/// Like [`build_state`], with the opened store wrapped before anything uses it (instrumentation,
+/// or a test that counts the store's queries).
+pub async fn build_state_with(
+    config: &Config,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> anyhow::Result<Arc<AppState>> {
+    let store = wrap(open_store(config).await?);
     if config.auto_migrate {
         store.migrate().await.context("applying migrations")?;
     }

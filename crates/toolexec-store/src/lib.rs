@@ -8,15 +8,21 @@
 //! inside the transaction that inserts them, under a lock on the session row, so a session's log
 //! is gapless and ordered no matter how many writers (tasks or replicas) there are. It does not
 //! decide *when* to write: batching (group commit) is the caller's job, see [`Store::commit`].
+//!
+//! It also says what it can hold ([`Write::unstorable`], [`mod@check`]) and which of its failures
+//! are worth retrying ([`StoreError::Unavailable`]) and which are not ([`StoreError::Refused`]),
+//! so that a caller never retries forever what the database will refuse forever.
 #![forbid(unsafe_code)]
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use toolexec_core::{
     CallStatus, Capability, Event, EventKind, Invocation, Session, Tenant, Truncation,
 };
 use uuid::Uuid;
 
+pub mod check;
 mod migrations;
 mod plan;
 pub mod postgres;
@@ -31,6 +37,18 @@ pub enum StoreError {
     /// The database cannot be reached or failed; the request may be retried later.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The database refused what it was given and would refuse it again: a value it cannot hold
+    /// or a rule of the schema. Retrying the same statement cannot succeed.
+    #[error("refused by the store: {reason} ({cause})")]
+    Refused {
+        /// In plain words, for the model and the client (no database internals).
+        reason: String,
+        /// The database's own message, for the log.
+        cause: String,
+    },
+    /// `create_session`: the tenant already has as many open sessions as it may.
+    #[error("the tenant already has {0} open sessions")]
+    TooManyOpenSessions(u64),
     /// A migration failed or the schema is not what this binary expects.
     #[error("migration failed: {0}")]
     Migration(String),
@@ -41,13 +59,7 @@ pub enum StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        match e {
-            sqlx::Error::RowNotFound => StoreError::NotFound,
-            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
-                StoreError::Corrupt(e.to_string())
-            }
-            other => StoreError::Unavailable(other.to_string()),
-        }
+        check::classify(e)
     }
 }
 
@@ -56,20 +68,31 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The most side-effect events one read of an invocation returns (and the default page).
 pub const SIDE_EFFECTS_PAGE: u32 = 1_000;
 
-/// Content-addressed bytes. Inserting a blob that exists is a no-op.
+/// Content-addressed bytes. Inserting a blob that exists is a no-op. Cloning is cheap (the bytes
+/// are shared), so a write that must be retried does not copy its contents again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blob {
     /// `toolexec_core::sha256_hex(&bytes)`.
     pub sha256: String,
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
 }
 
 impl Blob {
-    pub fn new(bytes: Vec<u8>) -> Self {
+    /// Takes `Vec<u8>` (no copy), `Bytes`, `&'static [u8]`, …
+    pub fn new(bytes: impl Into<Bytes>) -> Self {
+        let bytes = bytes.into();
         Self {
             sha256: toolexec_core::sha256_hex(&bytes),
             bytes,
         }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
     }
 }
 
@@ -140,6 +163,38 @@ impl Write {
             Write::Finish { session_id, .. } => *session_id,
         }
     }
+
+    /// The blobs this write carries (none for a `Start`).
+    pub fn blobs(&self) -> &[Blob] {
+        match self {
+            Write::Start { .. } => &[],
+            Write::Finish { blobs, .. } | Write::Record { blobs, .. } => blobs,
+        }
+    }
+
+    /// Takes the blobs out of this write (to store them on their own, before it).
+    pub fn take_blobs(&mut self) -> Vec<Blob> {
+        match self {
+            Write::Start { .. } => Vec::new(),
+            Write::Finish { blobs, .. } | Write::Record { blobs, .. } => std::mem::take(blobs),
+        }
+    }
+
+    /// Bytes of blob contents this write carries.
+    pub fn blob_bytes(&self) -> usize {
+        self.blobs().iter().map(Blob::len).sum()
+    }
+}
+
+/// When the blobs of `batch` together exceed `bound` bytes: the batch without its blobs, and the
+/// blobs, to be written first in bounded statements of their own ([`Store::put_blobs`]).
+pub(crate) fn blobs_beyond(batch: &[Write], bound: usize) -> Option<(Vec<Write>, Vec<Blob>)> {
+    if batch.iter().map(Write::blob_bytes).sum::<usize>() <= bound {
+        return None;
+    }
+    let mut rest = batch.to_vec();
+    let blobs = rest.iter_mut().flat_map(Write::take_blobs).collect();
+    Some((rest, blobs))
 }
 
 /// The seqs a write was given.
@@ -163,6 +218,10 @@ pub enum WriteError {
     /// Finish: the invocation does not exist or is not running.
     #[error("invocation is not running")]
     NotRunning,
+    /// The store cannot hold this write (said in plain words): writing it again cannot succeed.
+    /// Found before committing ([`Write::unstorable`]) or by the database itself.
+    #[error("the store cannot record it: {0}")]
+    Refused(String),
 }
 
 /// What identifies a recorded call: enough to tell a retry from a reuse of the id.
@@ -207,11 +266,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Inserts an active session (its `last_seq` is ignored) and appends `events` as seq 1, 2, …
     /// with `blobs`, in one transaction. Returns the session as stored.
+    ///
+    /// Refused with [`StoreError::TooManyOpenSessions`] when the tenant already has
+    /// `max_open_sessions` active sessions; the count and the insert are one transaction,
+    /// serialized per tenant, so concurrent creates cannot overshoot.
     async fn create_session(
         &self,
         session: &Session,
         events: Vec<NewEvent>,
         blobs: Vec<Blob>,
+        max_open_sessions: u64,
     ) -> Result<Session>;
     /// `NotFound` for a missing session or another tenant's.
     async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session>;
@@ -247,11 +311,26 @@ pub trait Store: Send + Sync + 'static {
     async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>>;
 
     /// Applies a batch of writes in one transaction (group commit). The outer error means nothing
-    /// was written (store down); otherwise there is one result per write, in order.
+    /// was written: [`StoreError::Unavailable`] (store down; the same batch may succeed later) or
+    /// [`StoreError::Refused`] (something in the batch cannot be stored: the caller retries the
+    /// writes apart to find which). Otherwise there is one result per write, in order. Borrowed,
+    /// so that the caller still has the writes to retry.
+    ///
+    /// The blobs of one statement are bounded ([`Store::blob_statement_bytes`]): a batch carrying
+    /// more has them written first, in statements of their own (see [`Store::put_blobs`]).
     async fn commit(
         &self,
-        batch: Vec<Write>,
+        batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>>;
+
+    /// Stores blobs outside any group commit, sorted by hash, in statements of at most
+    /// [`Store::blob_statement_bytes`] of contents each (a larger blob goes alone), each its own
+    /// transaction; blobs already stored are skipped. Content-addressed, so a blob stored for a
+    /// write that then fails is harmless. Returns the size of each statement sent, in bytes.
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>>;
+
+    /// Most bytes of blob contents one statement carries.
+    fn blob_statement_bytes(&self) -> usize;
 
     /// Marks every invocation still `running` on `node` as `interrupted` and appends their
     /// `invocation.finished` events. Returns how many there were.
@@ -283,6 +362,14 @@ pub trait Store: Send + Sync + 'static {
         self.invocation_page(tenant_id, id, 0, SIDE_EFFECTS_PAGE)
             .await
     }
+    /// The data of the `process.started` event of `process_id` in a session of this tenant: one
+    /// indexed lookup, however long the session's log is.
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>>;
     /// The full output of an invocation: the output blob, or its content when not truncated.
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String>;
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>>;

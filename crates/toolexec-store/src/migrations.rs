@@ -9,17 +9,31 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 /// `(version, description, sql)`.
 type Embedded = (i64, &'static str, &'static str);
 
-pub(crate) const POSTGRES: &[Embedded] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/postgres/0001_init.sql"),
-)];
+pub(crate) const POSTGRES: &[Embedded] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "lookups",
+        include_str!("../../../migrations/postgres/0002_lookups.sql"),
+    ),
+];
 
-pub(crate) const SQLITE: &[Embedded] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/sqlite/0001_init.sql"),
-)];
+pub(crate) const SQLITE: &[Embedded] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "lookups",
+        include_str!("../../../migrations/sqlite/0002_lookups.sql"),
+    ),
+];
 
 pub(crate) fn migrator(migrations: &[Embedded]) -> Migrator {
     Migrator::with_migrations(

@@ -9,6 +9,11 @@
 //! over `UNNEST`ed arrays: blobs, invocations, finishes, events, `last_seq`); `COMMIT`.
 //! Per-write failures are decided before the write (see [`crate::plan`]), never by a constraint
 //! violation, which would abort the transaction and every other write of the batch.
+//!
+//! Blobs ride in that one statement only while they are small: a batch carrying more than
+//! [`PgStore::blob_statement_bytes`] of contents has them written first by [`Store::put_blobs`],
+//! in statements of at most that size, so no statement nears Postgres's 1 GiB message limit
+//! (past it the server drops the connection, and the same statement fails the same way forever).
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -39,6 +44,8 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PgStore {
     pool: PgPool,
     cache: std::sync::Arc<std::sync::Mutex<Cache>>,
+    /// Most bytes of blob contents in one statement.
+    blob_statement_bytes: usize,
 }
 
 /// What this store last saw of the sessions and running invocations it wrote, so a batch can
@@ -85,7 +92,14 @@ impl PgStore {
         Self {
             pool,
             cache: std::sync::Arc::default(),
+            blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
         }
+    }
+
+    /// Bounds the blob contents of one statement (at least 1 byte: a larger blob goes alone).
+    pub fn with_blob_statement_bytes(mut self, bytes: usize) -> Self {
+        self.blob_statement_bytes = bytes.max(1);
+        self
     }
 
     /// A plan of `batch` from cached state, with what it assumes; `None` if something the batch
@@ -171,6 +185,14 @@ impl PgStore {
         &self.pool
     }
 }
+
+/// The `process.started` event of a process id (`$3`) in a session (`$1`) of a tenant (`$2`).
+/// The kind is a literal so that the partial index `events_process_started` (migration 0002)
+/// matches it: one index probe, however long the session's log. Public so that a test can check
+/// its plan.
+pub const PROCESS_STARTED: &str = "SELECT e.data FROM events e JOIN sessions s ON s.id = e.session_id \
+     WHERE e.session_id = $1 AND s.tenant_id = $2 AND e.kind = 'process.started' \
+     AND e.data->>'process_id' = $3 LIMIT 1";
 
 /// Locks the sessions of a batch, in id order.
 async fn lock_sessions(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<plan::LockedSession>> {
@@ -395,7 +417,7 @@ fn bind_plan<'q>(
         // blobs
         .bind(col(blobs, |b| b.sha256.as_str()))
         .bind(col(blobs, blob_size))
-        .bind(col(blobs, |b| b.bytes.as_slice()))
+        .bind(col(blobs, |b| &b.bytes[..]))
         // new invocations
         .bind(col(invs, |r| r.invocation.id))
         .bind(col(invs, |r| r.invocation.session_id))
@@ -534,12 +556,30 @@ impl Store for PgStore {
         session: &Session,
         events: Vec<NewEvent>,
         blobs: Vec<Blob>,
+        max_open_sessions: u64,
     ) -> Result<Session> {
+        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
+            self.put_blobs(blobs).await?;
+            Vec::new()
+        } else {
+            blobs
+        };
         let mut tx = self.pool.begin().await?;
+        // Creates of one tenant take turns on its row (NO KEY UPDATE: the sessions' foreign-key
+        // checks, which take KEY SHARE, do not wait on it), and the count below is a statement
+        // of its own, so under READ COMMITTED it sees every session committed before the turn.
+        sqlx::query("SELECT id FROM tenants WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(session.tenant_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
         let last_seq = i64::try_from(events.len()).unwrap_or(i64::MAX);
         let row = sqlx::query(concat!(
             "INSERT INTO sessions AS s (id, tenant_id, status, tools, policy, env, metadata, \
-             last_seq, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8) RETURNING ",
+             last_seq, created_at) SELECT $1, $2, 'active', $3, $4, $5, $6, $7, $8 \
+             WHERE (SELECT count(*) FROM sessions o \
+                    WHERE o.tenant_id = $2 AND o.status = 'active') < $9 \
+             RETURNING ",
             session_columns!()
         ))
         .bind(session.id)
@@ -550,9 +590,11 @@ impl Store for PgStore {
         .bind(Json(&session.metadata))
         .bind(last_seq)
         .bind(session.created_at)
-        .fetch_one(&mut *tx)
+        .bind(i64::try_from(max_open_sessions).unwrap_or(i64::MAX))
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(not_found_on_fk)?;
+        .map_err(not_found_on_fk)?
+        .ok_or(StoreError::TooManyOpenSessions(max_open_sessions))?;
         let stored = rows::session(&row)?;
         let plan = plan::initial_plan(session.id, events, blobs);
         write_plan(&mut tx, &plan).await?;
@@ -676,13 +718,22 @@ impl Store for PgStore {
 
     async fn commit(
         &self,
-        batch: Vec<Write>,
+        batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let without_blobs;
+        let batch = match crate::blobs_beyond(batch, self.blob_statement_bytes) {
+            None => batch,
+            Some((rest, blobs)) => {
+                self.put_blobs(blobs).await?;
+                without_blobs = rest;
+                &without_blobs[..]
+            }
+        };
         // Fast path: one statement planned from cached state (one round trip, no read first).
-        if let Some((plan, expected)) = self.cached_plan(&batch) {
+        if let Some((plan, expected)) = self.cached_plan(batch) {
             if plan.is_empty() {
                 // Every write refused from state that cannot change back (a closed session).
                 return Ok(plan.results);
@@ -693,10 +744,48 @@ impl Store for PgStore {
             }
         }
         let mut tx = self.pool.begin().await?;
-        let (plan, locked) = apply(&mut tx, batch).await?;
+        let (plan, locked) = apply(&mut tx, batch.to_vec()).await?;
         tx.commit().await?;
         self.learn(&plan, &locked);
         Ok(plan.results)
+    }
+
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        if blobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Ask first which are stored: a hash costs 64 bytes, a blob up to the statement bound.
+        let hashes: Vec<&str> = blobs.iter().map(|b| b.sha256.as_str()).collect();
+        let stored: std::collections::HashSet<String> =
+            sqlx::query_scalar::<_, String>("SELECT sha256 FROM blobs WHERE sha256 = ANY($1)")
+                .bind(&hashes)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .collect();
+        let missing: Vec<Blob> = blobs
+            .into_iter()
+            .filter(|b| !stored.contains(&b.sha256))
+            .collect();
+        let mut sizes = Vec::new();
+        for statement in crate::check::blob_statements(missing, self.blob_statement_bytes) {
+            sqlx::query(
+                "INSERT INTO blobs (sha256, size, data) \
+                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[]) \
+                 ON CONFLICT (sha256) DO NOTHING",
+            )
+            .bind(col(&statement, |b| b.sha256.as_str()))
+            .bind(col(&statement, blob_size))
+            .bind(col(&statement, |b| &b.bytes[..]))
+            .execute(&self.pool)
+            .await?;
+            sizes.push(statement.iter().map(Blob::len).sum());
+        }
+        Ok(sizes)
+    }
+
+    fn blob_statement_bytes(&self) -> usize {
+        self.blob_statement_bytes
     }
 
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
@@ -762,6 +851,23 @@ impl Store for PgStore {
             }
         }
         Ok(events)
+    }
+
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(
+            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
+                .bind(session_id)
+                .bind(tenant_id)
+                .bind(process_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|Json(data)| data),
+        )
     }
 
     async fn invocation_page(

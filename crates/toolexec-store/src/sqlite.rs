@@ -42,6 +42,9 @@ pub struct SqliteStore {
     /// Exactly one connection: every write, in order.
     writer: SqlitePool,
     reader: SqlitePool,
+    /// Most bytes of blob contents in one transaction: SQLite has no message limit, but the one
+    /// writer is held for as long as a transaction takes, so big contents go in bounded steps.
+    blob_statement_bytes: usize,
 }
 
 impl SqliteStore {
@@ -77,7 +80,17 @@ impl SqliteStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(base.pragma("query_only", "ON"))
             .await?;
-        Ok(Self { writer, reader })
+        Ok(Self {
+            writer,
+            reader,
+            blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
+        })
+    }
+
+    /// Bounds the blob contents of one transaction (at least 1 byte: a larger blob goes alone).
+    pub fn with_blob_statement_bytes(mut self, bytes: usize) -> Self {
+        self.blob_statement_bytes = bytes.max(1);
+        self
     }
 
     /// A private in-memory database (for tests): one connection kept open for the life of the
@@ -95,6 +108,7 @@ impl SqliteStore {
         Ok(Self {
             writer: pool.clone(),
             reader: pool,
+            blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
         })
     }
 
@@ -104,6 +118,16 @@ impl SqliteStore {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 }
+
+/// The `process.started` event of a process id (`$3`) in a session (`$1`) of a tenant (`$2`),
+/// from the partial index `events_process_started` (migration 0002): the kind is a literal and
+/// the expression the index's own. Named with `INDEXED BY` because without statistics SQLite
+/// prefers the primary key's `session_id` prefix, which reads the whole log of the session.
+/// Public so that a test can check its plan.
+pub const PROCESS_STARTED: &str = "SELECT e.data FROM events e INDEXED BY events_process_started \
+     JOIN sessions s ON s.id = e.session_id \
+     WHERE e.session_id = $1 AND s.tenant_id = $2 AND e.kind = 'process.started' \
+     AND json_extract(e.data, '$.process_id') = $3 LIMIT 1";
 
 async fn select_session(
     conn: &mut SqliteConnection,
@@ -173,20 +197,29 @@ async fn read_for_plan(
     Ok((sessions, existing))
 }
 
-async fn write_plan(conn: &mut SqliteConnection, plan: &Plan) -> Result<()> {
-    let now = Utc::now();
-    for blob in &plan.blobs {
+async fn insert_blobs(
+    conn: &mut SqliteConnection,
+    blobs: &[Blob],
+    now: DateTime<Utc>,
+) -> Result<()> {
+    for blob in blobs {
         sqlx::query(
             "INSERT INTO blobs (sha256, size, data, created_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (sha256) DO NOTHING",
         )
         .bind(&blob.sha256)
-        .bind(i64::try_from(blob.bytes.len()).unwrap_or(i64::MAX))
-        .bind(&blob.bytes)
+        .bind(i64::try_from(blob.len()).unwrap_or(i64::MAX))
+        .bind(&blob.bytes[..])
         .bind(now)
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+async fn write_plan(conn: &mut SqliteConnection, plan: &Plan) -> Result<()> {
+    let now = Utc::now();
+    insert_blobs(conn, &plan.blobs, now).await?;
     for row in &plan.invocations {
         let inv = &row.invocation;
         let outcome = row.finish.as_ref().map(|f| &f.outcome);
@@ -379,8 +412,26 @@ impl Store for SqliteStore {
         session: &Session,
         events: Vec<NewEvent>,
         blobs: Vec<Blob>,
+        max_open_sessions: u64,
     ) -> Result<Session> {
+        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
+            self.put_blobs(blobs).await?;
+            Vec::new()
+        } else {
+            blobs
+        };
+        // The count and the insert share the one write transaction: no other create can come
+        // between them.
         let mut tx = self.begin().await?;
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sessions WHERE tenant_id = $1 AND status = 'active'",
+        )
+        .bind(session.tenant_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if u64::try_from(open).unwrap_or(0) >= max_open_sessions {
+            return Err(StoreError::TooManyOpenSessions(max_open_sessions));
+        }
         sqlx::query(
             "INSERT INTO sessions (id, tenant_id, status, tools, policy, env, metadata, last_seq, \
              created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8)",
@@ -497,15 +548,37 @@ impl Store for SqliteStore {
 
     async fn commit(
         &self,
-        batch: Vec<Write>,
+        batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let batch = match crate::blobs_beyond(batch, self.blob_statement_bytes) {
+            None => batch.to_vec(),
+            Some((rest, blobs)) => {
+                self.put_blobs(blobs).await?;
+                rest
+            }
+        };
         let mut tx = self.begin().await?;
         let results = apply(&mut tx, batch).await?;
         tx.commit().await?;
         Ok(results)
+    }
+
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        let mut sizes = Vec::new();
+        for statement in crate::check::blob_statements(blobs, self.blob_statement_bytes) {
+            let mut tx = self.begin().await?;
+            insert_blobs(&mut tx, &statement, Utc::now()).await?;
+            tx.commit().await?;
+            sizes.push(statement.iter().map(Blob::len).sum());
+        }
+        Ok(sizes)
+    }
+
+    fn blob_statement_bytes(&self) -> usize {
+        self.blob_statement_bytes
     }
 
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
@@ -560,6 +633,23 @@ impl Store for SqliteStore {
         .collect::<Result<Vec<_>>>()?;
         tx.commit().await?;
         Ok(events)
+    }
+
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(
+            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
+                .bind(session_id)
+                .bind(tenant_id)
+                .bind(process_id)
+                .fetch_optional(&self.reader)
+                .await?
+                .map(|Json(data)| data),
+        )
     }
 
     async fn invocation_page(
@@ -683,7 +773,7 @@ mod tests {
             last_seq: 0,
         };
         store
-            .create_session(&session, vec![], vec![])
+            .create_session(&session, vec![], vec![], u64::MAX)
             .await
             .unwrap()
     }

@@ -47,7 +47,7 @@ pub struct CallsResponse {
         (status = 200, description = "One result per call, in request order", body = CallsResponse),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A call id reused with other arguments (`call_id_reused`), or the session is closed (`session_closed`); nothing ran", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Bad envelope: JSON the `CallsRequest` schema refuses — an empty batch, a call id of the wrong length, a call that is not an object — is `invalid_request` with a JSON pointer in the detail; more calls than `limits.max_calls_per_batch` is `batch_too_large`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad envelope: JSON the `CallsRequest` schema refuses — an empty batch, a call id of the wrong length, a call that is not an object — is `invalid_request` with a JSON pointer in the detail; a call id or tool name holding NUL is `invalid_call_id` or `invalid_tool_name`; more calls than `limits.max_calls_per_batch` is `batch_too_large`", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn run_calls(
     State(state): State<SharedState>,

@@ -82,7 +82,11 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     let store = state.engine.store();
     let store_status = match tokio::time::timeout(READY_TIMEOUT, store.ping()).await {
         Ok(Ok(())) => "ok".to_owned(),
-        Ok(Err(e)) => format!("unreachable: {e}"),
+        // The cause goes to the log: this body is unauthenticated.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the store is unreachable");
+            "unreachable (the service's log has the cause)".to_owned()
+        }
         Err(_) => format!("no answer within {} ms", READY_TIMEOUT.as_millis()),
     };
     let sandbox = match state.engine.config().sandbox.as_ref().map(|s| s.status()) {

@@ -1,0 +1,158 @@
+//! A store that counts how often the service reads the event log, around a real one: lets a test
+//! assert the number of queries a request costs instead of its wall time.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use toolexec_core::{Event, Invocation, Session, Tenant};
+use toolexec_store::{
+    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, Write, WriteError,
+};
+use uuid::Uuid;
+
+/// Delegates everything to `inner`; counts the log reads.
+pub struct CountingStore {
+    pub inner: Arc<dyn Store>,
+    /// Calls of [`Store::process_started`].
+    pub process_lookups: AtomicU64,
+    /// Calls of [`Store::events`] (a page of the log each).
+    pub event_pages: AtomicU64,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            process_lookups: AtomicU64::new(0),
+            event_pages: AtomicU64::new(0),
+        })
+    }
+
+    /// Log reads so far: process lookups plus event pages.
+    pub fn log_reads(&self) -> u64 {
+        self.process_lookups.load(Ordering::SeqCst) + self.event_pages.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn migrate(&self) -> Result<()> {
+        self.inner.migrate().await
+    }
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+    async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
+        self.inner.ensure_tenant(name).await
+    }
+    async fn create_api_key(&self, tenant_id: Uuid, key_sha256: &str, prefix: &str) -> Result<()> {
+        self.inner
+            .create_api_key(tenant_id, key_sha256, prefix)
+            .await
+    }
+    async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>> {
+        self.inner.tenant_for_key(key_sha256).await
+    }
+    async fn has_api_keys(&self) -> Result<bool> {
+        self.inner.has_api_keys().await
+    }
+    async fn create_session(
+        &self,
+        session: &Session,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+        max_open_sessions: u64,
+    ) -> Result<Session> {
+        self.inner
+            .create_session(session, events, blobs, max_open_sessions)
+            .await
+    }
+    async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        self.inner.get_session(tenant_id, id).await
+    }
+    async fn list_sessions(
+        &self,
+        tenant_id: Uuid,
+        before: Option<Uuid>,
+        limit: u32,
+    ) -> Result<SessionPage> {
+        self.inner.list_sessions(tenant_id, before, limit).await
+    }
+    async fn close_session(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        data: serde_json::Value,
+    ) -> Result<Session> {
+        self.inner.close_session(tenant_id, id, data).await
+    }
+    async fn lookup_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        call_ids: &[String],
+    ) -> Result<(Session, Vec<Invocation>)> {
+        self.inner
+            .lookup_calls(tenant_id, session_id, call_ids)
+            .await
+    }
+    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>> {
+        self.inner.call_index(session_id).await
+    }
+    async fn commit(
+        &self,
+        batch: &[Write],
+    ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
+        self.inner.commit(batch).await
+    }
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        self.inner.put_blobs(blobs).await
+    }
+    fn blob_statement_bytes(&self) -> usize {
+        self.inner.blob_statement_bytes()
+    }
+    async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
+        self.inner.interrupt_running(node, content).await
+    }
+    async fn events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.event_pages.fetch_add(1, Ordering::SeqCst);
+        self.inner.events(tenant_id, session_id, after, limit).await
+    }
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        self.process_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .process_started(tenant_id, session_id, process_id)
+            .await
+    }
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation> {
+        self.inner
+            .invocation_page(tenant_id, id, after, limit)
+            .await
+    }
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
+        self.inner.invocation_output(tenant_id, id).await
+    }
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.blob(sha256).await
+    }
+}

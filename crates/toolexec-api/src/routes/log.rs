@@ -77,8 +77,10 @@ async fn list_events(
 pub struct InvocationQuery {
     /// Side effects with `seq` greater than this (default 0: from the first). Pass the
     /// previous page's `side_effects_next_after`.
+    #[param(minimum = 0)]
     pub after: Option<i64>,
     /// Side effects per page (1–1000, default 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 

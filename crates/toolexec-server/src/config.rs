@@ -147,11 +147,19 @@ pub struct Loaded {
 pub const ENV_PREFIX: &str = "TOOLEXEC_";
 
 /// `TOOLEXEC_*` variables that are not settings and are left alone: `TOOLEXEC_CONFIG` (the
-/// file to read) and the service-link variables Kubernetes defines for a Service named
-/// `toolexec` (`TOOLEXEC_SERVICE_HOST`, `TOOLEXEC_PORT_8080_TCP_ADDR`, …). Any other variable with
-/// the prefix must name a setting: a typo is an error, not a default silently kept.
+/// file to read), the service-link variables Kubernetes defines for a Service named `toolexec`
+/// (`TOOLEXEC_SERVICE_HOST`, `TOOLEXEC_PORT_8080_TCP_ADDR`, …), and the variables of this
+/// repository's own build, test, fuzz and bench tooling (`TOOLEXEC_TEST_*`, `TOOLEXEC_FUZZ_*`,
+/// `TOOLEXEC_BENCH_*`, `TOOLEXEC_STATIC_INIT*`), which a service started from a test inherits.
+/// Any other variable with the prefix must name a setting: a typo is an error, not a default
+/// silently kept.
 fn is_foreign_variable(rest: &str) -> bool {
-    if rest == "CONFIG" || rest == "PORT" || rest.starts_with("SERVICE_") {
+    const TOOLING: [&str; 4] = ["TEST_", "FUZZ_", "BENCH_", "STATIC_INIT"];
+    if rest == "CONFIG"
+        || rest == "PORT"
+        || rest.starts_with("SERVICE_")
+        || TOOLING.iter().any(|t| rest.starts_with(t))
+    {
         return true;
     }
     // PORT_<number>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]
@@ -570,6 +578,7 @@ mod tests {
         );
         assert!(loaded.is_ok(), "{:?}", loaded.err());
         assert!(is_foreign_variable("PORT_8080_TCP_PROTO"));
+        assert!(is_foreign_variable("TEST_DATABASE_URL"));
         assert!(!is_foreign_variable("PORT_EIGHTY_TCP"));
         assert!(!is_foreign_variable("BIND"));
     }

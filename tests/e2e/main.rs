@@ -6,8 +6,8 @@
 mod api;
 mod binary;
 mod budget_scan;
-mod descriptors;
 mod budget_tools;
+mod descriptors;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;
@@ -20,3 +20,4 @@ mod shapes;
 mod shell;
 mod store;
 mod tenancy;
+mod tool_deadlines;

@@ -21,3 +21,4 @@ mod shapes;
 mod shell;
 mod store;
 mod tenancy;
+mod tool_deadlines;

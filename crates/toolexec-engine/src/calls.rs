@@ -471,7 +471,8 @@ impl Engine {
         if read_only && !self.config.durable_start_for_read_only {
             let out = {
                 let _shared = rt.schedule.read().await;
-                tool.run(&ctx, call.arguments.clone()).await
+                self.run_tool(tool.as_ref(), ctx, call.arguments.clone())
+                    .await
             };
             let recorded = self.outcome(session, &invocation, out, t0);
             return self
@@ -501,7 +502,9 @@ impl Engine {
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Ok(Ok(_)) => rt.remember(key),
         }
-        let mut out = tool.run(&ctx, call.arguments.clone()).await;
+        let mut out = self
+            .run_tool(tool.as_ref(), ctx, call.arguments.clone())
+            .await;
         if !read_only {
             self.record_workspace_changes(rt, &mut out).await;
         }

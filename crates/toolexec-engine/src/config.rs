@@ -2,6 +2,9 @@
 //! exceed, and how the recorder batches.
 use std::path::PathBuf;
 
+/// Default of [`Limits::tool_timeout_ms`]: one minute.
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 60_000;
+
 /// Operator ceilings and budgets (`[limits]` in the config file). A session's policy may only
 /// tighten these. Every budget says, where it is enforced, what the model is told when it is hit.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -68,6 +71,16 @@ pub struct Limits {
     /// File changes of one call recorded as individual `file.*` events; the rest are summed up
     /// in one `files.changed` event whose manifest blob lists every one of them.
     pub max_file_events_per_call: usize,
+    // --- time and walks ---
+    /// Wall-clock time one call of a tool may run (milliseconds), for every tool that does not
+    /// run commands (`shell` and the process tools keep their own time limits). Past it the
+    /// call ends `timed_out` with what it had so far (a search's partial results); a change
+    /// already under way is finished, one not yet begun is not made.
+    pub tool_timeout_ms: u64,
+    /// Directory entries one grep, glob or list_dir call may read; then it stops and says its
+    /// result is partial and how to narrow it. Bounds the time and memory of a walk over a
+    /// workspace full of generated files.
+    pub max_walk_entries: usize,
 }
 
 impl Default for Limits {
@@ -98,6 +111,11 @@ impl Default for Limits {
             max_read_bytes_per_call: toolexec_tools::DEFAULT_MAX_READ_BYTES,
             max_stored_output_bytes: 4 * 1024 * 1024,
             max_file_events_per_call: 1_000,
+            // --- time and walks ---
+            // Far beyond what a search of a large repository takes (seconds), short enough
+            // that a call stuck on a costly pattern or a huge tree answers within a minute.
+            tool_timeout_ms: DEFAULT_TOOL_TIMEOUT_MS,
+            max_walk_entries: toolexec_tools::DEFAULT_MAX_WALK_ENTRIES,
         }
     }
 }

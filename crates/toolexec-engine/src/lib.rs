@@ -9,6 +9,7 @@
 mod calls;
 mod canonical;
 mod config;
+mod deadlines;
 mod effects;
 mod log;
 pub mod metrics;

@@ -309,6 +309,10 @@ impl Engine {
             processes: rt.processes.clone(),
             max_timeout_ms: self.config.limits.max_timeout_ms,
             max_read_bytes: self.config.limits.max_read_bytes_per_call,
+            max_walk_entries: self.config.limits.max_walk_entries,
+            // Set when a call runs (`Engine::run_tool`), so that waiting for the session's
+            // scheduling lock does not count against it.
+            deadline: toolexec_tools::Deadline::none(),
         }
     }
 

@@ -10,8 +10,9 @@
 //! like the file tools' changes.
 //!
 //! Shared by several tools: [`patch`] (the apply_patch format, parsing and applying to text),
-//! `walk` (the jailed tree walk of grep and glob, with `.gitignore` rules) and `text` (decoding
-//! files for editing, line endings, near-match hints).
+//! `walk` (the jailed tree walk of grep and glob, with `.gitignore` rules, bounded in entries
+//! and time), `text` (decoding files for editing, line endings, near-match hints) and
+//! [`deadline`] (a call's time limit, which long loops check and mutations commit against).
 //!
 //! A tool failure is data for the model ([`ToolOutput`] with an error status), never a Rust error
 //! that could turn into an HTTP error.
@@ -21,10 +22,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use toolexec_core::{CallStatus, EventKind, FileChange, Policy, ToolSpec};
+use toolexec_core::{CallStatus, Capability, EventKind, FileChange, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
+pub mod deadline;
 pub mod patch;
 pub mod reads;
 pub mod registry;
@@ -33,6 +35,7 @@ pub(crate) mod text;
 pub(crate) mod walk;
 pub mod workspace;
 
+pub use deadline::Deadline;
 pub use reads::ReadTracker;
 pub use registry::{ArgumentError, Registry};
 pub use workspace::Workspace;
@@ -55,12 +58,23 @@ pub struct ToolContext {
     /// Bytes of file text one read_file or read_many_files call may return (the operator's
     /// `limits.max_read_bytes_per_call`).
     pub max_read_bytes: usize,
+    /// Directory entries one walk (grep, glob, list_dir) may read before it stops and says
+    /// its result is partial (the operator's `limits.max_walk_entries`).
+    pub max_walk_entries: usize,
+    /// When this call must stop (see [`deadline`]); [`Deadline::none`] until the engine runs
+    /// the call with [`run_within_deadline`].
+    pub deadline: Deadline,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
 /// be shown (200,000 characters) needs, and small enough that a call's output stays cheap to
 /// hold and to record.
 pub const DEFAULT_MAX_READ_BYTES: usize = 1024 * 1024;
+
+/// Default of [`ToolContext::max_walk_entries`]: a large source tree (the Linux kernel has about
+/// 85,000 files and directories) fits; a workspace full of generated files stops after about a
+/// second of walking instead of holding a thread for minutes.
+pub const DEFAULT_MAX_WALK_ENTRIES: usize = 200_000;
 
 impl ToolContext {
     /// A context with a fresh read-state, the default policy and no recorded outputs.
@@ -75,7 +89,57 @@ impl ToolContext {
             processes: None,
             max_timeout_ms: 600_000,
             max_read_bytes: DEFAULT_MAX_READ_BYTES,
+            max_walk_entries: DEFAULT_MAX_WALK_ENTRIES,
+            deadline: Deadline::none(),
         }
+    }
+}
+
+/// The deadline a call of `spec` gets from the operator's per-call time limit. Tools that run
+/// commands (they declare [`Capability::Process`]) have none: their own time limits (a shell
+/// call's `timeout_ms`, `process_read`'s `wait_ms`) are what the model chose and the sandbox
+/// enforces.
+pub fn deadline_for(spec: &ToolSpec, limit: std::time::Duration) -> Deadline {
+    if spec.capabilities.contains(&Capability::Process) {
+        Deadline::none()
+    } else {
+        Deadline::after(limit)
+    }
+}
+
+/// Runs `tool` within `ctx.deadline`: the tool is expected to stop by itself at the deadline
+/// with what it has (`timed_out`); if it has not answered [`deadline::STOP_GRACE`] later, it
+/// is stuck where it cannot check the clock, and the call ends `timed_out` without output —
+/// unless the tool had already begun its change ([`Deadline::commit_change`]), which is then
+/// waited for so that it is recorded as it happened.
+pub async fn run_within_deadline(
+    tool: &dyn Tool,
+    ctx: &ToolContext,
+    args: serde_json::Value,
+) -> ToolOutput {
+    let (Some(remaining), Some(budget)) = (ctx.deadline.remaining(), ctx.deadline.budget()) else {
+        return tool.run(ctx, args).await;
+    };
+    let mut run = std::pin::pin!(tool.run(ctx, args));
+    match tokio::time::timeout(remaining + deadline::STOP_GRACE, &mut run).await {
+        Ok(out) => out,
+        Err(_) if ctx.deadline.abandon() => {
+            let spec = tool.spec();
+            tracing::warn!(tool = %spec.name, session = %ctx.session_id, "tool did not stop at its deadline; abandoned");
+            ToolOutput::timed_out(format!(
+                "{} did not finish within its time limit of {} and was stopped; it has no \
+                 result to show{}. Narrow the call (a smaller `path`, fewer files) or use the \
+                 shell for long work.",
+                spec.name,
+                deadline::human_duration(budget),
+                if spec.read_only {
+                    ""
+                } else {
+                    ", and nothing was changed"
+                }
+            ))
+        }
+        Err(_) => run.await,
     }
 }
 
@@ -177,6 +241,16 @@ impl ToolOutput {
         }
     }
 
+    /// Stopped at the call's deadline; `content` is what it had so far and says so.
+    pub fn timed_out(content: impl Into<String>) -> Self {
+        Self {
+            status: CallStatus::TimedOut,
+            content: content.into(),
+            changes: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
     pub fn denied(content: impl Into<String>) -> Self {
         Self {
             status: CallStatus::Denied,
@@ -197,7 +271,10 @@ impl ToolOutput {
 pub trait Tool: Send + Sync + 'static {
     fn spec(&self) -> &ToolSpec;
 
-    /// Runs with arguments that already passed `spec().input_schema`.
+    /// Runs with arguments that already passed `spec().input_schema`. A tool whose work can
+    /// be long checks `ctx.deadline` and returns what it has when it expires; a tool that
+    /// changes the workspace calls [`Deadline::commit_change`] right before its first change
+    /// and changes nothing if it answers `false` (see [`deadline`]).
     async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput;
 }
 

@@ -19,6 +19,8 @@
 //! tolerance in *finding* the lines, never in what is written: the new lines are written exactly
 //! as the patch gives them.
 
+use crate::deadline::Deadline;
+
 const BEGIN_PATCH: &str = "*** Begin Patch";
 const END_PATCH: &str = "*** End Patch";
 const ADD_FILE: &str = "*** Add File: ";
@@ -399,6 +401,18 @@ type Replacement<'a> = (usize, usize, &'a [String], &'a [Option<usize>]);
 /// Codex's does); untouched lines keep their `\n` or `\r\n`, and new lines get the file's
 /// dominant line ending.
 pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
+    apply_hunks_within(text, hunks, &Deadline::none())
+}
+
+/// [`apply_hunks`], giving up once `deadline` has passed: finding a hunk's lines costs up to
+/// (file lines × hunk lines) comparisons, hours for a hostile 10 MiB file and patch. A hunk
+/// that could not be placed in time is reported as not found; the caller, seeing the deadline
+/// passed, says the patch ran out of time instead.
+pub fn apply_hunks_within(
+    text: &str,
+    hunks: &[Hunk],
+    deadline: &Deadline,
+) -> Result<String, HunkFailure> {
     let lines = split_lines(text);
     let crlf_lines = lines.iter().filter(|l| l.crlf).count();
     let crlf = crlf_lines > 0 && crlf_lines * 2 >= lines.len();
@@ -409,7 +423,7 @@ pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
     for (i, hunk) in hunks.iter().enumerate() {
         let fail = |kind| HunkFailure { hunk: i + 1, kind };
         if let Some(header) = &hunk.context {
-            match seek(&texts, std::slice::from_ref(header), from, false) {
+            match seek(&texts, std::slice::from_ref(header), from, false, deadline) {
                 Some(at) => from = at + 1,
                 None => {
                     return Err(fail(Mismatch::Context {
@@ -432,7 +446,7 @@ pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
         let mut old: &[String] = &hunk.old;
         let mut new: &[String] = &hunk.new;
         let mut context_of: &[Option<usize>] = &hunk.context_of;
-        let mut found = seek(&texts, old, from, hunk.end_of_file);
+        let mut found = seek(&texts, old, from, hunk.end_of_file, deadline);
         // A hunk that ends with an empty context line may have been written against a file
         // without a final blank line; retry without it.
         if found.is_none() && old.last().is_some_and(String::is_empty) {
@@ -441,7 +455,7 @@ pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
                 new = &new[..new.len() - 1];
                 context_of = &context_of[..context_of.len() - 1];
             }
-            found = seek(&texts, old, from, hunk.end_of_file);
+            found = seek(&texts, old, from, hunk.end_of_file, deadline);
         }
         match found {
             Some(at) => {
@@ -449,18 +463,18 @@ pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
                 from = at + old.len();
             }
             None if hunk.end_of_file => {
-                return Err(fail(match seek(&texts, &hunk.old, from, false) {
+                return Err(fail(match seek(&texts, &hunk.old, from, false, deadline) {
                     Some(found) => Mismatch::NotAtEnd { found },
                     None => Mismatch::Lines {
                         from,
-                        partial: longest_prefix(&texts, &hunk.old, from),
+                        partial: longest_prefix(&texts, &hunk.old, from, deadline),
                     },
                 }));
             }
             None => {
                 return Err(fail(Mismatch::Lines {
                     from,
-                    partial: longest_prefix(&texts, &hunk.old, from),
+                    partial: longest_prefix(&texts, &hunk.old, from, deadline),
                 }));
             }
         }
@@ -495,7 +509,13 @@ pub fn apply_hunks(text: &str, hunks: &[Hunk]) -> Result<String, HunkFailure> {
 
 /// Where `pattern` occurs in `lines` at or after `from` (at the very end if `eof`): exact
 /// first, then ignoring trailing whitespace, then ignoring surrounding whitespace.
-fn seek(lines: &[&str], pattern: &[String], from: usize, eof: bool) -> Option<usize> {
+fn seek(
+    lines: &[&str],
+    pattern: &[String],
+    from: usize,
+    eof: bool,
+    deadline: &Deadline,
+) -> Option<usize> {
     if pattern.is_empty() {
         return Some(from);
     }
@@ -513,20 +533,30 @@ fn seek(lines: &[&str], pattern: &[String], from: usize, eof: bool) -> Option<us
         |a, b| a.trim() == b.trim(),
     ];
     passes.into_iter().find_map(|same| {
-        (first_start..=last_start).find(|&start| {
-            pattern
-                .iter()
-                .enumerate()
-                .all(|(i, p)| same(lines[start + i], p))
-        })
+        (first_start..=last_start)
+            .take_while(|_| !deadline.expired())
+            .find(|&start| {
+                pattern
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| same(lines[start + i], p))
+            })
     })
 }
 
 /// The place at or after `from` where the most leading lines of `pattern` match (loosest
 /// comparison), if at least one does: (0-based start, lines matched).
-fn longest_prefix(lines: &[&str], pattern: &[String], from: usize) -> Option<(usize, usize)> {
+fn longest_prefix(
+    lines: &[&str],
+    pattern: &[String],
+    from: usize,
+    deadline: &Deadline,
+) -> Option<(usize, usize)> {
     let mut best: Option<(usize, usize)> = None;
     for start in from..lines.len() {
+        if deadline.expired() {
+            break;
+        }
         let matched = pattern
             .iter()
             .zip(&lines[start..])

@@ -110,10 +110,29 @@ impl Registry {
             Some(err) => Err(ArgumentError {
                 pointer: err.instance_path().to_string(),
                 rule: keyword_of(&err),
-                message: err.to_string(),
+                message: shortened(err.to_string()),
             }),
         })
     }
+}
+
+/// Characters of a validation message kept at each end when it is cut.
+const MESSAGE_END_CHARS: usize = 150;
+
+/// The validator quotes the offending value whole (`"aaaa…" is longer than 4096 characters`),
+/// which for a 16 MiB string would be the whole result: the middle of a long message is cut,
+/// keeping the start of the value and the rule at the end.
+fn shortened(message: String) -> String {
+    let chars = message.chars().count();
+    if chars <= 2 * MESSAGE_END_CHARS + 50 {
+        return message;
+    }
+    let head: String = message.chars().take(MESSAGE_END_CHARS).collect();
+    let tail: String = message.chars().skip(chars - MESSAGE_END_CHARS).collect();
+    format!(
+        "{head}… [{} characters cut] …{tail}",
+        chars - 2 * MESSAGE_END_CHARS
+    )
 }
 
 fn keyword_of(err: &jsonschema::ValidationError<'_>) -> String {

@@ -222,7 +222,10 @@ pub(crate) fn closest_window(file_lines: &[&str], wanted: &[&str]) -> Option<Nea
     let deadline = Instant::now() + NEAR_MATCH_BUDGET;
     let wanted_text = wanted.join("\n");
     let wanted_trimmed: Vec<&str> = wanted.iter().map(|l| l.trim()).collect();
+    // Scoring every window costs (file lines × wanted lines) comparisons, which a big file and
+    // a long old_string make minutes: the scoring shares the budget too.
     let mut candidates: Vec<(usize, usize)> = (0..=file_lines.len() - len)
+        .take_while(|_| Instant::now() < deadline)
         .map(|start| {
             let score = file_lines[start..start + len]
                 .iter()
@@ -256,7 +259,14 @@ pub(crate) fn closest_window(file_lines: &[&str], wanted: &[&str]) -> Option<Nea
 pub(crate) fn describe_difference(wanted: &[&str], found: &[&str], first_line: usize) -> String {
     let mut out = Vec::new();
     let mut whitespace_only = true;
-    let ops = similar::capture_diff_slices(Algorithm::Myers, wanted, found);
+    // Bounded like the search for the window: a diff of two long, very different line lists
+    // takes minutes without a deadline (with one, it is coarser, never wrong).
+    let ops = similar::capture_diff_slices_deadline(
+        Algorithm::Myers,
+        wanted,
+        found,
+        Some(Instant::now() + NEAR_MATCH_BUDGET),
+    );
     for op in ops {
         let (removed, added) = match op {
             DiffOp::Equal { .. } => continue,

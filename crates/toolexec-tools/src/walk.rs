@@ -13,6 +13,13 @@
 //! (whether or not the workspace is a git repository): deeper files take precedence, `!`
 //! re-includes, and an ignored directory is not entered. The start directory itself is never
 //! ignored, so searching an ignored directory by its path works.
+//!
+//! A walk is bounded ([`Bounds`]): it reads at most `max_entries` directory entries (of every
+//! kind, ignored ones too: each costs a `getdents` slot, a possible `statat` and memory), stops
+//! at the call's deadline, and compiles at most [`MAX_GITIGNORE_RULES`] rules of each
+//! `.gitignore` (the matcher's build time grows faster than its rule count, and the file is
+//! whatever the workspace holds). Where it stopped is in the [`WalkReport`], for the note that
+//! tells the model its result is partial and how to narrow it.
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -21,18 +28,88 @@ use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use crate::builtin::list_dir::NOT_EXPANDED;
+use crate::deadline::{Deadline, human_duration};
 use crate::workspace::{Entry, EntryKind, VIRTUAL_ROOT, Workspace, WorkspaceDir};
 
 /// Directories skipped unless the search starts inside one: dependencies, build output and VCS
 /// internals, which bury the project's own files (the same set list_dir does not expand).
 pub(crate) const SKIPPED_DIRS: [&str; 7] = NOT_EXPANDED;
 
-/// Files looked at before a walk stops: enough for any source tree, a bound on the time one call
-/// can take in a workspace full of generated files.
-pub(crate) const MAX_WALK_FILES: usize = 100_000;
-
 /// Deepest directory nesting walked; also bounds the open directory descriptors (one per level).
 pub(crate) const MAX_WALK_DEPTH: usize = 64;
+
+/// Rules compiled from one `.gitignore`; the rest of the file is not applied (and a note says
+/// so). Real ones have tens to hundreds of rules. Compiling is one call that cannot look at the
+/// deadline, and its cost grows faster than the rule count: rules like `d1/**/x1*.log` took
+/// 2.3 s for 1,000, 26 s for 10,000 and 400 s for 100,000 in a debug build.
+pub(crate) const MAX_GITIGNORE_RULES: usize = 1_000;
+
+/// What bounds one walk (or listing): directory entries read, and the call's deadline.
+#[derive(Debug, Clone)]
+pub(crate) struct Bounds {
+    pub max_entries: usize,
+    pub deadline: Deadline,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_entries: crate::DEFAULT_MAX_WALK_ENTRIES,
+            deadline: Deadline::none(),
+        }
+    }
+}
+
+impl Bounds {
+    pub(crate) fn of(ctx: &crate::ToolContext) -> Self {
+        Self {
+            max_entries: ctx.max_walk_entries,
+            deadline: ctx.deadline.clone(),
+        }
+    }
+
+    /// Without limits, for tests.
+    #[cfg(test)]
+    pub(crate) fn unlimited() -> Self {
+        Self {
+            max_entries: usize::MAX,
+            deadline: Deadline::none(),
+        }
+    }
+}
+
+/// Why a walk stopped before it had seen everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// It read `Bounds::max_entries` directory entries.
+    Entries,
+    /// The call's deadline passed.
+    Time,
+}
+
+impl Stop {
+    /// The sentence that says where the walk stopped, without the advice (which depends on the
+    /// tool): "The search stopped after reading 200000 directory entries (the limit for one
+    /// call), so the results are partial."
+    pub(crate) fn sentence(self, what: &str, bounds: &Bounds, report: &WalkReport) -> String {
+        match self {
+            Stop::Entries => format!(
+                "The {what} stopped after reading {} directory entries (the limit for one call), \
+                 so the results are partial.",
+                report.entries
+            ),
+            Stop::Time => format!(
+                "The {what} stopped at the time limit of {} for one call, after reading {} \
+                 directory entries, so the results are partial.",
+                bounds
+                    .deadline
+                    .budget()
+                    .map_or_else(|| "this call".to_owned(), human_duration),
+                report.entries
+            ),
+        }
+    }
+}
 
 /// Whether a visit wants more files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,14 +123,25 @@ pub(crate) enum Flow {
 pub(crate) struct WalkReport {
     /// Regular files offered to the visitor.
     pub files: usize,
+    /// Directory entries read (every kind).
+    pub entries: usize,
     /// Excluded directories that were skipped (workspace-relative paths).
     pub skipped_dirs: BTreeSet<String>,
     /// Files and directories left out by `.gitignore` rules.
     pub ignored: usize,
-    /// The walk stopped at [`MAX_WALK_FILES`].
-    pub capped: bool,
+    /// Where the walk stopped early, if it did.
+    pub stopped: Option<Stop>,
     /// Directories below [`MAX_WALK_DEPTH`] were not entered.
     pub too_deep: bool,
+    /// `.gitignore` files of which only the first [`MAX_GITIGNORE_RULES`] rules apply.
+    pub long_gitignores: BTreeSet<String>,
+}
+
+impl WalkReport {
+    /// Notes where the walk stopped, the first time.
+    pub(crate) fn stop(&mut self, why: Stop) {
+        self.stopped.get_or_insert(why);
+    }
 }
 
 /// One level of `.gitignore` rules and the levels above it.
@@ -85,10 +173,30 @@ fn virtual_path(path: &str) -> PathBuf {
     }
 }
 
-/// The rules of one `.gitignore` (lines git would reject are skipped, as git skips them).
-fn parse_gitignore(dir: &str, contents: &[u8], parent: Option<Rc<Rules>>) -> Option<Rc<Rules>> {
+/// The rules of one `.gitignore` (lines git would reject are skipped, as git skips them), at
+/// most [`MAX_GITIGNORE_RULES`] of them; `report` learns of a file that had more.
+fn parse_gitignore(
+    dir: &str,
+    contents: &[u8],
+    parent: Option<Rc<Rules>>,
+    report: &mut WalkReport,
+) -> Option<Rc<Rules>> {
     let mut builder = GitignoreBuilder::new(virtual_path(dir));
+    let mut rules = 0;
     for line in String::from_utf8_lossy(contents).lines() {
+        let rule = line.trim();
+        if rule.is_empty() || rule.starts_with('#') {
+            continue;
+        }
+        if rules == MAX_GITIGNORE_RULES {
+            report.long_gitignores.insert(if dir == "." {
+                ".gitignore".to_owned()
+            } else {
+                format!("{dir}/.gitignore")
+            });
+            break;
+        }
+        rules += 1;
         let _ = builder.add_line(None, line);
     }
     match builder.build() {
@@ -109,15 +217,41 @@ struct Frame {
     depth: usize,
 }
 
-fn frame(dir: WorkspaceDir, inherited: Option<Rc<Rules>>, depth: usize) -> Frame {
-    let entries = dir.entries().unwrap_or_default();
+/// A directory's entries as far as the entry budget allows (`None` when it is used up).
+pub(crate) fn bounded_entries(
+    dir: &WorkspaceDir,
+    bounds: &Bounds,
+    report: &mut WalkReport,
+) -> Option<Vec<Entry>> {
+    let left = bounds.max_entries.saturating_sub(report.entries);
+    if left == 0 {
+        report.stop(Stop::Entries);
+        return None;
+    }
+    // An unreadable directory (permissions, removed meanwhile) is passed over.
+    let (entries, complete) = dir.entries_up_to(left).unwrap_or_default();
+    report.entries += entries.len();
+    if !complete {
+        report.stop(Stop::Entries);
+    }
+    Some(entries)
+}
+
+fn frame(
+    dir: WorkspaceDir,
+    inherited: Option<Rc<Rules>>,
+    depth: usize,
+    bounds: &Bounds,
+    report: &mut WalkReport,
+) -> Frame {
+    let entries = bounded_entries(&dir, bounds, report).unwrap_or_default();
     let mut rules = inherited;
     if let Some(gitignore) = entries
         .iter()
         .find(|e| e.name == ".gitignore" && e.kind == EntryKind::File)
         && let Ok(file) = dir.read_child(gitignore)
     {
-        rules = parse_gitignore(dir.path(), &file.bytes, rules);
+        rules = parse_gitignore(dir.path(), &file.bytes, rules, report);
     }
     Frame {
         dir,
@@ -128,7 +262,7 @@ fn frame(dir: WorkspaceDir, inherited: Option<Rc<Rules>>, depth: usize) -> Frame
 }
 
 /// The `.gitignore` rules of the directories above `start` (from the workspace root down).
-fn inherited_rules(ws: &Workspace, start: &str) -> Option<Rc<Rules>> {
+fn inherited_rules(ws: &Workspace, start: &str, report: &mut WalkReport) -> Option<Rc<Rules>> {
     if start == "." {
         return None;
     }
@@ -142,7 +276,7 @@ fn inherited_rules(ws: &Workspace, start: &str) -> Option<Rc<Rules>> {
             format!("{dir}/.gitignore")
         };
         if let Ok(file) = ws.read(&gitignore) {
-            rules = parse_gitignore(&dir, &file.bytes, rules);
+            rules = parse_gitignore(&dir, &file.bytes, rules, report);
         }
         dir = if dir == "." {
             component.to_owned()
@@ -154,17 +288,25 @@ fn inherited_rules(ws: &Workspace, start: &str) -> Option<Rc<Rules>> {
 }
 
 /// Calls `visit` with every regular file under `start` in path order (entries sorted by name,
-/// depth first), with its directory, entry and workspace-relative path, until it says stop.
+/// depth first), with its directory, entry and workspace-relative path, until it says stop or
+/// a bound is reached (`report.stopped` says which).
 pub(crate) fn walk_files(
     ws: &Workspace,
     start: WorkspaceDir,
+    bounds: &Bounds,
     visit: &mut dyn FnMut(&WorkspaceDir, &Entry, &str) -> Flow,
 ) -> WalkReport {
     let mut report = WalkReport::default();
     let skip_excluded = exclusions_apply(start.path());
-    let inherited = inherited_rules(ws, start.path());
-    let mut stack = vec![frame(start, inherited, 0)];
+    let inherited = inherited_rules(ws, start.path(), &mut report);
+    let first = frame(start, inherited, 0, bounds, &mut report);
+    let mut stack = vec![first];
     while let Some(top) = stack.last_mut() {
+        // One clock read per entry: a walk notices its deadline within microseconds of work.
+        if bounds.deadline.expired() {
+            report.stop(Stop::Time);
+            break;
+        }
         let Some(entry) = top.entries.next() else {
             stack.pop();
             continue;
@@ -184,10 +326,16 @@ pub(crate) fn walk_files(
                     report.too_deep = true;
                     continue;
                 }
+                if report.entries >= bounds.max_entries {
+                    report.stop(Stop::Entries);
+                    continue;
+                }
                 // A directory that cannot be opened (permissions, or swapped for a symlink
                 // since it was listed) is passed over.
                 if let Ok(child) = top.dir.open_child(&entry) {
-                    let next = frame(child, top.rules.clone(), top.depth + 1);
+                    let rules = top.rules.clone();
+                    let depth = top.depth + 1;
+                    let next = frame(child, rules, depth, bounds, &mut report);
                     stack.push(next);
                 }
             }
@@ -195,10 +343,6 @@ pub(crate) fn walk_files(
                 if ignored(top.rules.as_ref(), &path, false) {
                     report.ignored += 1;
                     continue;
-                }
-                if report.files >= MAX_WALK_FILES {
-                    report.capped = true;
-                    break;
                 }
                 report.files += 1;
                 if visit(&top.dir, &entry, &path) == Flow::Stop {
@@ -253,14 +397,22 @@ pub(crate) fn notes(report: &WalkReport) -> Vec<String> {
             crate::builtin::plural(report.ignored, "path was", "paths were")
         ));
     }
-    if report.capped {
-        notes.push(format!(
-            "The walk stopped after {MAX_WALK_FILES} files; give a narrower `path`."
-        ));
-    }
     if report.too_deep {
         notes.push(format!(
             "Directories nested deeper than {MAX_WALK_DEPTH} levels were not entered."
+        ));
+    }
+    if !report.long_gitignores.is_empty() {
+        let files: Vec<std::borrow::Cow<'_, str>> = report
+            .long_gitignores
+            .iter()
+            .take(10)
+            .map(|f| crate::text::shown_name(f))
+            .collect();
+        notes.push(format!(
+            "Only the first {MAX_GITIGNORE_RULES} rules of {} were applied (a longer \
+             .gitignore is cut there), so some ignored paths may have been searched.",
+            files.join(", ")
         ));
     }
     notes
@@ -279,7 +431,7 @@ mod tests {
     fn files(ws: &Workspace, start: &str) -> (Vec<String>, WalkReport) {
         let mut seen = Vec::new();
         let dir = ws.open_dir(start).unwrap();
-        let report = walk_files(ws, dir, &mut |_, _, path| {
+        let report = walk_files(ws, dir, &Bounds::unlimited(), &mut |_, _, path| {
             seen.push(path.to_owned());
             Flow::Continue
         });

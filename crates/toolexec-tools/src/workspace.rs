@@ -887,11 +887,27 @@ impl WorkspaceDir {
 
     /// The entries, sorted by name, without `.` and `..`.
     pub fn entries(&self) -> Result<Vec<Entry>, JailError> {
+        self.entries_up_to(usize::MAX).map(|(entries, _)| entries)
+    }
+
+    /// At most `max` entries, sorted by name, and whether that is all of them. The directory is
+    /// read no further than needed: a directory of a million entries costs what `max` of them
+    /// cost (which ones come first is the filesystem's order, so a cut listing is a sample).
+    pub fn entries_up_to(&self, max: usize) -> Result<(Vec<Entry>, bool), JailError> {
         let io_err = |e: Errno| errno_to_jail(e, &self.path, "list");
         let dir = Dir::read_from(&self.fd).map_err(io_err)?;
         let mut entries = Vec::new();
+        let mut complete = true;
         for entry in dir {
             let entry = entry.map_err(io_err)?;
+            if entries.len() == max {
+                let raw = entry.file_name().to_bytes();
+                if raw != b"." && raw != b".." {
+                    complete = false;
+                    break;
+                }
+                continue;
+            }
             let raw = entry.file_name();
             if raw.to_bytes() == b"." || raw.to_bytes() == b".." {
                 continue;
@@ -915,7 +931,7 @@ impl WorkspaceDir {
             });
         }
         entries.sort_by(|a, b| a.raw.cmp(&b.raw));
-        Ok(entries)
+        Ok((entries, complete))
     }
 
     /// Opens a subdirectory. Refuses symlinks (and mount points): a walk never leaves the tree

@@ -184,7 +184,7 @@ async fn grep_searches_one_file_given_as_path() {
 async fn an_invalid_regex_is_explained() {
     let s = Session::new();
     let out = s.call("grep", json!({"pattern": "fn main("})).await;
-    assert_eq!(out.status, CallStatus::Error);
+    assert_eq!(out.status, CallStatus::InvalidArguments);
     assert!(
         out.content.starts_with("Invalid regex \"fn main(\""),
         "{}",

@@ -19,11 +19,11 @@ use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
 };
 
-use super::{Action, blocking, check_read};
+use super::{Action, blocking, check_read, too_late};
 use crate::patch::{self, Hunk, HunkFailure, Mismatch, Op};
 use crate::text::{decode_for_edit, numbered_range, shown_name, view_lines};
 use crate::workspace::{Before, JailError, Workspace, human_bytes};
-use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 
 /// File lines shown around the place a hunk stopped matching.
 const FAILURE_CONTEXT_LINES: usize = 2;
@@ -124,13 +124,19 @@ impl Tool for ApplyPatch {
         };
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
-        blocking(move || apply(&workspace, &reads, &args.patch))
+        let deadline = ctx.deadline.clone();
+        blocking(move || apply(&workspace, &reads, &args.patch, &deadline))
             .await
             .unwrap_or_else(|output| output)
     }
 }
 
-fn apply(workspace: &Workspace, reads: &ReadTracker, text: &str) -> ToolOutput {
+fn apply(
+    workspace: &Workspace,
+    reads: &ReadTracker,
+    text: &str,
+    deadline: &Deadline,
+) -> ToolOutput {
     let patch = match patch::parse(text) {
         Ok(patch) => patch,
         Err(e) => {
@@ -150,9 +156,21 @@ fn apply(workspace: &Workspace, reads: &ReadTracker, text: &str) -> ToolOutput {
     }
     let mut plan = Plan::default();
     for op in &patch.ops {
-        if let Err(failure) = plan.apply(workspace, reads, op) {
+        // Verifying is the long part (finding each hunk's lines); nothing is written until
+        // every file is verified, so stopping here leaves the workspace as it was.
+        if deadline.expired() {
+            return too_late(deadline, "every file of the patch was verified");
+        }
+        if let Err(failure) = plan.apply(workspace, reads, op, deadline) {
+            // A hunk search cut short by the deadline looks like a hunk not found.
+            if deadline.expired() {
+                return too_late(deadline, "every file of the patch was verified");
+            }
             return failure.into_output();
         }
+    }
+    if !deadline.commit_change() {
+        return too_late(deadline, "writing the patched files");
     }
     plan.commit(workspace, reads)
 }
@@ -220,7 +238,13 @@ fn where_in_patch(op: &Op) -> String {
 }
 
 impl Plan {
-    fn apply(&mut self, ws: &Workspace, reads: &ReadTracker, op: &Op) -> Result<(), Failure> {
+    fn apply(
+        &mut self,
+        ws: &Workspace,
+        reads: &ReadTracker,
+        op: &Op,
+        deadline: &Deadline,
+    ) -> Result<(), Failure> {
         match op {
             Op::Add { path, contents, .. } => {
                 let at = self.entry(ws, path, op)?;
@@ -249,7 +273,7 @@ impl Plan {
                 let shown = self.entries[at].path.clone();
                 let text = decode_for_edit(&shown, bytes, "apply_patch")
                     .map_err(|e| Failure::error(format!("{}: {e}", where_in_patch(op))))?;
-                let updated = patch::apply_hunks(text, hunks)
+                let updated = patch::apply_hunks_within(text, hunks, deadline)
                     .map_err(|f| Failure::error(hunk_failure(&shown, text, hunks, &f)))?;
                 self.check_read(reads, at, op)?;
                 match move_to {
@@ -515,11 +539,19 @@ fn roll_back(ws: &Workspace, done: &[&Entry]) -> String {
     text
 }
 
+/// Longest a `+3 -1` line count may take; a diff of two big, very different files takes
+/// minutes without a limit.
+const LINE_STAT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// `+3 -1` for a text change; `None` for additions and deletions of non-text.
 fn line_stat(before: Option<&[u8]>, after: Option<&[u8]>) -> Option<String> {
     let before = std::str::from_utf8(before.unwrap_or_default()).ok()?;
     let after = std::str::from_utf8(after.unwrap_or_default()).ok()?;
-    let diff = TextDiff::from_lines(before, after);
+    // Counted after the files are written, so it must not hold the call: past the timeout
+    // the diff is coarser (the counts may be higher than the least possible), never wrong.
+    let diff = TextDiff::configure()
+        .timeout(LINE_STAT_TIMEOUT)
+        .diff_lines(before, after);
     let (mut added, mut removed) = (0, 0);
     for change in diff.iter_all_changes() {
         match change.tag() {

@@ -12,13 +12,13 @@ use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
 };
 
-use super::{Action, blocking, check_read, jail_failure, plural};
+use super::{Action, blocking, check_read, jail_failure, plural, too_late};
 use crate::text::{
     closest_window, decode_for_edit, describe_difference, has_line_number_prefixes, line_of,
     numbered_range, shown_name, to_crlf, uses_crlf, view_lines,
 };
 use crate::workspace::{JailError, Workspace};
-use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 
 /// Lines of unchanged context shown around an edited region.
 const SNIPPET_CONTEXT_LINES: usize = 3;
@@ -134,13 +134,19 @@ impl Tool for EditFile {
         };
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
-        blocking(move || edit(&workspace, &reads, &args))
+        let deadline = ctx.deadline.clone();
+        blocking(move || edit(&workspace, &reads, &args, &deadline))
             .await
             .unwrap_or_else(|output| output)
     }
 }
 
-fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
+fn edit(
+    workspace: &Workspace,
+    reads: &ReadTracker,
+    args: &Args,
+    deadline: &Deadline,
+) -> ToolOutput {
     if args.old_string == args.new_string {
         return ToolOutput::error(
             "old_string and new_string are identical, so there is nothing to change. Put the \
@@ -188,6 +194,12 @@ fn edit(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
     }
     edited.push_str(&text[copied_up_to..]);
 
+    if !deadline.commit_change() {
+        return too_late(
+            deadline,
+            &format!("writing the edit to '{}'", shown_name(path)),
+        );
+    }
     let expected = file.sha256.clone();
     let written = match workspace.write_if(path, edited.as_bytes(), |path, before| {
         if before.sha256() == Some(expected.as_str()) {

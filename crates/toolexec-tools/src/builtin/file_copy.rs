@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, jail_failure, read_before_write, written_change};
+use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
 use crate::reads::WriteCheck;
 use crate::text::shown_name;
 use crate::workspace::{Copied, JailError, Workspace, human_bytes};
@@ -123,9 +123,16 @@ impl Tool for FileCopy {
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
         let capabilities = self.spec.capabilities.clone();
-        blocking(move || copy(&workspace, &reads, &capabilities, &args))
-            .await
-            .unwrap_or_else(|output| output)
+        let deadline = ctx.deadline.clone();
+        blocking(move || {
+            if !deadline.commit_change() {
+                let what = format!("copying to '{}'", shown_name(&args.dest));
+                return too_late(&deadline, &what);
+            }
+            copy(&workspace, &reads, &capabilities, &args)
+        })
+        .await
+        .unwrap_or_else(|output| output)
     }
 }
 

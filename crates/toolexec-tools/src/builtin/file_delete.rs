@@ -6,7 +6,7 @@ use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
 };
 
-use super::{Action, blocking, jail_failure, read_before_write};
+use super::{Action, blocking, jail_failure, read_before_write, too_late};
 use crate::text::shown_name;
 use crate::workspace::{JailError, Workspace, human_bytes};
 use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
@@ -84,9 +84,16 @@ impl Tool for FileDelete {
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
         let capabilities = self.spec.capabilities.clone();
-        blocking(move || delete(&workspace, &reads, &capabilities, &args.path))
-            .await
-            .unwrap_or_else(|output| output)
+        let deadline = ctx.deadline.clone();
+        blocking(move || {
+            if !deadline.commit_change() {
+                let what = format!("deleting '{}'", shown_name(&args.path));
+                return too_late(&deadline, &what);
+            }
+            delete(&workspace, &reads, &capabilities, &args.path)
+        })
+        .await
+        .unwrap_or_else(|output| output)
     }
 }
 

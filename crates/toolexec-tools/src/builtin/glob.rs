@@ -9,9 +9,9 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::grep::relative_to;
-use super::{blocking, jail_failure, plural};
+use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure, plural};
 use crate::text::shown_name;
-use crate::walk::{self, Flow};
+use crate::walk::{self, Bounds, Flow, Stop};
 use crate::workspace::{VIRTUAL_ROOT, Workspace};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -38,7 +38,9 @@ is inside one. Listing a file does not count as reading it: read_file it before 
 Example: {\"pattern\": \"**/*.{ts,tsx}\", \"path\": \"web/src\"} lists the TypeScript files under \
 web/src, newest first.
 
-Limits: at most 500 paths are listed; a note gives the total when there are more.";
+Limits: at most 500 paths are listed; a note gives the total when there are more. The search \
+stops at the call's time limit or after reading the service's limit of directory entries, and \
+then says its list is partial: narrow it with `path`.";
 
 pub struct Glob {
     spec: ToolSpec,
@@ -62,6 +64,7 @@ impl Glob {
                         "pattern": {
                             "type": "string",
                             "minLength": 1,
+                            "maxLength": MAX_PATTERN_CHARS,
                             "description": "The glob to match against paths relative to `path`, like **/*.rs or src/**/*.test.ts."
                         },
                         "path": {
@@ -100,27 +103,29 @@ impl Tool for Glob {
             Err(output) => return output,
         };
         let workspace = ctx.workspace.clone();
-        blocking(move || glob(&workspace, &args))
+        let bounds = Bounds::of(ctx);
+        blocking(move || glob(&workspace, &args, &bounds))
             .await
             .unwrap_or_else(|output| output)
     }
 }
 
-fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
+fn glob(workspace: &Workspace, args: &Args, bounds: &Bounds) -> ToolOutput {
     // A pattern written as an absolute /workspace path is matched from the workspace root.
     let absolute = format!("{VIRTUAL_ROOT}/");
     let (pattern, path) = match args.pattern.strip_prefix(&absolute) {
         Some(rest) => (rest, "."),
         None => (args.pattern.as_str(), args.path.as_deref().unwrap_or(".")),
     };
-    let matcher = match GlobBuilder::new(pattern).literal_separator(true).build() {
-        Ok(glob) => glob.compile_matcher(),
-        Err(e) => {
-            return ToolOutput::error(format!(
-                "Invalid glob pattern {pattern:?}: {e}. Use a pattern like **/*.rs, \
-                 src/*.{{ts,tsx}} or docs/**/README.md."
-            ));
-        }
+    let matcher = match compile_glob(
+        pattern,
+        GlobBuilder::new(pattern).literal_separator(true),
+        "glob pattern",
+        "pattern",
+        "**/*.rs, src/*.{ts,tsx} or docs/**/README.md",
+    ) {
+        Ok(matcher) => matcher,
+        Err(refusal) => return refusal,
     };
     let dir = match workspace.open_dir(path) {
         Ok(dir) => dir,
@@ -128,7 +133,7 @@ fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
     };
     let start = dir.path().to_owned();
     let mut found: Vec<(Option<SystemTime>, String)> = Vec::new();
-    let report = walk::walk_files(workspace, dir, &mut |dir, entry, path| {
+    let report = walk::walk_files(workspace, dir, bounds, &mut |dir, entry, path| {
         if matcher.is_match(relative_to(&start, path)) {
             found.push((dir.modified(entry), walk::shown_path(dir, entry)));
         }
@@ -156,7 +161,11 @@ fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
             out.push('\n');
             out.push_str(&note);
         }
-        return ToolOutput::ok(out);
+        if let Some(note) = stop_note(&report, bounds) {
+            out.push('\n');
+            out.push_str(&note);
+        }
+        return finished(out, report.stopped);
     }
     let total = found.len();
     let mut out: String = found
@@ -170,11 +179,28 @@ fn glob(workspace: &Workspace, args: &Args) -> ToolOutput {
              narrower pattern or path to see the rest.\n"
         ));
     }
-    if report.capped {
-        out.push_str(&format!(
-            "\nThe search stopped after {} files; give a narrower `path`.\n",
-            walk::MAX_WALK_FILES
-        ));
+    if let Some(note) = stop_note(&report, bounds) {
+        out.push('\n');
+        out.push_str(&note);
+        out.push('\n');
     }
-    ToolOutput::ok(out)
+    finished(out, report.stopped)
+}
+
+/// Where the walk stopped early and how to narrow the search, if it did.
+fn stop_note(report: &walk::WalkReport, bounds: &Bounds) -> Option<String> {
+    let stop = report.stopped?;
+    Some(format!(
+        "{} Give a narrower `path`: the directory to look in (for example \"src\" with the \
+         pattern \"**/*.rs\").",
+        stop.sentence("search", bounds, report)
+    ))
+}
+
+/// `timed_out` when the walk stopped at the deadline (the list is what it found so far).
+fn finished(out: String, stopped: Option<Stop>) -> ToolOutput {
+    match stopped {
+        Some(Stop::Time) => ToolOutput::timed_out(out),
+        _ => ToolOutput::ok(out),
+    }
 }

@@ -3,8 +3,10 @@
 //! The walk is `crate::walk` (jailed, symlinks never followed, `.gitignore` and the default
 //! exclusions applied). Files with shown matches count as read for read-before-write: the hash
 //! recorded is that of the whole file as searched.
+use std::io::Read;
+
 use async_trait::async_trait;
-use globset::{GlobBuilder, GlobMatcher};
+use globset::{GlobBuilder, GlobSet};
 use grep_matcher::LineTerminator;
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
@@ -13,11 +15,12 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::read_file::BINARY_SNIFF_BYTES;
-use super::{blocking, jail_failure, plural};
+use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure, plural};
+use crate::deadline::Deadline;
 use crate::text::{shown_line, shown_name};
-use crate::walk::{self, Flow, WalkReport};
+use crate::walk::{self, Bounds, Flow, Stop, WalkReport};
 use crate::workspace::{FileContents, JailError, MAX_READ_BYTES, Workspace, human_bytes};
-use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 /// Matching lines shown when the call gives no `max_results`: enough to see the shape of the
 /// answer, few enough that the model narrows the search instead of paging through it.
@@ -33,6 +36,22 @@ const MAX_NAMED_TOO_LARGE: usize = 20;
 /// Characters of a matching line shown before it is cut: a match in a minified file should not
 /// fill the output.
 pub const MAX_LINE_CHARS: usize = 500;
+
+/// Largest compiled form (NFA) of a pattern, in bytes: the regex crate's own default (ripgrep
+/// raises it to 100 MiB for a user at a terminal). `a{1000}{1000}`, a million states, is
+/// refused in milliseconds instead of being built and searched for minutes; `\w{100}` with
+/// Unicode classes still fits.
+pub const REGEX_SIZE_LIMIT: usize = 10 * 1024 * 1024;
+
+/// Cache of the lazy DFA of one search, in bytes (grep-regex defaults to 1000 MiB, per search
+/// thread). Past it the cache is cleared and refilled: slower, never wrong. Much smaller and
+/// Unicode-class patterns thrash (`\w{100}` over 10 MiB of text: 9.6 s with 2 MiB, 0.4 s with
+/// 10 MiB, debug build).
+pub const REGEX_DFA_SIZE_LIMIT: usize = 10 * 1024 * 1024;
+
+/// Bytes the searcher is handed per read of a file: how much text is searched between two
+/// looks at the call's deadline.
+const SEARCH_CHUNK: usize = 64 * 1024;
 
 const DESCRIPTION: &str = "\
 Searches file contents in the workspace for a regular expression and returns matching lines as \
@@ -58,7 +77,10 @@ Example: {\"pattern\": \"fn\\\\s+parse_\\\\w+\", \"path\": \"src\", \"glob_filte
 finds the parse_ functions under src/.
 
 Limits: `max_results` matching lines (default 100, at most 1000); a note says when there were \
-more. Lines are cut at 500 characters. Files over 10 MiB are not searched (a note says which).";
+more. Lines are cut at 500 characters. Files over 10 MiB are not searched (a note says which). \
+A pattern too complex to compile (like `a{1000}{1000}`) is refused: simplify it. A search \
+stops at the call's time limit or after reading the service's limit of directory entries, \
+and then says its results are partial: narrow it with `path` or `glob_filter`.";
 
 pub struct Grep {
     spec: ToolSpec,
@@ -82,6 +104,7 @@ impl Grep {
                         "pattern": {
                             "type": "string",
                             "minLength": 1,
+                            "maxLength": MAX_PATTERN_CHARS,
                             "description": "The regular expression to search for (Rust/ripgrep syntax)."
                         },
                         "path": {
@@ -92,6 +115,7 @@ impl Grep {
                         "glob_filter": {
                             "type": "string",
                             "minLength": 1,
+                            "maxLength": MAX_PATTERN_CHARS,
                             "description": "Only search files matching this glob: `*.rs` matches names anywhere; a pattern with `/` matches paths relative to `path`."
                         },
                         "case_insensitive": {
@@ -141,10 +165,17 @@ impl Tool for Grep {
             Err(output) => return output,
         };
         let workspace = ctx.workspace.clone();
-        let reads = ctx.reads.clone();
-        blocking(move || grep(&workspace, &reads, &args))
-            .await
-            .unwrap_or_else(|output| output)
+        let bounds = Bounds::of(ctx);
+        let (out, seen) = match blocking(move || grep(&workspace, &args, &bounds)).await {
+            Ok(done) => done,
+            Err(output) => return output,
+        };
+        // Recorded as the result is delivered: a call the engine stopped waiting for never
+        // gets here, so files whose lines nobody saw do not count as read.
+        for (path, sha256) in &seen {
+            ctx.reads.record(path, sha256);
+        }
+        out
     }
 }
 
@@ -160,6 +191,9 @@ struct Search {
     matcher: RegexMatcher,
     searcher: Searcher,
     filter: Option<Filter>,
+    deadline: Deadline,
+    /// A file's search was cut at the deadline.
+    timed_out: bool,
     limit: usize,
     shown: usize,
     more: bool,
@@ -175,30 +209,22 @@ struct Search {
 
 /// `glob_filter`, compiled.
 struct Filter {
-    matcher: GlobMatcher,
+    matcher: GlobSet,
     /// A pattern without `/` matches file names; one with `/` matches paths below the start.
     by_name: bool,
 }
 
-fn grep(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
-    let matcher = match RegexMatcherBuilder::new()
-        .case_insensitive(args.case_insensitive)
-        .crlf(true)
-        .build(&args.pattern)
-    {
+/// The output, and the (path, sha256) of the files whose matches it shows.
+type Searched = (ToolOutput, Vec<(String, String)>);
+
+fn grep(workspace: &Workspace, args: &Args, bounds: &Bounds) -> Searched {
+    let matcher = match compile_regex(&args.pattern, args.case_insensitive) {
         Ok(matcher) => matcher,
-        Err(e) => {
-            return ToolOutput::error(format!(
-                "Invalid regex {:?}: {e}\nThe pattern uses Rust regex syntax (like ripgrep). \
-                 Escape special characters to match them literally (\\( \\) \\[ \\. \\* \\+ \\? \
-                 \\{{ \\|), and note that a match cannot span lines.",
-                args.pattern
-            ));
-        }
+        Err(refusal) => return (refusal, Vec::new()),
     };
     let filter = match args.glob_filter.as_deref().map(compile_filter).transpose() {
         Ok(filter) => filter,
-        Err(message) => return ToolOutput::error(message),
+        Err(refusal) => return (refusal, Vec::new()),
     };
     let limit = args
         .max_results
@@ -212,6 +238,8 @@ fn grep(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
             .binary_detection(BinaryDetection::quit(b'\x00'))
             .build(),
         filter,
+        deadline: bounds.deadline.clone(),
+        timed_out: false,
         limit,
         shown: 0,
         more: false,
@@ -227,7 +255,7 @@ fn grep(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
     let (scope, report) = match workspace.open_dir(path) {
         Ok(dir) => {
             let start = dir.path().to_owned();
-            let report = walk::walk_files(workspace, dir, &mut |dir, entry, path| {
+            let report = walk::walk_files(workspace, dir, bounds, &mut |dir, entry, path| {
                 let relative = relative_to(&start, path);
                 if !search.wanted(&entry.name, relative) {
                     return Flow::Continue;
@@ -244,35 +272,76 @@ fn grep(workspace: &Workspace, reads: &ReadTracker, args: &Args) -> ToolOutput {
                 (scope, WalkReport::default())
             }
             Err(JailError::TooLarge { path, size, .. }) => {
-                return ToolOutput::error(format!(
-                    "'{path}' is {}, over the {} limit for searching a file. Use the shell \
+                return (
+                    ToolOutput::error(format!(
+                        "'{path}' is {}, over the {} limit for searching a file. Use the shell \
                      (rg or grep) to search it.",
-                    human_bytes(size),
-                    human_bytes(MAX_READ_BYTES)
-                ));
+                        human_bytes(size),
+                        human_bytes(MAX_READ_BYTES)
+                    )),
+                    Vec::new(),
+                );
             }
-            Err(e) => return jail_failure(&e),
+            Err(e) => return (jail_failure(&e), Vec::new()),
         },
-        Err(e) => return jail_failure(&e),
+        Err(e) => return (jail_failure(&e), Vec::new()),
     };
 
-    for (path, sha256) in &search.seen {
-        reads.record(path, sha256);
-    }
-    ToolOutput::ok(search.finish(&args.pattern, &scope, &report))
+    let stopped = report.stopped.or(search.timed_out.then_some(Stop::Time));
+    let seen = std::mem::take(&mut search.seen);
+    let content = search.finish(&args.pattern, &scope, &report, stopped, bounds);
+    let out = match stopped {
+        Some(Stop::Time) => ToolOutput::timed_out(content),
+        _ => ToolOutput::ok(content),
+    };
+    (out, seen)
 }
 
-fn compile_filter(glob: &str) -> Result<Filter, String> {
-    let matcher = GlobBuilder::new(glob)
-        .literal_separator(true)
-        .build()
+/// The pattern compiled within the size limits, or the refusal for the model
+/// (`invalid_arguments`: the pattern is the argument at fault).
+fn compile_regex(pattern: &str, case_insensitive: bool) -> Result<RegexMatcher, ToolOutput> {
+    let refuse = |content: String| ToolOutput {
+        status: toolexec_core::CallStatus::InvalidArguments,
+        content,
+        changes: Vec::new(),
+        events: Vec::new(),
+    };
+    RegexMatcherBuilder::new()
+        .case_insensitive(case_insensitive)
+        .crlf(true)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_DFA_SIZE_LIMIT)
+        .build(pattern)
         .map_err(|e| {
-            format!(
-                "Invalid glob_filter {glob:?}: {e}. Use a pattern like *.rs, *.{{ts,tsx}} or \
-                 src/**/*.py."
-            )
-        })?
-        .compile_matcher();
+            let e = e.to_string();
+            if e.contains("exceeds size limit") {
+                refuse(format!(
+                    "Invalid regex {pattern:?} (arguments/pattern): it is too complex to search \
+                     with: compiled, it exceeds the limit of {} MiB. Large counted repetitions \
+                     make it big (a{{1000}}, \\w{{200}}, and nested ones above all, like \
+                     (ab){{100}}{{100}}). Simplify the pattern: use smaller counts, or + and * \
+                     instead of exact counts and check the lines found.",
+                    REGEX_SIZE_LIMIT / (1024 * 1024)
+                ))
+            } else {
+                refuse(format!(
+                    "Invalid regex {pattern:?} (arguments/pattern): {e}\nThe pattern uses Rust \
+                     regex syntax (like ripgrep). Escape special characters to match them \
+                     literally (\\( \\) \\[ \\. \\* \\+ \\? \\{{ \\|), and note that a match \
+                     cannot span lines."
+                ))
+            }
+        })
+}
+
+fn compile_filter(glob: &str) -> Result<Filter, ToolOutput> {
+    let matcher = compile_glob(
+        glob,
+        GlobBuilder::new(glob).literal_separator(true),
+        "glob_filter",
+        "glob_filter",
+        "*.rs, *.{ts,tsx} or src/**/*.py",
+    )?;
     Ok(Filter {
         matcher,
         by_name: !glob.contains('/'),
@@ -323,13 +392,22 @@ impl Search {
             room: self.limit - self.shown + 1,
             binary: false,
         };
+        // Read through the deadline: a search that takes long inside one big file (a costly
+        // pattern) stops within a chunk of the deadline, keeping the lines it found.
+        let reader = UntilDeadline {
+            rest: &file.bytes,
+            deadline: &self.deadline,
+        };
         if self
             .searcher
-            .search_slice(&self.matcher, &file.bytes, &mut sink)
+            .search_reader(&self.matcher, reader, &mut sink)
             .is_err()
         {
-            self.unreadable += 1;
-            return Flow::Continue;
+            if !self.deadline.expired() {
+                self.unreadable += 1;
+                return Flow::Continue;
+            }
+            self.timed_out = true;
         }
         if sink.binary {
             self.binary += 1;
@@ -351,15 +429,29 @@ impl Search {
                 .push_str(&format!("{shown}:{}:{}\n", hit.line, hit.text));
         }
         self.shown += sink.hits.len();
-        if self.more {
+        if self.more || self.timed_out {
             Flow::Stop
         } else {
             Flow::Continue
         }
     }
 
-    fn finish(mut self, pattern: &str, scope: &str, report: &WalkReport) -> String {
+    fn finish(
+        mut self,
+        pattern: &str,
+        scope: &str,
+        report: &WalkReport,
+        stopped: Option<Stop>,
+        bounds: &Bounds,
+    ) -> String {
         let mut notes = Vec::new();
+        if let Some(stop) = stopped {
+            notes.push(format!(
+                "{} Narrow the search with `path` (a subdirectory or one file) or `glob_filter` \
+                 (for example \"*.rs\").",
+                stop.sentence("search", bounds, report)
+            ));
+        }
         if self.shown == 0 {
             self.out = format!(
                 "No matches for {pattern:?} in {} ({} searched).\n",
@@ -413,6 +505,25 @@ impl Search {
             self.out.push('\n');
         }
         self.out
+    }
+}
+
+/// A file's bytes handed to the searcher a chunk at a time, refusing to go on once the call's
+/// deadline has passed (the search then ends with an error, and the lines found are kept).
+struct UntilDeadline<'a> {
+    rest: &'a [u8],
+    deadline: &'a Deadline,
+}
+
+impl Read for UntilDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.deadline.expired() {
+            return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        }
+        let n = buf.len().min(self.rest.len()).min(SEARCH_CHUNK);
+        buf[..n].copy_from_slice(&self.rest[..n]);
+        self.rest = &self.rest[n..];
+        Ok(n)
     }
 }
 

@@ -6,6 +6,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure};
 use crate::text::{shown_name, shown_name_bytes};
+use crate::walk::{Bounds, Stop, WalkReport, bounded_entries};
 use crate::workspace::{Entry, EntryKind, JailError, Workspace, WorkspaceDir};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -46,7 +47,8 @@ build) are listed but not expanded; list one by its path to see inside.
 
 Example: {\"path\": \"src\", \"depth\": 2} lists src/ and the contents of each directory in it.
 
-Limits: at most 1000 entries are shown; a note says when the listing stopped early. Paths are \
+Limits: at most 1000 entries are shown; a note says when the listing stopped early (also at \
+the call's time limit, or after reading the service's limit of directory entries). Paths are \
 relative to /workspace or absolute under it.";
 
 pub struct ListDir {
@@ -114,18 +116,39 @@ impl Tool for ListDir {
         let path = args.path.unwrap_or_else(|| ".".to_owned());
         let depth = args.depth.unwrap_or(1).clamp(1, MAX_DEPTH) as usize;
         let workspace = ctx.workspace.clone();
-        match blocking(move || list(&workspace, &path, depth)).await {
-            Ok(Ok(text)) => ToolOutput::ok(text),
+        let bounds = Bounds::of(ctx);
+        match blocking(move || list_within(&workspace, &path, depth, bounds)).await {
+            Ok(Ok((text, Some(Stop::Time)))) => ToolOutput::timed_out(text),
+            Ok(Ok((text, _))) => ToolOutput::ok(text),
             Ok(Err(jail)) => jail_failure(&jail),
             Err(output) => output,
         }
     }
 }
 
+#[cfg(test)]
 fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, JailError> {
+    list_within(workspace, path, depth, Bounds::unlimited()).map(|(text, _)| text)
+}
+
+/// The listing, and where it stopped early if a bound (entries read, the deadline) cut it.
+fn list_within(
+    workspace: &Workspace,
+    path: &str,
+    depth: usize,
+    bounds: Bounds,
+) -> Result<(String, Option<Stop>), JailError> {
     let root = workspace.open_dir(path)?;
-    let entries = root.entries()?;
-    let mut listing = Listing::default();
+    let mut listing = Listing {
+        bounds,
+        ..Listing::default()
+    };
+    // The root must be listable (an error says why); its entries count like any others.
+    let (entries, complete) = root.entries_up_to(listing.bounds.max_entries)?;
+    listing.read.entries += entries.len();
+    if !complete {
+        listing.read.stop(Stop::Entries);
+    }
     let header = if root.path() == "." {
         "./".to_owned()
     } else {
@@ -137,7 +160,8 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, JailE
         listing.out.push_str("  (empty directory)\n");
     }
     listing.walk(&root, entries, depth, 1);
-    Ok(listing.finish(depth))
+    let stopped = listing.read.stopped;
+    Ok((listing.finish(depth), stopped))
 }
 
 #[derive(Default)]
@@ -148,6 +172,9 @@ struct Listing {
     collapsed: bool,
     not_expanded: bool,
     depth_reached: bool,
+    bounds: Bounds,
+    /// Entries read and where a bound stopped the listing.
+    read: WalkReport,
 }
 
 impl Listing {
@@ -155,6 +182,12 @@ impl Listing {
         for entry in entries {
             if self.shown >= MAX_ENTRIES {
                 self.stopped = true;
+                return;
+            }
+            // Past the entry limit the entries already read are still shown (no directory is
+            // read further); past the deadline nothing more is.
+            if self.bounds.deadline.expired() {
+                self.read.stop(Stop::Time);
                 return;
             }
             self.shown += 1;
@@ -191,32 +224,46 @@ impl Listing {
             self.line(indent, &format!("{label}/"), "  [cannot be opened]");
             return;
         };
-        let Ok(mut entries) = dir.entries() else {
+        // Two entries tell whether a directory is empty or a link in a chain; only a directory
+        // that is expanded is read further. (A directory of a million files below the depth
+        // asked for costs two entries, not a million.)
+        let Ok((mut peek, mut complete)) = dir.entries_up_to(2) else {
             self.line(indent, &format!("{label}/"), "  [cannot be read]");
             return;
         };
+        self.read.entries += peek.len();
         // Fold a chain of single-directory directories into one entry, looking past the
         // requested depth: `src/main/java/com/example/` is one place, not five.
         for _ in 0..MAX_CHAIN {
-            let [only] = entries.as_slice() else { break };
+            let [only] = peek.as_slice() else { break };
             if only.kind != EntryKind::Dir || NOT_EXPANDED.contains(&only.name.as_str()) {
                 break;
             }
             let Ok(child) = dir.open_child(only) else {
                 break;
             };
-            let Ok(child_entries) = child.entries() else {
+            let Ok((child_peek, child_complete)) = child.entries_up_to(2) else {
                 break;
             };
+            self.read.entries += child_peek.len();
             label = format!("{label}/{}", shown_name_bytes(only.name_bytes()));
             dir = child;
-            entries = child_entries;
+            peek = child_peek;
+            complete = child_complete;
             self.collapsed = true;
         }
         self.line(indent, &format!("{label}/"), "");
         if depth_left > 1 {
+            let entries = if complete {
+                peek
+            } else {
+                match bounded_entries(&dir, &self.bounds, &mut self.read) {
+                    Some(entries) => entries,
+                    None => return,
+                }
+            };
             self.walk(&dir, entries, depth_left - 1, level + 1);
-        } else if !entries.is_empty() {
+        } else if !peek.is_empty() {
             self.depth_reached = true;
         }
     }
@@ -230,6 +277,12 @@ impl Listing {
 
     fn finish(mut self, depth: usize) -> String {
         let mut notes = Vec::new();
+        if let Some(stop) = self.read.stopped {
+            notes.push(format!(
+                "{} List a subdirectory, or use a smaller depth, to see the rest.",
+                stop.sentence("listing", &self.bounds, &self.read)
+            ));
+        }
         if self.stopped {
             notes.push(format!(
                 "The listing stopped after {MAX_ENTRIES} entries. List a subdirectory, or use a \
@@ -250,7 +303,7 @@ impl Listing {
                     .to_owned(),
             );
         }
-        if self.depth_reached && !self.stopped {
+        if self.depth_reached && !self.stopped && self.read.stopped.is_none() {
             notes.push(format!(
                 "Directories deeper than depth {depth} are not expanded; call list_dir with a \
                  larger depth or on a subdirectory."

@@ -95,6 +95,52 @@ pub(crate) fn jail_failure(error: &JailError) -> ToolOutput {
     }
 }
 
+/// Longest pattern a call may give (grep's regex and `glob_filter`, glob's pattern), in
+/// characters; enforced by the tools' schemas (`maxLength`). Far beyond any pattern a person
+/// writes, and it bounds what parsing one costs before the compiled size limits apply: a
+/// regex of a million characters takes seconds to refuse.
+pub const MAX_PATTERN_CHARS: u64 = 4096;
+
+/// A glob compiled for matching, or the message for the model. Compiled as a one-glob set:
+/// `GlobSet` reports a glob whose compiled form is over the size limit as an error, where
+/// `Glob::compile_matcher` would panic.
+/// `what` names the argument for the model (`glob pattern`), `field` is its name in the
+/// arguments.
+pub(crate) fn compile_glob(
+    glob: &str,
+    builder: &mut globset::GlobBuilder<'_>,
+    what: &str,
+    field: &str,
+    examples: &str,
+) -> Result<globset::GlobSet, ToolOutput> {
+    let refuse = |e: &dyn std::fmt::Display| ToolOutput {
+        status: toolexec_core::CallStatus::InvalidArguments,
+        content: format!(
+            "Invalid {what} {glob:?} (arguments/{field}): {e}. Use a pattern like {examples}."
+        ),
+        changes: Vec::new(),
+        events: Vec::new(),
+    };
+    let compiled = builder.build().map_err(|e| refuse(&e))?;
+    globset::GlobSetBuilder::new()
+        .add(compiled)
+        .build()
+        .map_err(|_| refuse(&"the pattern is too complex to compile; simplify it"))
+}
+
+/// The answer of a tool whose change would have started after the call's deadline
+/// ([`crate::Deadline::commit_change`] said no): nothing was changed. `before` says what was
+/// about to happen ("writing 'a.rs'").
+pub(crate) fn too_late(deadline: &crate::Deadline, before: &str) -> ToolOutput {
+    ToolOutput::timed_out(format!(
+        "The call's time limit of {} ran out before {before}; nothing was changed. Call it \
+         again; if it keeps running out, make the change in smaller steps.",
+        deadline
+            .budget()
+            .map_or_else(|| "this call".to_owned(), crate::deadline::human_duration)
+    ))
+}
+
 /// Runs blocking file I/O off the async runtime.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,

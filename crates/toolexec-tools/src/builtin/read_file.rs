@@ -7,7 +7,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use super::{blocking, jail_failure, plural};
 use crate::text::shown_name;
 use crate::workspace::{FileContents, Workspace, human_bytes};
-use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 /// Lines shown when the call gives no `limit`: most source files fit whole, and 2000 numbered
 /// lines stay within the model-facing output limit for typical line lengths.
@@ -114,15 +114,19 @@ impl Tool for ReadFile {
             Err(output) => return output,
         };
         let workspace = ctx.workspace.clone();
-        let reads = ctx.reads.clone();
         let window = Window {
             offset: args.offset.unwrap_or(1).max(1),
             limit: args.limit.unwrap_or(DEFAULT_LINE_LIMIT).max(1),
         };
         let path = args.file_path;
         let budget = ReadBudget::new(ctx.max_read_bytes);
-        match blocking(move || read_and_render(&workspace, &reads, &path, window, &budget)).await {
-            Ok(Ok(shown)) => ToolOutput::ok(shown.text),
+        match blocking(move || read_and_render(&workspace, &path, window, &budget)).await {
+            Ok(Ok(shown)) => {
+                // Recorded here, as the result is delivered: a call the engine stopped waiting
+                // for never gets here, so an unseen file does not count as read.
+                ctx.reads.record(&shown.path, &shown.sha256);
+                ToolOutput::ok(shown.text)
+            }
             Ok(Err(failure)) => failure,
             Err(output) => output,
         }
@@ -153,6 +157,8 @@ pub(crate) struct Shown {
     /// Where the file really is (workspace-relative, symlinks resolved).
     pub path: String,
     pub text: String,
+    /// Of the whole file as read: what the caller records as read for read-before-write.
+    pub sha256: String,
 }
 
 /// The bytes of file text one call may still return (`ToolContext::max_read_bytes`): without it
@@ -193,33 +199,32 @@ impl ReadBudget {
     }
 }
 
-/// Reads a file through the jail and renders a window of it the way read_file does, recording
-/// the read for read-before-write when something was shown. The failure is the tool output the
-/// model gets instead (a jail refusal or a file that cannot be shown). Shared by read_file and
-/// read_many_files so the two can never disagree about what a file looks like.
+/// Reads a file through the jail and renders a window of it the way read_file does. The caller
+/// records the read for read-before-write when it delivers the result (`Shown::sha256`). The
+/// failure is the tool output the model gets instead (a jail refusal or a file that cannot be
+/// shown). Shared by read_file and read_many_files so the two can never disagree about what a
+/// file looks like.
 pub(crate) fn read_and_render(
     workspace: &Workspace,
-    reads: &ReadTracker,
     path: &str,
     window: Window,
     budget: &ReadBudget,
 ) -> Result<Shown, ToolOutput> {
     let file = workspace.read(path).map_err(|jail| jail_failure(&jail))?;
-    render_read(file, reads, window, budget)
+    render_read(file, window, budget)
 }
 
 /// [`read_and_render`] of a file already read through the jail.
 pub(crate) fn render_read(
     file: FileContents,
-    reads: &ReadTracker,
     window: Window,
     budget: &ReadBudget,
 ) -> Result<Shown, ToolOutput> {
     let text = render(&file.path, &file.bytes, window, budget).map_err(ToolOutput::error)?;
-    reads.record(&file.path, &file.sha256);
     Ok(Shown {
         path: file.path,
         text,
+        sha256: file.sha256,
     })
 }
 

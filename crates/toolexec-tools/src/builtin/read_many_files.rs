@@ -8,9 +8,10 @@ use std::collections::HashSet;
 
 use super::read_file::{ReadBudget, Window, render_read};
 use super::{blocking, jail_failure, plural};
+use crate::deadline::{Deadline, human_duration};
 use crate::text::shown_name;
 use crate::workspace::{Workspace, human_bytes};
-use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 /// Files one call may name: enough for a module and its tests, few enough that the 50,000-
 /// character output is not mostly truncation markers.
@@ -95,27 +96,47 @@ impl Tool for ReadManyFiles {
             Err(output) => return output,
         };
         let workspace = ctx.workspace.clone();
-        let reads = ctx.reads.clone();
         let budget = ReadBudget::new(ctx.max_read_bytes);
-        let outcome = blocking(move || read_all(&workspace, &reads, &args.paths, &budget)).await;
-        match outcome {
-            Ok((out, 0)) => ToolOutput::error(out),
-            Ok((out, _)) => ToolOutput::ok(out),
-            Err(output) => output,
+        let deadline = ctx.deadline.clone();
+        let outcome = blocking(move || read_all(&workspace, &args.paths, &budget, &deadline)).await;
+        let all = match outcome {
+            Ok(all) => all,
+            Err(output) => return output,
+        };
+        // Recorded as the result is delivered: a call the engine stopped waiting for never
+        // gets here, so unseen files do not count as read.
+        for (path, sha256) in &all.seen {
+            ctx.reads.record(path, sha256);
+        }
+        if all.timed_out {
+            ToolOutput::timed_out(all.out)
+        } else if all.seen.is_empty() {
+            ToolOutput::error(all.out)
+        } else {
+            ToolOutput::ok(all.out)
         }
     }
 }
 
-/// Reads and renders every path in order, within `budget`; returns the output and how many
-/// files were shown.
+/// What one call read.
+struct ReadAll {
+    out: String,
+    /// (path, sha256) of the files shown.
+    seen: Vec<(String, String)>,
+    /// The deadline passed before every file was read.
+    timed_out: bool,
+}
+
+/// Reads and renders every path in order, within `budget` and until `deadline`.
 fn read_all(
     workspace: &Workspace,
-    reads: &ReadTracker,
     paths: &[String],
     budget: &ReadBudget,
-) -> (String, usize) {
+    deadline: &Deadline,
+) -> ReadAll {
     let mut out = String::new();
-    let mut shown = 0;
+    let mut seen = Vec::new();
+    let mut late: Vec<String> = Vec::new();
     // A path named again (as given, or the same file under another name) is shown once: every
     // copy would cost the budget and tell the model nothing new.
     let mut named: HashSet<&str> = HashSet::new();
@@ -128,6 +149,9 @@ fn read_all(
         }
         let body = if !named.insert(path.as_str()) {
             "(Named again: shown above, once.)\n".to_owned()
+        } else if !late.is_empty() || deadline.expired() {
+            late.push(shown_name(path).into_owned());
+            "(Not read: the call's time limit ran out. Read it with read_file.)\n".to_owned()
         } else if budget.used_up() {
             not_read.push(shown_name(path).into_owned());
             format!(
@@ -144,9 +168,9 @@ fn read_all(
                 ),
                 Ok(file) => {
                     let real = file.path.clone();
-                    match render_read(file, reads, Window::default_lines(), budget) {
+                    match render_read(file, Window::default_lines(), budget) {
                         Ok(file) => {
-                            shown += 1;
+                            seen.push((file.path.clone(), file.sha256.clone()));
                             if budget.used_up() && ran_out_in.is_none() {
                                 ran_out_in = Some(shown_name(&file.path).into_owned());
                             }
@@ -179,7 +203,22 @@ fn read_all(
             not_read.join(", ")
         ));
     }
-    (out, shown)
+    if !late.is_empty() {
+        out.push_str(&format!(
+            "\n[Time limit: this call stopped at its limit of {} with {} not read: {}. Read \
+             them with read_file or another read_many_files call.]\n",
+            deadline
+                .budget()
+                .map_or_else(|| "this call".to_owned(), human_duration),
+            plural(late.len(), "file", "files"),
+            late.join(", ")
+        ));
+    }
+    ReadAll {
+        out,
+        timed_out: !late.is_empty(),
+        seen,
+    }
 }
 
 #[cfg(test)]

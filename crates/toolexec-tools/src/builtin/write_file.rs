@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, jail_failure, plural, read_before_write, written_change};
+use super::{Action, blocking, jail_failure, plural, read_before_write, too_late, written_change};
 use crate::text::shown_name;
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -90,17 +90,22 @@ impl Tool for WriteFile {
         let workspace = ctx.workspace.clone();
         let reads = ctx.reads.clone();
         let capabilities = self.spec.capabilities.clone();
+        let deadline = ctx.deadline.clone();
         let Args { file_path, content } = args;
         let outcome = blocking(move || {
+            if !deadline.commit_change() {
+                let what = format!("writing '{}'", shown_name(&file_path));
+                return Err(too_late(&deadline, &what));
+            }
             let written = workspace.write_if(&file_path, content.as_bytes(), |path, before| {
                 read_before_write(&capabilities, &reads, path, before, Action::Write)
             });
-            (written, content)
+            Ok((written, content))
         })
         .await;
         let (written, content) = match outcome {
-            Ok(pair) => pair,
-            Err(output) => return output,
+            Ok(Ok(pair)) => pair,
+            Ok(Err(output)) | Err(output) => return output,
         };
         let written = match written {
             Err(jail) => return jail_failure(&jail),

@@ -1,0 +1,24 @@
+//! Running one tool within the operator's per-call time limit (`limits.tool_timeout_ms`). The
+//! mechanics — tools that stop themselves with what they have, the engine that stops waiting a
+//! grace period later, changes that are never cut in half — are `toolexec_tools::deadline`'s;
+//! this module only decides the budget, and starts the clock when the tool starts (not while
+//! the call waits for its turn in the session).
+use std::time::Duration;
+
+use toolexec_tools::{Tool, ToolContext, ToolOutput};
+
+use crate::Engine;
+
+impl Engine {
+    /// Runs `tool` with `ctx`, its deadline starting now.
+    pub(crate) async fn run_tool(
+        &self,
+        tool: &dyn Tool,
+        mut ctx: ToolContext,
+        args: serde_json::Value,
+    ) -> ToolOutput {
+        let limit = Duration::from_millis(self.config.limits.tool_timeout_ms);
+        ctx.deadline = toolexec_tools::deadline_for(tool.spec(), limit);
+        toolexec_tools::run_within_deadline(tool, &ctx, args).await
+    }
+}

@@ -10,7 +10,7 @@ use crate::truncate::Truncation;
 #[serde(deny_unknown_fields)]
 pub struct Call {
     /// The model's tool-call id; unique within a session. A repeated id returns the recorded
-    /// result instead of running again. 1 to 256 bytes of UTF-8.
+    /// result instead of running again. 1 to 256 characters.
     #[schema(example = "toolu_01", min_length = 1, max_length = 256)]
     pub id: String,
     /// Tool name from the catalog.

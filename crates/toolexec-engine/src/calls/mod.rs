@@ -1,0 +1,97 @@
+//! Running a batch of calls. The jobs, one module each:
+//!
+//! - `envelope`: what a batch must satisfy before anything of it runs, and its plan — retries
+//!   answered from the record, ids repeated within the batch, each call's tool resolved once;
+//! - scheduling (here): read-only calls of a batch run together, a mutating call runs alone and
+//!   in order;
+//! - `inflight`: the calls running on this node, so that a concurrent retry waits for the result;
+//! - `recorded`: retries of calls already recorded, here or elsewhere;
+//! - `run`: running one call, with its refusals and its workspace scan;
+//! - `outcome`: the result for the model (truncated) and the record (blobs, side effects);
+//! - `commit`: writing the record, whatever the store does meanwhile.
+//!
+//! Recording rules: a mutating call's `invocation.started` is durable before the tool runs
+//! (`Write::Start`), its side effects and `invocation.finished` after (`Write::Finish`). A
+//! read-only call has no side effect to guard, so by default it is recorded in one write after it
+//! ran (`Write::Record`; `EngineConfig::durable_start_for_read_only` makes it take the two-write
+//! path too) — and in every case no result reaches the client before it is durable.
+mod commit;
+mod envelope;
+mod inflight;
+mod outcome;
+mod recorded;
+mod run;
+
+use futures::future::join_all;
+use toolexec_core::{Call, CallResult};
+use uuid::Uuid;
+
+pub(crate) use inflight::Inflight;
+
+use crate::{Engine, EngineError, Result};
+use envelope::{Plan, check_envelope};
+
+/// A batch as the API hands it over.
+#[derive(Debug, Clone)]
+pub struct CallBatch {
+    pub calls: Vec<Call>,
+}
+
+impl Engine {
+    /// Runs a batch of calls for a session and returns one result per call, in request order.
+    pub async fn run_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        batch: CallBatch,
+    ) -> Result<Vec<CallResult>> {
+        let calls = &batch.calls;
+        check_envelope(calls, self.config.limits.max_calls_per_batch)?;
+        let planned = self.plan_batch(tenant_id, session_id, calls).await?;
+        let (session, rt, plans, hashes) = (
+            &planned.session,
+            &planned.runtime,
+            &planned.plans,
+            &planned.hashes,
+        );
+        let mut results: Vec<Option<CallResult>> = vec![None; calls.len()];
+        let mut i = 0;
+        while i < calls.len() {
+            // A run of calls that do not mutate goes together; a mutating call goes alone.
+            let mut j = i + 1;
+            if !plans[i].is_mutating() {
+                while j < calls.len() && !plans[j].is_mutating() {
+                    j += 1;
+                }
+            }
+            let group = (i..j).filter(|k| !matches!(plans[*k], Plan::Alias(_)));
+            let futures = group.map(|k| async move {
+                let r = match &plans[k] {
+                    Plan::Recorded(inv) => self.recorded_result(session.tenant_id, inv).await,
+                    Plan::Run(tool) => match rt {
+                        Some(rt) => {
+                            self.run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k])
+                                .await
+                        }
+                        None => Err(EngineError::Internal("no runtime".into())),
+                    },
+                    Plan::Alias(_) => Err(EngineError::Internal("alias scheduled".into())),
+                };
+                (k, r)
+            });
+            for (k, r) in join_all(futures).await {
+                results[k] = Some(r?);
+            }
+            for k in i..j {
+                if let Plan::Alias(src) = plans[k] {
+                    results[k] = results[src].clone();
+                }
+            }
+            i = j;
+        }
+        results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| EngineError::Internal("missing result".into())))
+            .collect()
+    }
+}

@@ -1,0 +1,230 @@
+//! Running one call: claiming its id on this node, refusing what may not run (an unknown or
+//! disallowed tool, invalid arguments) with a record, making a mutating call's start durable
+//! before its tool runs, and adding what the workspace scan found to its changes.
+use std::sync::Arc;
+use std::time::Instant;
+
+use toolexec_core::{Call, CallResult, CallStatus, Capability, Session, new_id};
+use toolexec_store::{NewInvocation, Write, WriteError};
+use toolexec_tools::{Tool, ToolOutput};
+
+use super::commit::{closed, key_of};
+use super::inflight::{Claim, wait_slot};
+use super::outcome::{NewInvocationRef, output_limit};
+use crate::canonical::{nul_pointer, without_nul};
+use crate::sessions::SessionRuntime;
+use crate::{Engine, EngineError, Result};
+
+impl Engine {
+    /// Runs one call of a batch with its resolved tool and records it (see the module docs of
+    /// `calls` for the recording rules).
+    pub(super) async fn run_one(
+        &self,
+        session: &Session,
+        rt: &Arc<SessionRuntime>,
+        call: &Call,
+        tool: Option<&Arc<dyn Tool>>,
+        args_hash: &str,
+    ) -> Result<CallResult> {
+        let guard = match self.inflight.claim(session.id, &call.id)? {
+            Claim::Wait(rx) => return wait_slot(rx).await,
+            Claim::Mine(g) => g,
+        };
+        let t0 = Instant::now();
+        let started_at = chrono::Utc::now();
+        let limit = output_limit(tool, session, &call.name);
+        let invocation = NewInvocation {
+            id: new_id(),
+            session_id: session.id,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            // Recorded without NUL characters (no database text type holds them); the hash is
+            // of the arguments as sent, so a retry is still recognised.
+            arguments: without_nul(&call.arguments),
+            arguments_sha256: args_hash.to_owned(),
+            read_only: tool.is_none_or(|t| t.spec().read_only),
+            capabilities: tool
+                .map(|t| t.spec().capabilities.clone())
+                .unwrap_or_default(),
+            node: self.config.node.clone(),
+            started_at,
+        };
+
+        // Refusals before anything runs are recorded like any call, in one write.
+        let refusal = match tool {
+            None => Some((
+                CallStatus::UnknownTool,
+                format!(
+                    "Unknown tool '{}'. Available tools: {}.",
+                    call.name,
+                    self.tools_for(session).join(", ")
+                ),
+            )),
+            Some(_) if !session.allows_tool(&call.name) => Some((
+                CallStatus::Denied,
+                format!(
+                    "Tool '{}' is not enabled for this session. Enabled tools: {}.",
+                    call.name,
+                    self.tools_for(session).join(", ")
+                ),
+            )),
+            Some(_) => match (
+                nul_pointer(&call.arguments, String::new()),
+                self.registry.validate(&call.name, &call.arguments),
+            ) {
+                (Some(at), _) => Some((
+                    CallStatus::InvalidArguments,
+                    format!(
+                        "Invalid arguments for {}: arguments{at} contains a NUL character (\\u0000), which no argument may hold (in a path it makes an invalid path). Remove it and call again.",
+                        call.name
+                    ),
+                )),
+                (None, Some(Err(e))) => {
+                    Some((CallStatus::InvalidArguments, e.to_model_text(&call.name)))
+                }
+                _ => None,
+            },
+        };
+        let tool = match (tool, refusal) {
+            (Some(tool), None) => tool,
+            (_, Some((status, content))) => {
+                let out = ToolOutput {
+                    status,
+                    content,
+                    changes: Vec::new(),
+                    events: Vec::new(),
+                };
+                let recorded = self.outcome(limit, &invocation, out, t0);
+                return self
+                    .commit_record(guard, rt, call, invocation, recorded)
+                    .await;
+            }
+            (None, None) => return Err(EngineError::Internal("unreachable".into())),
+        };
+        let ctx = self.tool_context(session, rt);
+        let read_only = tool.spec().read_only;
+        if read_only && !self.config.durable_start_for_read_only {
+            let out = {
+                let _shared = rt.schedule.read().await;
+                self.run_tool(tool.as_ref(), ctx, call.arguments.clone())
+                    .await
+            };
+            let recorded = self.outcome(limit, &invocation, out, t0);
+            return self
+                .commit_record(guard, rt, call, invocation, recorded)
+                .await;
+        }
+        // A mutating call runs alone; a read-only one (recorded durably first only because the
+        // operator asked for it) still shares the session with other reads.
+        let (_shared, _alone) = if read_only {
+            (Some(rt.schedule.read().await), None)
+        } else {
+            (None, Some(rt.schedule.write().await))
+        };
+        if tool.spec().capabilities.contains(&Capability::Process) {
+            rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                .await?;
+        }
+        let invocation_id = invocation.id;
+        let key = key_of(&invocation);
+        match self.recorder.write(Write::Start { invocation }).await {
+            Err(e) => return Err(e.into()),
+            Ok(Err(WriteError::DuplicateCall(other))) => {
+                drop(guard);
+                return self.adopt_recorded(rt, call, args_hash, other).await;
+            }
+            Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
+            Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
+            Ok(Ok(_)) => rt.remember(key),
+        }
+        let mut out = self
+            .run_tool(tool.as_ref(), ctx, call.arguments.clone())
+            .await;
+        if !read_only {
+            self.record_workspace_changes(rt, &mut out).await;
+        }
+        let stub = NewInvocationRef {
+            id: invocation_id,
+            call_id: &call.id,
+            name: &call.name,
+        };
+        let recorded = self.outcome_for(limit, stub, out, t0);
+        self.commit_finish(guard, session.id, invocation_id, recorded)
+            .await
+    }
+
+    /// Adds to a mutating call's changes whatever else changed in the workspace since the last
+    /// scan: everything a shell command did, and what background processes did meanwhile. The
+    /// tool's own account of a path wins over the scan's. Sessions that never ran a command
+    /// have no baseline and skip this.
+    async fn record_workspace_changes(&self, rt: &SessionRuntime, out: &mut ToolOutput) {
+        let mut guard = rt.snapshot.lock().await;
+        let Some(mut snap) = guard.take() else {
+            return;
+        };
+        let ws = rt.workspace.clone();
+        let budget = crate::scans::budget(&self.config.limits);
+        let t0 = Instant::now();
+        let scanned = tokio::task::spawn_blocking(move || {
+            let report = snap.rescan_within(&ws, &budget);
+            (snap, report)
+        })
+        .await;
+        let mode = match &scanned {
+            Ok((_, Ok(report))) => match report.full_walk {
+                None => "events".to_owned(),
+                Some(reason) => format!("{reason:?}"),
+            },
+            _ => "failed".to_owned(),
+        };
+        self.metrics
+            .workspace_scan(&mode, t0.elapsed().as_secs_f64());
+        match scanned {
+            Ok((snap, Ok(report))) => {
+                *guard = Some(snap);
+                let budgeted = report
+                    .changes
+                    .iter()
+                    .filter(|c| {
+                        use toolexec_core::UnstoredReason::*;
+                        matches!(
+                            c.change.after_unstored,
+                            Some(ContentBudget | HashBudget | TimeBudget)
+                        )
+                    })
+                    .count();
+                if budgeted > 0 {
+                    tracing::info!(session = %rt.session.id, files = budgeted, hashed_bytes = report.hashed_bytes, kept_bytes = report.kept_bytes, "workspace scan budget reached: files recorded without contents (after_unstored)");
+                }
+                // By name as recorded: a display form alone could match a tool's UTF-8 path
+                // spelled like an escaped name that is not UTF-8.
+                let own: std::collections::HashSet<(String, Option<String>)> = out
+                    .changes
+                    .iter()
+                    .map(|c| (c.change.path.clone(), c.change.path_b64.clone()))
+                    .collect();
+                out.changes.extend(report.changes.into_iter().filter(|c| {
+                    !own.contains(&(c.change.path.clone(), c.change.path_b64.clone()))
+                }));
+            }
+            Ok((snap, Err(e))) => {
+                *guard = Some(snap);
+                tracing::error!(error = %e, session = %rt.session.id, "workspace scan failed; this call's side effects may be incomplete in the log");
+                out.content.push_str(&format!(
+                    "\n[warning: the workspace could not be scanned for changes ({e}); the log may miss some of this call's file changes]"
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "workspace scan task failed");
+            }
+        }
+    }
+
+    fn tools_for(&self, session: &Session) -> Vec<String> {
+        self.registry
+            .names()
+            .filter(|n| session.allows_tool(n))
+            .map(str::to_owned)
+            .collect()
+    }
+}

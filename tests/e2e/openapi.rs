@@ -64,3 +64,64 @@ fn the_checked_in_tools_reference_matches_the_catalog() {
         );
     }
 }
+
+#[test]
+fn the_checked_in_problem_codes_match_the_table() {
+    let generated = toolexec_server::problems_markdown();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/problems.md");
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    if generated != checked_in {
+        let diff = similar::TextDiff::from_lines(&checked_in, &generated)
+            .unified_diff()
+            .header("docs/problems.md (checked in)", "generated")
+            .to_string();
+        panic!(
+            "docs/problems.md is out of date. Rewrite it with:\n    cargo run -p toolexec-server -- problems-doc --write docs/problems.md\n\n{diff}"
+        );
+    }
+}
+
+/// A code named in an error response of the document (`` `code` ``) is one of the table's, with
+/// the response's status: hand-written descriptions cannot promise a code the service does not
+/// answer with.
+#[test]
+fn every_code_an_error_response_names_is_in_the_table_with_its_status() {
+    let registry = toolexec_tools::Registry::builtin().unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&toolexec_api::openapi_json(&registry)).unwrap();
+    let table: std::collections::HashMap<&str, u16> = toolexec_core::ProblemCode::ALL
+        .iter()
+        .map(|c| (c.as_str(), c.status()))
+        .collect();
+    // Settings are named in backticks too (`max_concurrent_requests`, `limits.…`).
+    let settings = toolexec_server::config::setting_keys();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for (status, r) in op["responses"].as_object().into_iter().flatten() {
+                let Ok(status) = status.parse::<u16>() else {
+                    continue;
+                };
+                if status < 400 || r["content"].get("application/problem+json").is_none() {
+                    continue;
+                }
+                let text = r["description"].as_str().unwrap_or_default();
+                for token in text.split('`').skip(1).step_by(2) {
+                    let looks_like_code = !token.is_empty()
+                        && token.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        && token.contains('_')
+                        && !settings.contains(token);
+                    if looks_like_code {
+                        assert_eq!(
+                            table.get(token),
+                            Some(&status),
+                            "{method} {path} {status} names `{token}`"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} codes found in the document");
+}

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use toolexec_core::ProblemCode;
 
 use axum::extract::FromRequestParts;
-use axum::http::StatusCode;
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use toolexec_core::Tenant;
@@ -66,7 +66,7 @@ pub fn key_hash(key: &str) -> String {
 pub struct AuthTenant(pub Tenant);
 
 fn unauthorized(detail: &str) -> ApiError {
-    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    ApiError::new(ProblemCode::Unauthorized, detail)
 }
 
 impl FromRequestParts<Arc<AppState>> for AuthTenant {

@@ -4,6 +4,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
+use toolexec_core::ProblemCode;
 use uuid::Uuid;
 
 use crate::problem::ApiError;
@@ -66,8 +67,7 @@ impl BodySchemas {
                 let at = err.instance_path().to_string();
                 let at = if at.is_empty() { "/".to_owned() } else { at };
                 Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
+                    ProblemCode::InvalidRequest,
                     format!(
                         "request body at '{at}': {err} (see the {name} schema in /openapi.json)"
                     ),
@@ -99,8 +99,7 @@ impl<S: Send + Sync, T: DeserializeOwned + utoipa::ToSchema> FromRequest<S> for 
             .unwrap_or(false);
         if !is_json {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ProblemCode::UnsupportedMediaType,
                 "send the body as JSON with 'Content-Type: application/json'",
             ));
         }
@@ -119,8 +118,7 @@ impl<S: Send + Sync, T: DeserializeOwned + utoipa::ToSchema> FromRequest<S> for 
                     Ok(read) => read,
                     Err(_) => {
                         return Err(ApiError::new(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "request_timeout",
+                            ProblemCode::RequestTimeout,
                             format!(
                                 "the request body did not arrive within {} s; send the whole body at once",
                                 within.as_secs_f64()
@@ -136,13 +134,12 @@ impl<S: Send + Sync, T: DeserializeOwned + utoipa::ToSchema> FromRequest<S> for 
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::body_too_large(deadline.map_or(0, |d| d.limit_bytes))
             } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "unreadable_body", e.body_text())
+                ApiError::new(ProblemCode::UnreadableBody, e.body_text())
             }
         })?;
         let mut value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "malformed_json",
+                ProblemCode::MalformedJson,
                 format!("request body is not valid JSON: {e}"),
             )
         })?;
@@ -156,8 +153,7 @@ impl<S: Send + Sync, T: DeserializeOwned + utoipa::ToSchema> FromRequest<S> for 
                 let path = err.path().to_string();
                 let inner = err.into_inner();
                 ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
+                    ProblemCode::InvalidRequest,
                     if path == "." {
                         format!("request body: {inner}")
                     } else {
@@ -232,7 +228,7 @@ fn query_params<T: utoipa::IntoParams + 'static>() -> std::sync::Arc<Vec<QueryPa
 }
 
 fn invalid_query(detail: String) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", detail)
+    ApiError::new(ProblemCode::InvalidQuery, detail)
 }
 
 impl<S: Send + Sync, T: DeserializeOwned + utoipa::IntoParams + 'static> FromRequestParts<S>

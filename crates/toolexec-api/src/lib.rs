@@ -12,10 +12,11 @@ mod routes;
 
 use std::sync::Arc;
 use std::time::Duration;
+use toolexec_core::ProblemCode;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, Request, StatusCode};
+use axum::http::{HeaderName, Request};
 use toolexec_engine::Engine;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
@@ -111,16 +112,12 @@ pub fn app(state: Arc<AppState>) -> Router {
     router
         .merge(docs)
         .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "no_route",
+            ApiError::new(ProblemCode::NoRoute,
                 "no such endpoint; see /docs for the API",
             )
         })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+            ApiError::new(ProblemCode::MethodNotAllowed,
                 "this endpoint does not accept that method; see /docs",
             )
         })

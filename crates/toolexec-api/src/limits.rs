@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use toolexec_core::ProblemCode;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
@@ -75,8 +75,7 @@ impl Limiter {
         Err(ApiError {
             retry_after: Some(wait),
             ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
+                ProblemCode::RateLimited,
                 format!(
                     "this tenant's request rate is over {rps} per second; retry after {wait} s"
                 ),
@@ -136,8 +135,7 @@ pub async fn shed_load(
         Err(_) => ApiError {
             retry_after: Some(1),
             ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
+                ProblemCode::Overloaded,
                 "the service is at its limit of concurrent requests; retry shortly",
             )
         }
@@ -159,7 +157,7 @@ mod tests {
         assert!(l.check(a).is_ok());
         assert!(l.check(a).is_ok());
         let e = l.check(a).expect_err("over the burst");
-        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.code, ProblemCode::RateLimited);
         assert_eq!(e.retry_after, Some(1));
         assert!(l.check(b).is_ok());
     }

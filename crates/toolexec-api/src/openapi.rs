@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::SharedState;
 use crate::problem::PROBLEM_JSON;
 use crate::routes;
+use toolexec_core::ProblemCode;
 
 #[derive(utoipa::OpenApi)]
 #[openapi(
@@ -108,10 +109,10 @@ fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
 
 struct Common;
 
-/// A response every endpoint of a kind can return.
+/// Problems every endpoint of a kind can answer with; the response's description is made from
+/// the codes' rows of the table ([`ProblemCode`]).
 struct CommonError {
-    status: &'static str,
-    description: &'static str,
+    codes: &'static [ProblemCode],
     /// Only for operations with a request body.
     with_body: bool,
     /// Only for authenticated `/v1` routes.
@@ -120,58 +121,92 @@ struct CommonError {
 
 const COMMON: &[CommonError] = &[
     CommonError {
-        status: "400",
-        description: "Malformed request: `malformed_json`, `invalid_query`.",
+        codes: &[ProblemCode::MalformedJson, ProblemCode::UnreadableBody],
+        with_body: true,
+        v1_only: false,
+    },
+    CommonError {
+        codes: &[ProblemCode::InvalidQuery],
         with_body: false,
         v1_only: false,
     },
     CommonError {
-        status: "401",
-        description: "Missing or unknown API key (`unauthorized`).",
+        codes: &[ProblemCode::Unauthorized],
         with_body: false,
         v1_only: true,
     },
     CommonError {
-        status: "413",
-        description: "Body over the server's limit (`body_too_large`).",
+        codes: &[ProblemCode::RequestTimeout],
         with_body: true,
         v1_only: false,
     },
     CommonError {
-        status: "415",
-        description: "Body is not `application/json` (`unsupported_media_type`).",
+        codes: &[ProblemCode::BodyTooLarge],
         with_body: true,
         v1_only: false,
     },
     CommonError {
-        status: "422",
-        description: "The body is JSON of the wrong shape (`invalid_request`); the detail names the field.",
+        codes: &[ProblemCode::UnsupportedMediaType],
         with_body: true,
         v1_only: false,
     },
     CommonError {
-        status: "429",
-        description: "The tenant's request rate is over its limit (`rate_limited`). Retry after `Retry-After` seconds.",
+        codes: &[ProblemCode::InvalidRequest],
+        with_body: true,
+        v1_only: false,
+    },
+    CommonError {
+        codes: &[ProblemCode::RateLimited],
         with_body: false,
         v1_only: true,
     },
     CommonError {
-        status: "500",
-        description: "Internal error (`internal`); the detail is generic and names the request id, under which the server log has the cause.",
+        codes: &[ProblemCode::Internal],
         with_body: false,
         v1_only: false,
     },
     CommonError {
-        status: "503",
-        description: "Store or sandbox unavailable (`unavailable`) or too many requests in flight (`overloaded`); nothing ran (unless the detail says the call ran and its record is pending: then retry the same call id). The detail names the request id, never the cause. Retry after `Retry-After` seconds.",
+        codes: &[ProblemCode::Unavailable, ProblemCode::Overloaded],
         with_body: false,
         v1_only: false,
     },
 ];
 
+/// "`code` (Title): when." for each code, one sentence after another.
+fn describe_codes(codes: &[ProblemCode]) -> String {
+    codes
+        .iter()
+        .map(|c| format!("`{}` ({}): {}", c.as_str(), c.title(), c.when()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Modify for Common {
     fn modify(&self, api: &mut OpenApi) {
         let components = api.components.get_or_insert_with(Default::default);
+        // The code enum with every code's status and meaning, from the table.
+        let mut codes = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(ProblemCode::ALL.iter().map(|c| c.as_str())))
+            .description(Some(format!(
+                "A problem's stable code. {}",
+                ProblemCode::ALL
+                    .iter()
+                    .map(|c| format!(
+                        "`{}` ({}, {}): {}",
+                        c.as_str(),
+                        c.status(),
+                        c.title(),
+                        c.when()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )))
+            .build();
+        codes.title = Some("ProblemCode".into());
+        components
+            .schemas
+            .insert("ProblemCode".into(), RefOr::T(Schema::Object(codes)));
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(
@@ -196,14 +231,22 @@ fn add_common_errors(api: &mut OpenApi) {
         ];
         for op in ops.into_iter().flatten() {
             let has_body = op.request_body.is_some();
+            // Statuses of the same code list merge into one response (400 has two lists).
+            let mut by_status: std::collections::BTreeMap<u16, Vec<ProblemCode>> =
+                Default::default();
             for e in COMMON {
                 if (e.with_body && !has_body) || (e.v1_only && !is_v1) {
                     continue;
                 }
+                for code in e.codes {
+                    by_status.entry(code.status()).or_default().push(*code);
+                }
+            }
+            for (status, codes) in by_status {
                 op.responses
                     .responses
-                    .entry(e.status.to_owned())
-                    .or_insert_with(|| problem_response(e.description));
+                    .entry(status.to_string())
+                    .or_insert_with(|| problem_response(&describe_codes(&codes)));
             }
         }
     }

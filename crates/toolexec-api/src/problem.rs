@@ -5,6 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use toolexec_core::ProblemCode;
 use toolexec_engine::EngineError;
 use utoipa::ToSchema;
 
@@ -16,36 +17,41 @@ pub struct Problem {
     /// A URI naming the problem type (`urn:toolexec:problem:<code>`).
     #[serde(rename = "type")]
     pub type_: String,
+    /// The problem type's fixed title (docs/problems.md).
     pub title: String,
     pub status: u16,
     pub detail: String,
-    /// Stable code to branch on: `not_found`, `call_id_reused`, `malformed_json`, …
-    pub code: String,
+    /// Stable code to branch on (docs/problems.md lists them all, with when each happens).
+    pub code: ProblemCode,
 }
 
+/// An error answered as a problem; its status and title come from its code's row of the table
+/// ([`ProblemCode`]).
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ProblemCode,
     pub detail: String,
     /// Seconds, for 429 and 503.
     pub retry_after: Option<u32>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
         Self {
-            status,
             code,
             detail: detail.into(),
             retry_after: None,
         }
     }
 
+    /// The HTTP status of its code.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
     pub fn not_found(what: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
+            ProblemCode::NotFound,
             format!("{what} not found (or not visible to this API key)"),
         )
     }
@@ -53,7 +59,7 @@ impl ApiError {
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self {
             retry_after: Some(1),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+            ..Self::new(ProblemCode::Unavailable, detail)
         }
     }
 
@@ -65,8 +71,7 @@ impl ApiError {
             String::new()
         };
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ProblemCode::BodyTooLarge,
             format!(
                 "request body is larger than the server's limit{limit}; send fewer or smaller calls"
             ),
@@ -75,8 +80,7 @@ impl ApiError {
 
     pub fn internal() -> Self {
         Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ProblemCode::Internal,
             "internal error; the service's log has the cause under this request's id",
         )
     }
@@ -114,12 +118,8 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::NotFound => ApiError::not_found("resource"),
-            EngineError::Conflict { code, detail } => {
-                ApiError::new(StatusCode::CONFLICT, code, detail)
-            }
-            EngineError::Invalid { code, detail } => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail)
-            }
+            EngineError::Conflict { code, detail } => ApiError::new(code, detail),
+            EngineError::Invalid { code, detail } => ApiError::new(code, detail),
             EngineError::Unavailable(detail) => {
                 tracing::warn!(%detail, "unavailable");
                 ApiError::unavailable(format!("temporarily unavailable: {detail}"))
@@ -146,34 +146,31 @@ impl From<toolexec_store::StoreError> for ApiError {
     }
 }
 
-pub fn title_of(status: StatusCode) -> String {
-    status.canonical_reason().unwrap_or("Error").to_owned()
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let status = self.status();
         let mut detail = self.detail;
-        if self.status.is_server_error()
+        if status.is_server_error()
             && let Ok(id) = REQUEST_ID.try_with(String::clone)
         {
             detail.push_str(&format!(" (request id {id})"));
         }
         let body = Problem {
             type_: format!("urn:toolexec:problem:{}", self.code),
-            title: title_of(self.status),
-            status: self.status.as_u16(),
+            title: self.code.title().to_owned(),
+            status: status.as_u16(),
             detail,
-            code: self.code.to_owned(),
+            code: self.code,
         };
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let mut resp = (self.status, bytes).into_response();
+        let mut resp = (status, bytes).into_response();
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if self.status == StatusCode::UNAUTHORIZED {
+        if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

@@ -10,6 +10,7 @@ pub mod event;
 pub mod hash;
 pub mod json;
 pub mod names;
+pub mod problem;
 pub mod session;
 pub mod tool;
 pub mod truncate;
@@ -19,6 +20,7 @@ pub use event::{
     Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, UnstoredReason,
 };
 pub use hash::{Sha256Hex, sha256_hex};
+pub use problem::ProblemCode;
 pub use session::{NetworkPolicy, NewSession, Policy, Session, SessionStatus, Tenant};
 pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};
 pub use truncate::{Truncation, truncate};

@@ -21,6 +21,7 @@ mod storable;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use toolexec_core::ProblemCode;
 use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
@@ -42,11 +43,11 @@ pub enum EngineError {
     /// The request conflicts with what is recorded (a call id reused with other arguments, a
     /// closed session).
     #[error("{detail}")]
-    Conflict { code: &'static str, detail: String },
+    Conflict { code: ProblemCode, detail: String },
     /// The request is well-formed JSON but not acceptable (unknown tool in an allow-list, a policy
     /// above the operator's ceiling, an empty batch, …).
     #[error("{detail}")]
-    Invalid { code: &'static str, detail: String },
+    Invalid { code: ProblemCode, detail: String },
     /// The session's workspace (or the record of a call) is unavailable; the detail is written
     /// for the client. Retry later.
     #[error("unavailable: {0}")]
@@ -65,7 +66,7 @@ impl From<StoreError> for EngineError {
         match e {
             StoreError::NotFound => EngineError::NotFound,
             StoreError::TooManyOpenSessions(max) => EngineError::Conflict {
-                code: "too_many_open_sessions",
+                code: ProblemCode::TooManyOpenSessions,
                 detail: format!(
                     "this tenant already has {max} open sessions, the most this service allows (limits.max_open_sessions_per_tenant); close sessions it no longer needs (DELETE /v1/sessions/{{id}}) and create this one again"
                 ),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
+use toolexec_core::ProblemCode;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
 use toolexec_sandbox::{ProcessTable, Sandbox};
 use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
@@ -326,7 +327,7 @@ impl Engine {
                 .collect();
             if !unknown.is_empty() {
                 return Err(invalid(
-                    "unknown_tool",
+                    ProblemCode::UnknownTool,
                     format!(
                         "tools: unknown tool(s) {}; GET /v1/tools lists the catalog",
                         unknown.join(", ")
@@ -343,14 +344,14 @@ impl Engine {
                 .is_some_and(|s| s.config().egress);
             if policy.network == toolexec_core::NetworkPolicy::Allow && !egress {
                 return Err(invalid(
-                    "policy_above_ceiling",
+                ProblemCode::PolicyAboveCeiling,
                     "policy.network: this service gives commands no network (sandbox.egress is off); create the session with network \"none\"".into(),
                 ));
             }
             for tool in policy.output_limits.keys() {
                 if self.registry.get(tool).is_none() {
                     return Err(invalid(
-                        "unknown_tool",
+                        ProblemCode::UnknownTool,
                         format!("policy.output_limits: unknown tool '{tool}'"),
                     ));
                 }
@@ -363,7 +364,7 @@ impl Engine {
                     && !key.starts_with(|c: char| c.is_ascii_digit());
                 if !ok {
                     return Err(invalid(
-                        "invalid_env",
+                        ProblemCode::InvalidEnv,
                         format!(
                             "env: '{key}' is not a valid variable name (letters, digits, '_'; not starting with a digit)"
                         ),
@@ -371,7 +372,7 @@ impl Engine {
                 }
                 if is_loader_variable(key) {
                     return Err(invalid(
-                        "invalid_env",
+                        ProblemCode::InvalidEnv,
                         format!(
                             "env.{key}: variables of the dynamic loader and the C library (LD_*, GLIBC_TUNABLES, GCONV_PATH, MALLOC_*, …) cannot be set for a session: they change how every program starts. Set it in the command itself where one command needs it (e.g. \"{key}=… make test\")"
                         ),
@@ -380,7 +381,7 @@ impl Engine {
             }
             if env.values().any(|v| v.contains('\0')) {
                 return Err(invalid(
-                    "invalid_env",
+                    ProblemCode::InvalidEnv,
                     "env: values must not contain NUL bytes".into(),
                 ));
             }
@@ -393,7 +394,7 @@ impl Engine {
             .and_then(|m| crate::canonical::nul_pointer(m, String::new()))
         {
             return Err(invalid(
-                "invalid_metadata",
+                ProblemCode::InvalidMetadata,
                 format!("metadata{at}: must not contain a NUL character (\\u0000)"),
             ));
         }
@@ -403,7 +404,7 @@ impl Engine {
             .is_some_and(|f| f.len() > limits.max_seed_files)
         {
             return Err(invalid(
-                "too_many_files",
+                ProblemCode::TooManyFiles,
                 format!("files: at most {} seed files", limits.max_seed_files),
             ));
         }
@@ -514,7 +515,7 @@ impl Engine {
                 .await;
             if out.status.is_error() {
                 return Err(invalid(
-                    "invalid_seed_file",
+                    ProblemCode::InvalidSeedFile,
                     format!("files['{path}']: {}", out.content),
                 ));
             }
@@ -623,7 +624,7 @@ fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
         && (t == 0 || t > limits.max_timeout_ms)
     {
         return Err(invalid(
-            "policy_above_ceiling",
+            ProblemCode::PolicyAboveCeiling,
             format!(
                 "policy.default_timeout_ms: must be between 1 and the operator's ceiling of {} ms",
                 limits.max_timeout_ms
@@ -633,7 +634,7 @@ fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
     for (tool, chars) in &policy.output_limits {
         if *chars == 0 || *chars > limits.max_output_chars {
             return Err(invalid(
-                "policy_above_ceiling",
+                ProblemCode::PolicyAboveCeiling,
                 format!(
                     "policy.output_limits.{tool}: must be between 1 and the operator's ceiling of {} characters",
                     limits.max_output_chars
@@ -665,7 +666,7 @@ pub(crate) fn is_loader_variable(name: &str) -> bool {
     name.starts_with("LD_") || name.starts_with("MALLOC_") || NAMES.contains(&name)
 }
 
-pub(crate) fn invalid(code: &'static str, detail: String) -> EngineError {
+pub(crate) fn invalid(code: ProblemCode, detail: String) -> EngineError {
     EngineError::Invalid { code, detail }
 }
 

@@ -37,6 +37,11 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// Print the problem codes of the API as Markdown (or write them to a file; `docs/problems.md` is the checked-in copy).
+    ProblemsDoc {
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
     /// Print the effective configuration: every setting, its value and where it came from
     /// (default, file, environment), the database password redacted.
     Config,
@@ -139,6 +144,9 @@ async fn run() -> anyhow::Result<()> {
         Command::ToolsDoc { write } => {
             let registry = toolexec_tools::Registry::builtin()?;
             emit(toolexec_server::tools_markdown(&registry), write)?;
+        }
+        Command::ProblemsDoc { write } => {
+            emit(toolexec_server::problems_markdown(), write)?;
         }
         Command::Config => {
             print!("{}", Config::describe(&loaded));

@@ -52,3 +52,34 @@ fn mode_name(mode: toolexec_core::TruncationMode) -> &'static str {
         toolexec_core::TruncationMode::HeadTail => "head+tail",
     }
 }
+
+/// Markdown for every problem code of the API (`docs/problems.md`), from the one table the
+/// handlers use ([`toolexec_core::ProblemCode`]).
+pub fn problems_markdown() -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Problem codes\n\n\
+         Generated from the table in `crates/toolexec-core/src/problem.rs` by\n\
+         `cargo run -p toolexec-server -- problems-doc --write docs/problems.md`; a test fails when it\n\
+         differs from the code, and the OpenAPI document's `ProblemCode` schema and error responses\n\
+         are made from the same table.\n\n\
+         Every request the service cannot act on is answered with `application/problem+json`:\n\
+         `{{\"type\": \"urn:toolexec:problem:<code>\", \"title\", \"status\", \"detail\", \"code\"}}`.\n\
+         Branch on `code`; `detail` is for people (on a 5xx it is generic and names the request id,\n\
+         under which the service's log has the cause). 429 and 503 carry `Retry-After`. A tool that\n\
+         fails is not a problem: it is a result with `is_error: true`.\n\n\
+         | code | status | title | when |\n|---|---|---|---|"
+    );
+    for code in toolexec_core::ProblemCode::ALL {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} |",
+            code.as_str(),
+            code.status(),
+            code.title(),
+            code.when().replace('|', "\\|")
+        );
+    }
+    out
+}

@@ -3,6 +3,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
+use toolexec_core::ProblemCode;
 use toolexec_core::{NewSession, Session};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -72,8 +73,7 @@ async fn list_sessions(
         None | Some("") => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
+                ProblemCode::InvalidQuery,
                 "cursor: pass the next_cursor of a previous page",
             )
         })?),

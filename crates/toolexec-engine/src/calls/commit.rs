@@ -4,6 +4,7 @@
 //! replaced by a failed call when the store refuses it — while the client waits a bounded time.
 use std::time::Duration;
 
+use toolexec_core::ProblemCode;
 use toolexec_core::{Call, CallResult};
 use toolexec_store::{Assigned, CallKey, NewInvocation, Outcome, Write, WriteError};
 use uuid::Uuid;
@@ -217,7 +218,7 @@ pub(super) fn key_of(inv: &NewInvocation) -> CallKey {
 
 pub(super) fn closed(session_id: Uuid) -> EngineError {
     EngineError::Conflict {
-        code: "session_closed",
+        code: ProblemCode::SessionClosed,
         detail: format!("session {session_id} is closed"),
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use toolexec_core::ProblemCode;
 use toolexec_core::{Call, Invocation, Session, SessionStatus};
 use toolexec_tools::Tool;
 use uuid::Uuid;
@@ -47,13 +48,13 @@ pub(super) struct Planned {
 pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
     if calls.is_empty() {
         return Err(invalid(
-            "empty_batch",
+            ProblemCode::EmptyBatch,
             "calls: send at least one call".into(),
         ));
     }
     if calls.len() > max_calls {
         return Err(invalid(
-            "batch_too_large",
+            ProblemCode::BatchTooLarge,
             format!("calls: at most {max_calls} calls per request; split the batch"),
         ));
     }
@@ -61,7 +62,7 @@ pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
         let chars = c.id.chars().count();
         if chars == 0 || chars > MAX_CALL_ID_CHARS {
             return Err(invalid(
-                "invalid_call_id",
+                ProblemCode::InvalidCallId,
                 format!("calls/{i}/id: must be 1 to {MAX_CALL_ID_CHARS} characters"),
             ));
         }
@@ -69,13 +70,13 @@ pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
         // a replacement character: the id is the call's identity, the name its tool.
         if c.id.contains('\0') {
             return Err(invalid(
-                "invalid_call_id",
+                ProblemCode::InvalidCallId,
                 format!("calls/{i}/id: must not contain a NUL character (\\u0000)"),
             ));
         }
         if c.name.contains('\0') {
             return Err(invalid(
-                "invalid_tool_name",
+                ProblemCode::InvalidToolName,
                 format!("calls/{i}/name: must not contain a NUL character (\\u0000)"),
             ));
         }
@@ -172,7 +173,7 @@ impl Engine {
         let runtime = if needs_run {
             if session.status != SessionStatus::Active {
                 return Err(EngineError::Conflict {
-                    code: "session_closed",
+                    code: ProblemCode::SessionClosed,
                     detail: format!(
                         "session {session_id} is closed; create a new session (or fork this one) to run more calls"
                     ),
@@ -196,7 +197,7 @@ impl Engine {
 
 pub(super) fn reused(call_id: &str) -> EngineError {
     EngineError::Conflict {
-        code: "call_id_reused",
+        code: ProblemCode::CallIdReused,
         detail: format!(
             "call id '{call_id}' was already used in this session with other arguments; use a new id for a new call"
         ),

@@ -1,0 +1,126 @@
+//! Every problem the API can answer with, in one table: its stable `code`, HTTP status, title
+//! and when it happens. The handlers build their errors from it, and the OpenAPI document (the
+//! `code` enum of `Problem`, the error responses of each operation) and docs/problems.md are
+//! generated from it, so none of them can name a code the others do not know.
+//!
+//! A tool that fails is not here: it is a result with an error status (SPEC §3).
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+macro_rules! problem_codes {
+    ($($variant:ident => ($code:literal, $status:literal, $title:literal, $when:literal),)*) => {
+        /// A problem's stable code (`Problem.code`, and the last part of `Problem.type`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ProblemCode {
+            $($variant,)*
+        }
+
+        impl ProblemCode {
+            /// Every code, in the table's order (by status).
+            pub const ALL: &'static [ProblemCode] = &[$(ProblemCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(ProblemCode::$variant => $code,)* }
+            }
+
+            /// The HTTP status it is answered with.
+            pub fn status(self) -> u16 {
+                match self { $(ProblemCode::$variant => $status,)* }
+            }
+
+            /// A short, fixed title for the problem type.
+            pub fn title(self) -> &'static str {
+                match self { $(ProblemCode::$variant => $title,)* }
+            }
+
+            /// When it happens and what to do about it.
+            pub fn when(self) -> &'static str {
+                match self { $(ProblemCode::$variant => $when,)* }
+            }
+        }
+    };
+}
+
+problem_codes! {
+    MalformedJson => ("malformed_json", 400, "Malformed JSON",
+        "The body is not valid JSON."),
+    InvalidQuery => ("invalid_query", 400, "Invalid query parameter",
+        "A query parameter is unknown, repeated, of the wrong type or out of its documented range; the detail names it."),
+    UnreadableBody => ("unreadable_body", 400, "Unreadable body",
+        "The body could not be read to its end (the connection broke)."),
+    Unauthorized => ("unauthorized", 401, "Unauthorized",
+        "No API key, or one the service does not know (or that was revoked): send `Authorization: Bearer <key>`."),
+    NotFound => ("not_found", 404, "Not found",
+        "No such session, invocation or tool for this tenant — another tenant's ids are not found either."),
+    NoRoute => ("no_route", 404, "No such endpoint",
+        "No endpoint has this path; /docs lists them."),
+    MethodNotAllowed => ("method_not_allowed", 405, "Method not allowed",
+        "The endpoint does not take this method."),
+    RequestTimeout => ("request_timeout", 408, "Request timeout",
+        "The request body did not arrive in full within `body_read_timeout_ms`; nothing was acted on."),
+    CallIdReused => ("call_id_reused", 409, "Call id reused",
+        "A call id already recorded in this session (or earlier in the batch) came with another tool or other arguments; use a new id for a new call. Nothing ran."),
+    SessionClosed => ("session_closed", 409, "Session closed",
+        "The session is closed: new calls cannot run (recorded ones can still be read and retried)."),
+    TooManyOpenSessions => ("too_many_open_sessions", 409, "Too many open sessions",
+        "The tenant holds `limits.max_open_sessions_per_tenant` open sessions; close some (DELETE /v1/sessions/{id})."),
+    BodyTooLarge => ("body_too_large", 413, "Body too large",
+        "The body (or its declared Content-Length) is over `body_limit_bytes`; send fewer or smaller calls."),
+    UnsupportedMediaType => ("unsupported_media_type", 415, "Unsupported media type",
+        "The body is not sent as `Content-Type: application/json`."),
+    InvalidRequest => ("invalid_request", 422, "Invalid request",
+        "The body is JSON the OpenAPI document's schema refuses (a wrong type, a missing or unknown field, an empty batch, …); the detail points at the field."),
+    EmptyBatch => ("empty_batch", 422, "Empty batch",
+        "A batch with no calls (callers of the engine other than the HTTP API; over HTTP the schema refuses it as invalid_request)."),
+    BatchTooLarge => ("batch_too_large", 422, "Batch too large",
+        "More calls than `limits.max_calls_per_batch` in one request; split the batch."),
+    InvalidCallId => ("invalid_call_id", 422, "Invalid call id",
+        "A call id is empty, longer than 256 characters or holds a NUL character."),
+    InvalidToolName => ("invalid_tool_name", 422, "Invalid tool name",
+        "A tool name holds a NUL character."),
+    InvalidMetadata => ("invalid_metadata", 422, "Invalid metadata",
+        "Session metadata holds a NUL character in a key or a string."),
+    InvalidEnv => ("invalid_env", 422, "Invalid environment",
+        "A session's `env` has a name that is not a variable name, a value with NUL, or a dynamic-loader or C-library variable (LD_*, GLIBC_TUNABLES, …), which must be set in the command instead."),
+    UnknownTool => ("unknown_tool", 422, "Unknown tool",
+        "A session's tool allow-list or output limits name a tool the catalog does not have."),
+    PolicyAboveCeiling => ("policy_above_ceiling", 422, "Policy above the operator's ceiling",
+        "A session's policy asks for more than the operator allows (a timeout, an output limit, network when egress is off)."),
+    TooManyFiles => ("too_many_files", 422, "Too many seed files",
+        "More seed files than `limits.max_seed_files` in `POST /v1/sessions`."),
+    InvalidSeedFile => ("invalid_seed_file", 422, "Invalid seed file",
+        "A seed file could not be written (its path is outside the workspace, say); the detail says why."),
+    RateLimited => ("rate_limited", 429, "Rate limited",
+        "The tenant's request rate is over `rate_limit_per_second`; retry after `Retry-After` seconds."),
+    Internal => ("internal", 500, "Internal error",
+        "A fault of the service; its log has the cause under the request id in the detail."),
+    Unavailable => ("unavailable", 503, "Unavailable",
+        "The store or the session's node cannot serve the request now (or the node is out of descriptors); nothing was run. Retry after `Retry-After` seconds."),
+    Overloaded => ("overloaded", 503, "Overloaded",
+        "More requests in flight than `max_concurrent_requests`; retry after `Retry-After` seconds."),
+}
+
+impl std::fmt::Display for ProblemCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_serialize_as_their_names() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ProblemCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+            assert_eq!(
+                serde_json::to_value(code).ok(),
+                Some(serde_json::Value::from(code.as_str()))
+            );
+            assert!((400..600).contains(&code.status()));
+        }
+    }
+}

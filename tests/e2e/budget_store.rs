@@ -14,41 +14,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 use toolexec_core::{EventKind, sha256_hex};
-use toolexec_server::Config;
 use toolexec_store::{NewEvent, NewInvocation, Outcome, Write};
-use toolexec_tests::app::{
-    DbControl, TestApp, spawn_app, spawn_app_with, spawn_sqlite_app, spawn_sqlite_app_with,
-};
+use toolexec_tests::app::Backend;
+use toolexec_tests::app::{DbControl, TestApp, spawn_app_with};
 use toolexec_tests::counting::CountingStore;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-macro_rules! both_stores {
-    ($($test:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Backend::Postgres).await;
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    super::$test(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-    };
-}
-
-both_stores!(
+toolexec_tests::on_both_stores!(
     a_change_set_larger_than_one_statement_is_recorded_completely_in_bounded_statements,
     contents_beyond_the_per_call_budget_are_recorded_by_hash_only,
     a_write_the_store_refuses_becomes_a_failed_call_and_its_retry_returns_at_once,
@@ -60,20 +31,6 @@ both_stores!(
 );
 
 // --- helpers ---
-
-async fn app(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestApp {
-    match backend {
-        Backend::Postgres => spawn_app_with(adjust).await,
-        Backend::Sqlite => spawn_sqlite_app_with(adjust).await,
-    }
-}
-
-async fn plain_app(backend: Backend) -> TestApp {
-    match backend {
-        Backend::Postgres => spawn_app().await,
-        Backend::Sqlite => spawn_sqlite_app().await,
-    }
-}
 
 fn sqlite_path(app: &TestApp) -> std::path::PathBuf {
     app.data.path().join("toolexec.db")
@@ -195,7 +152,9 @@ async fn a_change_set_larger_than_one_statement_is_recorded_completely_in_bounde
     const BOUND: usize = 4 * 1024 * 1024;
     const FILES: usize = 16;
     const SIZE: usize = 1_500_000;
-    let app = app(backend, |c| c.limits.blob_bytes_per_statement = BOUND).await;
+    let app = backend
+        .spawn_with(|c| c.limits.blob_bytes_per_statement = BOUND)
+        .await;
     let sid = new_session(&app, json!({})).await;
     let series = "toolexec_store_blob_statement_bytes";
     let count0 = sample(&app, &format!("{series}_count")).await;
@@ -264,7 +223,9 @@ async fn a_change_set_larger_than_one_statement_is_recorded_completely_in_bounde
 /// One call stores at most `limits.max_blob_bytes_per_call` of contents: with 3 MB allowed, of
 /// four 1 MB files three are stored and one is recorded by hash, saying why.
 async fn contents_beyond_the_per_call_budget_are_recorded_by_hash_only(backend: Backend) {
-    let app = app(backend, |c| c.limits.max_blob_bytes_per_call = 3_000_000).await;
+    let app = backend
+        .spawn_with(|c| c.limits.max_blob_bytes_per_call = 3_000_000)
+        .await;
     let sid = new_session(&app, json!({})).await;
     let size0 = database_bytes(&app).await;
     let r = app
@@ -310,7 +271,7 @@ async fn contents_beyond_the_per_call_budget_are_recorded_by_hash_only(backend: 
 async fn a_write_the_store_refuses_becomes_a_failed_call_and_its_retry_returns_at_once(
     backend: Backend,
 ) {
-    let app = plain_app(backend).await;
+    let app = backend.spawn().await;
     let sid = new_session(&app, json!({"files": {"marker.txt": "FORBIDDEN-MARKER\n"}})).await;
     install_refusal_rules(&app).await;
     let refused0 = app.metric("toolexec_store_writes_refused_total").await;
@@ -402,7 +363,7 @@ async fn install_refusal_rules(app: &TestApp) {
 }
 
 async fn nul_in_call_ids_names_and_metadata_is_refused_with_422_and_a_pointer(backend: Backend) {
-    let app = plain_app(backend).await;
+    let app = backend.spawn().await;
     for (metadata, pointer) in [
         (json!({"a": {"b": ["x", "y\u{0}"]}}), "metadata/a/b/1"),
         (json!({"k\u{0}": 1}), "metadata/k\u{0}"),
@@ -460,7 +421,7 @@ async fn nul_in_call_ids_names_and_metadata_is_refused_with_422_and_a_pointer(ba
 /// and reads whose record the database refuses (found only when committing, in group commits
 /// shared with everyone) — another session's 300 reads all succeed.
 async fn one_sessions_unstorable_calls_never_fail_another_sessions_reads(backend: Backend) {
-    let app = Arc::new(plain_app(backend).await);
+    let app = Arc::new(backend.spawn().await);
     let hostile = new_session(&app, json!({"files": {"marker.txt": "FORBIDDEN-MARKER\n"}})).await;
     let victim = new_session(&app, json!({"files": {"b.txt": "hello\n"}})).await;
     install_refusal_rules(&app).await;
@@ -525,7 +486,7 @@ async fn one_sessions_unstorable_calls_never_fail_another_sessions_reads(backend
 }
 
 async fn a_5xx_answer_names_the_request_but_no_database_text(backend: Backend) {
-    let app = plain_app(backend).await;
+    let app = backend.spawn().await;
     let sid = new_session(&app, json!({})).await;
     install_refusal_rules(&app).await;
     // A call whose start the database refuses does not run, and the 500 says nothing of why.
@@ -573,7 +534,7 @@ async fn a_5xx_answer_names_the_request_but_no_database_text(backend: Backend) {
 /// earlier run of the service: 64 lookups of ids the log may hold cost 64 indexed queries (no
 /// paging through the log), ids it cannot hold cost none, and the query's plan uses the index.
 async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend) {
-    let app = plain_app(backend).await;
+    let app = backend.spawn().await;
     let sid = new_session(&app, json!({})).await;
     let session_id: uuid::Uuid = sid.parse().unwrap();
     let store = app.state.engine.store().clone();
@@ -750,7 +711,11 @@ async fn assert_plan_uses_the_process_index(app: &TestApp) {
 /// With a cap of 5 open sessions and 3 open, 20 concurrent creates make exactly 2 more; the
 /// rest are told to close sessions. Closing one makes room for one.
 async fn the_open_session_cap_holds_under_concurrent_creates(backend: Backend) {
-    let app = Arc::new(app(backend, |c| c.limits.max_open_sessions_per_tenant = 5).await);
+    let app = Arc::new(
+        backend
+            .spawn_with(|c| c.limits.max_open_sessions_per_tenant = 5)
+            .await,
+    );
     let mut open = Vec::new();
     for _ in 0..3 {
         open.push(new_session(&app, json!({})).await);

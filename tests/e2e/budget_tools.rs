@@ -9,63 +9,16 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
-use toolexec_server::Config;
-use toolexec_tests::app::{DbControl, TestApp, data_dir, sandbox_config, spawn_app_with};
+use toolexec_tests::app::Backend;
+use toolexec_tests::app::{DbControl, TestApp};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-macro_rules! budget_suite {
-    ($($test:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Postgres).await;
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-    };
-}
-
-budget_suite!(
+toolexec_tests::on_both_stores!(
     read_many_files_of_one_big_file_fifty_times_stays_within_the_read_budget,
     an_output_over_the_stored_cap_is_recorded_as_head_and_tail,
     file_changes_beyond_the_cap_are_one_summary_whose_manifest_lists_the_rest,
     a_hundred_thousand_new_files_stay_within_the_event_cap_and_page,
     list_dir_glob_and_grep_print_forged_names_as_one_escaped_entry,
 );
-
-/// A server on `backend` with its configuration adjusted.
-async fn spawn(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestApp {
-    match backend {
-        Backend::Postgres => spawn_app_with(adjust).await,
-        Backend::Sqlite => {
-            let data = data_dir();
-            let mut config = Config {
-                bind: "127.0.0.1:0".into(),
-                data_dir: data.path().to_owned(),
-                node: Some("test-node".into()),
-                log_format: "text".into(),
-                sandbox: sandbox_config(),
-                ..Config::default()
-            };
-            adjust(&mut config);
-            TestApp::start(config, data, None).await
-        }
-    }
-}
 
 /// Bytes the store takes on disk: the Postgres database, or the SQLite file with its WAL.
 async fn store_bytes(app: &TestApp) -> u64 {
@@ -142,7 +95,7 @@ fn incompressible_text(lines: usize, width: usize) -> String {
 async fn read_many_files_of_one_big_file_fifty_times_stays_within_the_read_budget(
     backend: Backend,
 ) {
-    let app = spawn(backend, |_| {}).await;
+    let app = backend.spawn_with(|_| {}).await;
     let (sid, dir) = session(&app).await;
     // 2,000 lines of 1,999 characters: read_file would show all of it (4,000,000 bytes).
     std::fs::write(dir.join("big.txt"), incompressible_text(2000, 1999)).unwrap();
@@ -211,7 +164,9 @@ async fn read_many_files_of_one_big_file_fifty_times_stays_within_the_read_budge
 /// `GET /v1/invocations/{id}/output` all say so.
 async fn an_output_over_the_stored_cap_is_recorded_as_head_and_tail(backend: Backend) {
     let cap: u64 = 64 * 1024;
-    let app = spawn(backend, |c| c.limits.max_stored_output_bytes = cap as usize).await;
+    let app = backend
+        .spawn_with(|c| c.limits.max_stored_output_bytes = cap as usize)
+        .await;
     let (sid, _) = session(&app).await;
     let before = store_bytes(&app).await;
     // ~1 MB of output (the sandbox captures up to 1 MiB): 13,000 lines of 76 characters.
@@ -308,7 +263,9 @@ async fn file_changes_beyond_the_cap_are_one_summary_whose_manifest_lists_the_re
     backend: Backend,
 ) {
     const N: usize = 40;
-    let app = spawn(backend, |c| c.limits.max_file_events_per_call = N).await;
+    let app = backend
+        .spawn_with(|c| c.limits.max_file_events_per_call = N)
+        .await;
     let (sid, _) = session(&app).await;
     // A baseline with files to modify and delete, then one command that creates 300, modifies
     // 20 and deletes 10.
@@ -433,7 +390,7 @@ async fn file_changes_beyond_the_cap_are_one_summary_whose_manifest_lists_the_re
 /// The case at its real scale and the default cap: 100,000 empty files from one
 /// command (measured before: +300 MB of RSS while recording, a 41 MB GET /v1/invocations/{id}).
 async fn a_hundred_thousand_new_files_stay_within_the_event_cap_and_page(backend: Backend) {
-    let app = spawn(backend, |_| {}).await;
+    let app = backend.spawn_with(|_| {}).await;
     let (sid, _) = session(&app).await;
     app.call(&sid, "baseline", "shell", json!({"command": "true"}))
         .await;
@@ -507,7 +464,7 @@ async fn a_hundred_thousand_new_files_stay_within_the_event_cap_and_page(backend
 /// escapes, a right-to-left override, bytes that are not UTF-8. Each is one escaped entry in
 /// list_dir, glob and grep.
 async fn list_dir_glob_and_grep_print_forged_names_as_one_escaped_entry(backend: Backend) {
-    let app = spawn(backend, |_| {}).await;
+    let app = backend.spawn_with(|_| {}).await;
     let (sid, _) = session(&app).await;
     let make = app
         .call(

@@ -11,37 +11,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolexec_server::Config;
-use toolexec_tests::app::{TestApp, spawn_app_with, spawn_sqlite_app_with};
+use toolexec_tests::app::Backend;
+use toolexec_tests::app::TestApp;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-macro_rules! tool_deadlines_suite {
-    ($($test:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Postgres).await;
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Sqlite).await;
-                }
-            )*
-        }
-    };
-}
-
-tool_deadlines_suite!(
+toolexec_tests::on_both_stores!(
     a_pathological_regex_is_refused_fast_as_invalid_arguments,
     walks_over_a_large_tree_stop_at_the_entry_limit_and_say_partial,
     the_default_entry_limit_stops_a_walk_over_two_hundred_thousand_files,
@@ -49,13 +22,6 @@ tool_deadlines_suite!(
     a_patch_cut_by_the_deadline_changes_nothing_and_records_no_change,
     another_sessions_reads_answer_promptly_while_one_session_runs_hostile_calls,
 );
-
-async fn spawn(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestApp {
-    match backend {
-        Backend::Postgres => spawn_app_with(adjust).await,
-        Backend::Sqlite => spawn_sqlite_app_with(adjust).await,
-    }
-}
 
 fn content(r: &Value) -> &str {
     r["content"].as_str().unwrap_or_default()
@@ -101,7 +67,7 @@ fn cpu_time() -> Duration {
 }
 
 async fn a_pathological_regex_is_refused_fast_as_invalid_arguments(backend: Backend) {
-    let app = spawn(backend, |_| {}).await;
+    let app = backend.spawn_with(|_| {}).await;
     let (sid, dir) = session(&app).await;
     write(&dir, "big.txt", "a".repeat(1024 * 1024));
     let t0 = Instant::now();
@@ -138,7 +104,9 @@ async fn a_pathological_regex_is_refused_fast_as_invalid_arguments(backend: Back
 
 async fn walks_over_a_large_tree_stop_at_the_entry_limit_and_say_partial(backend: Backend) {
     // Below list_dir's 1,000 shown entries, so that the listing stops at this limit too.
-    let app = spawn(backend, |c| c.limits.max_walk_entries = 500).await;
+    let app = backend
+        .spawn_with(|c| c.limits.max_walk_entries = 500)
+        .await;
     let (sid, dir) = session(&app).await;
     for d in 0..3 {
         for f in 0..1000 {
@@ -191,7 +159,7 @@ async fn walks_over_a_large_tree_stop_at_the_entry_limit_and_say_partial(backend
 }
 
 async fn the_default_entry_limit_stops_a_walk_over_two_hundred_thousand_files(backend: Backend) {
-    let app = spawn(backend, |_| {}).await;
+    let app = backend.spawn_with(|_| {}).await;
     let (sid, dir) = session(&app).await;
     // Generated files a .gitignore leaves out: the old cap counted only files searched, so a
     // walk read every one of these entries (and their names) however many there were.
@@ -240,7 +208,9 @@ async fn the_default_entry_limit_stops_a_walk_over_two_hundred_thousand_files(ba
 }
 
 async fn a_search_over_its_deadline_is_timed_out_with_its_partial_output(backend: Backend) {
-    let app = spawn(backend, |c| c.limits.tool_timeout_ms = 1_000).await;
+    let app = backend
+        .spawn_with(|c| c.limits.tool_timeout_ms = 1_000)
+        .await;
     let (sid, dir) = session(&app).await;
     slow_to_search(&dir, "big0.txt");
     slow_to_search(&dir, "big1.txt");
@@ -306,7 +276,7 @@ async fn a_search_over_its_deadline_is_timed_out_with_its_partial_output(backend
 }
 
 async fn a_patch_cut_by_the_deadline_changes_nothing_and_records_no_change(backend: Backend) {
-    let app = spawn(backend, |c| c.limits.tool_timeout_ms = 300).await;
+    let app = backend.spawn_with(|c| c.limits.tool_timeout_ms = 300).await;
     let (sid, dir) = session(&app).await;
     let file = "a\n".repeat(40_000);
     write(&dir, "a.txt", &file);
@@ -341,7 +311,9 @@ async fn a_patch_cut_by_the_deadline_changes_nothing_and_records_no_change(backe
 async fn another_sessions_reads_answer_promptly_while_one_session_runs_hostile_calls(
     backend: Backend,
 ) {
-    let app = spawn(backend, |c| c.limits.tool_timeout_ms = 1_000).await;
+    let app = backend
+        .spawn_with(|c| c.limits.tool_timeout_ms = 1_000)
+        .await;
     let (hostile, hdir) = session(&app).await;
     slow_to_search(&hdir, "big0.txt");
     write(&hdir, "aaa.txt", "a".repeat(1024 * 1024));

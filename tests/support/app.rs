@@ -78,6 +78,28 @@ pub async fn spawn_sqlite_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp 
     TestApp::start(config, data, None).await
 }
 
+/// Which store a test's service runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// A server on this store (a fresh Postgres database, or a fresh SQLite file).
+    pub async fn spawn(self) -> TestApp {
+        self.spawn_with(|_| {}).await
+    }
+
+    /// Like [`Backend::spawn`], with the configuration adjusted first.
+    pub async fn spawn_with(self, adjust: impl FnOnce(&mut Config)) -> TestApp {
+        match self {
+            Backend::Postgres => spawn_app_with(adjust).await,
+            Backend::Sqlite => spawn_sqlite_app_with(adjust).await,
+        }
+    }
+}
+
 impl TestApp {
     pub async fn start(
         config: Config,

@@ -93,7 +93,9 @@ pub struct Engine {
     /// When the engine started: the clock of the runtimes' least-recently-used order.
     started: std::time::Instant,
     /// This node's share of the host's inotify instances and watches (workspace scans).
-    inotify: Arc<toolexec_tools::scan::InotifyPool>,
+    inotify: Arc<toolexec_workspace::scan::InotifyPool>,
+    /// Where this node's session workspaces live, and who owns them.
+    workspaces: toolexec_workspace::Workspaces,
 }
 
 impl std::fmt::Debug for Engine {
@@ -124,12 +126,14 @@ impl Engine {
         if interrupted > 0 {
             tracing::warn!(interrupted, node = %config.node, "marked invocations left running by a previous process as interrupted");
         }
-        std::fs::create_dir_all(&config.workspace_root).map_err(|e| {
-            EngineError::Internal(format!(
-                "cannot create workspace root {}: {e}",
-                config.workspace_root.display()
-            ))
-        })?;
+        let owner = config.sandbox.as_ref().and_then(|s| s.workspace_owner());
+        let workspaces = toolexec_workspace::Workspaces::new(&config.workspace_root, owner)
+            .map_err(|e| {
+                EngineError::Internal(format!(
+                    "cannot create workspace root {}: {e}",
+                    config.workspace_root.display()
+                ))
+            })?;
         let metrics = Arc::new(metrics::Metrics::default());
         let recorder =
             recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
@@ -144,6 +148,7 @@ impl Engine {
             inflight: calls::Inflight::default(),
             started: std::time::Instant::now(),
             inotify,
+            workspaces,
         }))
     }
 
@@ -164,7 +169,7 @@ impl Engine {
     }
 
     /// Inotify instances and watches the workspace scans of this node hold.
-    pub fn inotify(&self) -> &toolexec_tools::scan::InotifyPool {
+    pub fn inotify(&self) -> &toolexec_workspace::scan::InotifyPool {
         &self.inotify
     }
 }

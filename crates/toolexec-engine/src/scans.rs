@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolexec_tools::scan::{InotifyPool, ScanBudget};
+use toolexec_workspace::scan::{InotifyPool, ScanBudget};
 
 use crate::Limits;
 

@@ -1,7 +1,6 @@
 //! Sessions: creation (workspace + seed files + the first events), listing, closing, and the
 //! per-session runtime state kept on the node that holds the workspace.
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
@@ -9,8 +8,8 @@ use toolexec_core::ProblemCode;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
 use toolexec_sandbox::{ProcessTable, Sandbox};
 use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
-use toolexec_tools::scan::{InotifyPool, ScanBudget, Snapshot};
 use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
+use toolexec_workspace::scan::{InotifyPool, ScanBudget, Snapshot};
 use uuid::Uuid;
 
 use crate::{Engine, EngineError, Result};
@@ -202,10 +201,6 @@ impl SessionRuntime {
 }
 
 impl Engine {
-    fn workspace_dir(&self, id: Uuid) -> PathBuf {
-        self.config.workspace_root.join(id.to_string())
-    }
-
     /// The cached runtime of a session this tenant owns, if this node has one.
     pub(crate) fn cached_runtime(
         &self,
@@ -232,8 +227,7 @@ impl Engine {
         if let Some(rt) = self.cached_runtime(session.tenant_id, session.id)? {
             return Ok(rt);
         }
-        let dir = self.workspace_dir(session.id);
-        let workspace = Workspace::open(&dir).map_err(|e| {
+        let workspace = self.workspaces.open(&session.id.to_string()).map_err(|e| {
             out_of_descriptors(&e).unwrap_or_else(|| {
                 EngineError::Unavailable(format!(
                     "the workspace of session {} is not on this node ({e}); route a session's requests to the node that created it",
@@ -429,18 +423,11 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
         };
-        let dir = self.workspace_dir(id);
-        let workspace = Workspace::create(&dir).map_err(|e| {
-            remove_dir(&dir);
+        let name = id.to_string();
+        let workspace = self.workspaces.create(&name).map_err(|e| {
             out_of_descriptors(&e)
                 .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
         })?;
-        if let Err(e) = self.give_workspace_to_sandbox(&dir) {
-            remove_dir(&dir);
-            return Err(EngineError::Internal(format!(
-                "cannot hand the workspace to the sandbox user: {e}"
-            )));
-        }
         let rt = Arc::new(SessionRuntime::new(
             session.clone(),
             workspace,
@@ -465,7 +452,7 @@ impl Engine {
         let changes = match seeded {
             Ok(c) => c,
             Err(e) => {
-                remove_dir(&dir);
+                self.workspaces.remove(&name);
                 return Err(e);
             }
         };
@@ -485,7 +472,7 @@ impl Engine {
                 Ok(stored)
             }
             Err(e) => {
-                remove_dir(&dir);
+                self.workspaces.remove(&name);
                 Err(e.into())
             }
         }
@@ -572,18 +559,6 @@ impl Engine {
             .await?)
     }
 
-    /// The sandboxed commands run as an unprivileged user: it must own the workspace (files the
-    /// service writes later inherit the owner of their directory).
-    fn give_workspace_to_sandbox(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        let Some(sandbox) = &self.config.sandbox else {
-            return Ok(());
-        };
-        match sandbox.workspace_owner() {
-            Some((uid, gid)) => std::os::unix::fs::chown(dir, Some(uid), Some(gid)),
-            None => Ok(()),
-        }
-    }
-
     /// Closes a session: stops its background processes, records `session.closed` (with how
     /// each process ended), then removes its workspace. The log stays.
     pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
@@ -611,10 +586,7 @@ impl Engine {
         if let Some(rt) = rt {
             let _guard = rt.schedule.write().await;
         }
-        let dir = self.workspace_dir(id);
-        if dir.exists() {
-            remove_dir(&dir);
-        }
+        self.workspaces.remove(&id.to_string());
         Ok(session)
     }
 }
@@ -683,11 +655,4 @@ fn out_of_descriptors(e: &std::io::Error) -> Option<EngineError> {
             "this node has no file descriptors left for another session; retry later".into(),
         )
     })
-}
-
-fn remove_dir(dir: &std::path::Path) {
-    // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658 fixed in 1.58.1).
-    if let Err(e) = std::fs::remove_dir_all(dir) {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
-    }
 }

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use toolexec_core::{CallStatus, Capability, EventKind, FileChange, Policy, ToolSpec};
+use toolexec_core::{CallStatus, Capability, EventKind, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
@@ -30,15 +30,13 @@ pub mod deadline;
 pub mod patch;
 pub mod reads;
 pub mod registry;
-pub mod scan;
 pub(crate) mod text;
 pub(crate) mod walk;
-pub mod workspace;
 
 pub use deadline::Deadline;
 pub use reads::ReadTracker;
 pub use registry::{ArgumentError, Registry};
-pub use workspace::Workspace;
+pub use toolexec_workspace::{RecordedChange, Workspace};
 
 /// What a tool runs against: one session's workspace, its read-state and its policy, and the
 /// recorded outputs of the session's earlier calls.
@@ -202,14 +200,6 @@ impl OutputSource for NoOutputs {
 pub struct ToolEvent {
     pub kind: EventKind,
     pub data: serde_json::Value,
-}
-
-/// One file change a tool made, with the new contents so the engine can store them as a blob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedChange {
-    pub change: FileChange,
-    /// The contents after the change (`None` for deletions).
-    pub after: Option<Vec<u8>>,
 }
 
 /// What a tool returns: the full text for the model (the engine truncates it), its file changes

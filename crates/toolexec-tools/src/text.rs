@@ -1,16 +1,54 @@
-//! Text handling the tools share: names made safe to print ([`shown_name`]), refusing files the
+//! Text handling the tools share: names made safe to print ([`shown_name`]), counts and relative
+//! paths as messages say them, long lines cut, refusing files the
 //! editing tools could not edit without corrupting them, line endings, line-numbered snippets,
 //! and finding the text closest to what a model asked for when it is not in the file.
 //!
 //! Nothing here touches the filesystem, and nothing here ever changes text on the model's
 //! behalf: a near-match is only ever shown, never applied.
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use similar::{Algorithm, DiffOp, TextDiff};
 
-use crate::builtin::read_file::{BINARY_SNIFF_BYTES, cut_line};
+pub(crate) use toolexec_core::names::{shown_line, shown_name, shown_name_bytes};
+
+/// How much of the start of a file is scanned for a NUL byte to call it binary (the heuristic
+/// git and grep use).
+pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+/// Characters of one line shown before it is cut: minified bundles and data dumps have lines of
+/// megabytes that would drown the rest of the window.
+pub const MAX_LINE_CHARS: usize = 2000;
+
+/// A line as the line-numbered tools show it: cut after [`MAX_LINE_CHARS`] with a note.
+pub(crate) fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
+    match line.char_indices().nth(MAX_LINE_CHARS) {
+        None => line.into(),
+        Some((cut, _)) => {
+            let rest = line[cut..].chars().count();
+            format!("{}… [line cut: {rest} more characters]", &line[..cut]).into()
+        }
+    }
+}
+
+/// `1 line`, `3 lines`.
+pub(crate) fn plural(count: usize, one: &str, many: &str) -> String {
+    if count == 1 {
+        format!("{count} {one}")
+    } else {
+        format!("{count} {many}")
+    }
+}
+
+/// `path` relative to the walk's start directory.
+pub(crate) fn relative_to<'a>(start: &str, path: &'a str) -> &'a str {
+    if start == "." {
+        return path;
+    }
+    path.strip_prefix(start)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(path)
+}
 
 /// Time spent looking for the closest near-match in a big file before settling for the best
 /// candidate so far: the model is waiting, and a good-enough hint beats a perfect one later.
@@ -21,89 +59,6 @@ const NEAR_MATCH_MIN_CANDIDATES: usize = 8;
 
 /// Differing lines listed under a near-match; past this the model should re-read the file.
 const MAX_DIFF_LINES: usize = 12;
-
-/// A file name, path or symlink target as every tool prints it: characters that could make one
-/// name look like several, or like something else, are escaped, so that a file named
-/// `"a\n  forged.txt"` stays one entry (`a\n  forged.txt`) and a name cannot send terminal
-/// escape sequences or reorder the text around it.
-///
-/// Escaped: C0 controls as `\t`, `\n`, `\r` or `\xHH` (ESC is `\x1b`), DEL as `\x7f`; C1 controls
-/// (U+0080–U+009F), the line and paragraph separators (U+2028, U+2029) and the bidirectional
-/// formatting characters (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069: the "Trojan
-/// Source" characters) as `\u{XXXX}`. Everything else is printed as it is, backslashes
-/// included: ordinary names, non-ASCII letters and emoji look the same as in `ls`. A name that
-/// itself contains text like `\n` therefore prints like one with a newline; the log records
-/// every name exactly.
-///
-/// Idempotent (what it prints needs no further escaping), so it composes with a path that is
-/// already a display form with `\xHH` for bytes that are not UTF-8 ([`shown_name_bytes`]).
-pub(crate) fn shown_name(name: &str) -> Cow<'_, str> {
-    escape(name, true)
-}
-
-/// [`shown_name`] of a name as the kernel has it: bytes that are not valid UTF-8 are written
-/// `\xHH` (so `bad\xff` and `bad\xfe` stay two names, where lossy decoding would show both as
-/// `bad\u{FFFD}`).
-pub(crate) fn shown_name_bytes(name: &[u8]) -> Cow<'_, str> {
-    match std::str::from_utf8(name) {
-        Ok(text) => shown_name(text),
-        Err(_) => {
-            let mut out = String::with_capacity(name.len() + 8);
-            for chunk in name.utf8_chunks() {
-                out.push_str(&shown_name(chunk.valid()));
-                for byte in chunk.invalid() {
-                    let _ = write!(out, "\\x{byte:02x}");
-                }
-            }
-            Cow::Owned(out)
-        }
-    }
-}
-
-/// A line of file content inside a listing of lines (grep's `path:line:content`): escaped like
-/// [`shown_name`] except for tabs, which are ordinary indentation. Content is not a name, but a
-/// carriage return, an escape sequence or a bidi override in it could still forge or hide
-/// result lines; read_file shows the same line unescaped.
-pub(crate) fn shown_line(line: &str) -> Cow<'_, str> {
-    escape(line, false)
-}
-
-/// Whether `c` is printed escaped (see [`shown_name`]); tabs only when `tabs` is true.
-fn needs_escape(c: char, tabs: bool) -> bool {
-    match c {
-        '\t' => tabs,
-        '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' => true,
-        '\u{2028}' | '\u{2029}' => true,
-        '\u{061c}'
-        | '\u{200e}'
-        | '\u{200f}'
-        | '\u{202a}'..='\u{202e}'
-        | '\u{2066}'..='\u{2069}' => true,
-        _ => false,
-    }
-}
-
-fn escape(text: &str, tabs: bool) -> Cow<'_, str> {
-    if !text.chars().any(|c| needs_escape(c, tabs)) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if !needs_escape(c, tabs) {
-            out.push(c);
-            continue;
-        }
-        let _ = match c {
-            '\t' => write!(out, "\\t"),
-            '\n' => write!(out, "\\n"),
-            '\r' => write!(out, "\\r"),
-            // One byte in UTF-8: the same `\xHH` as a byte that is not UTF-8.
-            '\u{0}'..='\u{7f}' => write!(out, "\\x{:02x}", u32::from(c)),
-            _ => write!(out, "\\u{{{:04x}}}", u32::from(c)),
-        };
-    }
-    Cow::Owned(out)
-}
 
 /// The file's bytes as UTF-8 text, or the refusal for the model: binary files, UTF-16 and
 /// anything else that is not valid UTF-8 are never edited, because writing them back through a

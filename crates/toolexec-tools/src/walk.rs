@@ -27,13 +27,21 @@ use std::rc::Rc;
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::builtin::list_dir::NOT_EXPANDED;
 use crate::deadline::{Deadline, human_duration};
-use crate::workspace::{Entry, EntryKind, VIRTUAL_ROOT, Workspace, WorkspaceDir};
+use toolexec_workspace::jail::{Entry, EntryKind, VIRTUAL_ROOT, Workspace, WorkspaceDir};
 
-/// Directories skipped unless the search starts inside one: dependencies, build output and VCS
-/// internals, which bury the project's own files (the same set list_dir does not expand).
-pub(crate) const SKIPPED_DIRS: [&str; 7] = NOT_EXPANDED;
+/// Dependencies, build output and VCS internals, which bury the project's own files: searches
+/// skip them unless they start inside one, and list_dir lists them without expanding them
+/// unless asked for one (SPEC §5).
+pub const NOT_EXPANDED: [&str; 7] = [
+    ".git",
+    "node_modules",
+    "target",
+    ".venv",
+    "__pycache__",
+    "dist",
+    "build",
+];
 
 /// Deepest directory nesting walked; also bounds the open directory descriptors (one per level).
 pub(crate) const MAX_WALK_DEPTH: usize = 64;
@@ -207,7 +215,7 @@ fn parse_gitignore(
 
 /// Whether the exclusions apply: not when the search was asked for inside an excluded directory.
 pub(crate) fn exclusions_apply(start: &str) -> bool {
-    !start.split('/').any(|c| SKIPPED_DIRS.contains(&c))
+    !start.split('/').any(|c| NOT_EXPANDED.contains(&c))
 }
 
 struct Frame {
@@ -314,7 +322,7 @@ pub(crate) fn walk_files(
         let path = top.dir.path_of(&entry);
         match entry.kind {
             EntryKind::Dir => {
-                if skip_excluded && SKIPPED_DIRS.contains(&entry.name.as_str()) {
+                if skip_excluded && NOT_EXPANDED.contains(&entry.name.as_str()) {
                     report.skipped_dirs.insert(path);
                     continue;
                 }
@@ -394,7 +402,7 @@ pub(crate) fn notes(report: &WalkReport) -> Vec<String> {
     if report.ignored > 0 {
         notes.push(format!(
             "{} ignored by .gitignore rules (give an ignored directory as `path` to search it).",
-            crate::builtin::plural(report.ignored, "path was", "paths were")
+            crate::text::plural(report.ignored, "path was", "paths were")
         ));
     }
     if report.too_deep {

@@ -21,9 +21,9 @@ use toolexec_core::{
 
 use super::{Action, blocking, check_read, too_late};
 use crate::patch::{self, Hunk, HunkFailure, Mismatch, Op};
-use crate::text::{decode_for_edit, numbered_range, shown_name, view_lines};
-use crate::workspace::{Before, JailError, Workspace, human_bytes};
+use crate::text::{decode_for_edit, numbered_range, plural, shown_name, view_lines};
 use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{Before, JailError, Workspace, human_bytes};
 
 /// File lines shown around the place a hunk stopped matching.
 const FAILURE_CONTEXT_LINES: usize = 2;
@@ -453,7 +453,7 @@ impl Plan {
         }
         output.content = format!(
             "Applied the patch: {} changed.\n{}",
-            super::plural(lines.len(), "file", "files"),
+            plural(lines.len(), "file", "files"),
             lines.join("\n")
         );
         output

@@ -12,13 +12,14 @@ use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
 };
 
-use super::{Action, blocking, check_read, jail_failure, plural, too_late};
+use super::{Action, blocking, check_read, jail_failure, too_late};
+use crate::text::plural;
 use crate::text::{
     closest_window, decode_for_edit, describe_difference, has_line_number_prefixes, line_of,
     numbered_range, shown_name, to_crlf, uses_crlf, view_lines,
 };
-use crate::workspace::{JailError, Workspace};
 use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{JailError, Workspace};
 
 /// Lines of unchanged context shown around an edited region.
 const SNIPPET_CONTEXT_LINES: usize = 3;

@@ -13,8 +13,8 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
 use crate::reads::WriteCheck;
 use crate::text::shown_name;
-use crate::workspace::{Copied, JailError, Workspace, human_bytes};
 use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{Copied, JailError, Workspace, human_bytes};
 
 /// Copies up to this size are recorded with their contents (as a blob); bigger ones with their
 /// hash and size only (`after: None`), so copying a large asset does not double its storage in

@@ -8,8 +8,8 @@ use toolexec_core::{
 
 use super::{Action, blocking, jail_failure, read_before_write, too_late};
 use crate::text::shown_name;
-use crate::workspace::{JailError, Workspace, human_bytes};
 use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{JailError, Workspace, human_bytes};
 
 const DESCRIPTION: &str = "\
 Deletes one file from the workspace.

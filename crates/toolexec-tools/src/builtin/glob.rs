@@ -8,12 +8,11 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::grep::relative_to;
-use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure, plural};
-use crate::text::shown_name;
+use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure};
+use crate::text::{plural, relative_to, shown_name};
 use crate::walk::{self, Bounds, Flow, Stop};
-use crate::workspace::{VIRTUAL_ROOT, Workspace};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{VIRTUAL_ROOT, Workspace};
 
 /// Paths listed: about 20,000 characters (the tool's output limit) at typical path lengths.
 pub const MAX_PATHS: usize = 500;

@@ -14,13 +14,12 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::read_file::BINARY_SNIFF_BYTES;
-use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure, plural};
+use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure};
 use crate::deadline::Deadline;
-use crate::text::{shown_line, shown_name};
+use crate::text::{BINARY_SNIFF_BYTES, plural, relative_to, shown_line, shown_name};
 use crate::walk::{self, Bounds, Flow, Stop, WalkReport};
-use crate::workspace::{FileContents, JailError, MAX_READ_BYTES, Workspace, human_bytes};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{FileContents, JailError, MAX_READ_BYTES, Workspace, human_bytes};
 
 /// Matching lines shown when the call gives no `max_results`: enough to see the shape of the
 /// answer, few enough that the model narrows the search instead of paging through it.
@@ -346,16 +345,6 @@ fn compile_filter(glob: &str) -> Result<Filter, ToolOutput> {
         matcher,
         by_name: !glob.contains('/'),
     })
-}
-
-/// `path` relative to the walk's start directory.
-pub(crate) fn relative_to<'a>(start: &str, path: &'a str) -> &'a str {
-    if start == "." {
-        return path;
-    }
-    path.strip_prefix(start)
-        .and_then(|rest| rest.strip_prefix('/'))
-        .unwrap_or(path)
 }
 
 impl Search {

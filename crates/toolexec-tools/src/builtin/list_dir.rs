@@ -6,9 +6,9 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure};
 use crate::text::{shown_name, shown_name_bytes};
-use crate::walk::{Bounds, Stop, WalkReport, bounded_entries};
-use crate::workspace::{Entry, EntryKind, JailError, Workspace, WorkspaceDir};
+use crate::walk::{Bounds, NOT_EXPANDED, Stop, WalkReport, bounded_entries};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{Entry, EntryKind, JailError, Workspace, WorkspaceDir};
 
 /// Deepest listing a call may ask for: deeper trees are better explored a directory at a time.
 pub const MAX_DEPTH: u64 = 10;
@@ -20,18 +20,6 @@ pub const MAX_ENTRIES: usize = 1000;
 /// Longest single-child chain folded into one entry (`a/b/c/…`); bounds the look-ahead below the
 /// requested depth.
 const MAX_CHAIN: usize = 32;
-
-/// Directories listed but not expanded unless they are the requested path: dependencies, build
-/// output and VCS internals, which bury the project's own files.
-pub const NOT_EXPANDED: [&str; 7] = [
-    ".git",
-    "node_modules",
-    "target",
-    ".venv",
-    "__pycache__",
-    "dist",
-    "build",
-];
 
 const DESCRIPTION: &str = "\
 Lists a directory of the workspace as an indented tree. Directories end with `/`; symlinks are \

@@ -7,8 +7,8 @@ use crate::RecordedChange;
 use crate::Tool;
 use crate::ToolOutput;
 use crate::reads::{ReadTracker, WriteCheck};
-use crate::workspace::{Before, JailError, UnreadReason, Written, human_bytes};
 use toolexec_core::{FileChange, FileChangeKind, UnstoredReason};
+use toolexec_workspace::jail::{Before, JailError, UnreadReason, Written, human_bytes};
 
 pub mod apply_patch;
 pub mod edit_file;
@@ -149,15 +149,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
         tracing::error!(error = %e, "file tool task failed");
         ToolOutput::error("The tool failed unexpectedly (internal error). Try the call again.")
     })
-}
-
-/// `1 line`, `3 lines`.
-pub(crate) fn plural(count: usize, one: &str, many: &str) -> String {
-    if count == 1 {
-        format!("{count} {one}")
-    } else {
-        format!("{count} {many}")
-    }
 }
 
 /// What a tool is about to do to an existing file, for the read-before-write messages.

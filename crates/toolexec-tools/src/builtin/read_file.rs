@@ -4,22 +4,14 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{blocking, jail_failure, plural};
-use crate::text::shown_name;
-use crate::workspace::{FileContents, Workspace, human_bytes};
+use super::{blocking, jail_failure};
+use crate::text::{BINARY_SNIFF_BYTES, cut_line, plural, shown_name};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{FileContents, Workspace, human_bytes};
 
 /// Lines shown when the call gives no `limit`: most source files fit whole, and 2000 numbered
 /// lines stay within the model-facing output limit for typical line lengths.
 pub const DEFAULT_LINE_LIMIT: usize = 2000;
-
-/// Characters of one line shown before it is cut: minified bundles and data dumps have lines of
-/// megabytes that would drown the rest of the window.
-pub const MAX_LINE_CHARS: usize = 2000;
-
-/// How much of the start of a file is scanned for a NUL byte to call it binary (the heuristic
-/// git and grep use).
-pub const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 
 const DESCRIPTION: &str = "\
 Reads a text file from the workspace and returns its lines numbered like `cat -n` (right-aligned \
@@ -313,19 +305,10 @@ fn render(path: &str, bytes: &[u8], window: Window, budget: &ReadBudget) -> Resu
     Ok(out)
 }
 
-pub(crate) fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
-    match line.char_indices().nth(MAX_LINE_CHARS) {
-        None => line.into(),
-        Some((cut, _)) => {
-            let rest = line[cut..].chars().count();
-            format!("{}… [line cut: {rest} more characters]", &line[..cut]).into()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::MAX_LINE_CHARS;
 
     fn unlimited() -> ReadBudget {
         ReadBudget::new(usize::MAX)

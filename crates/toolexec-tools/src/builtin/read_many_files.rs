@@ -7,11 +7,11 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use std::collections::HashSet;
 
 use super::read_file::{ReadBudget, Window, render_read};
-use super::{blocking, jail_failure, plural};
+use super::{blocking, jail_failure};
 use crate::deadline::{Deadline, human_duration};
-use crate::text::shown_name;
-use crate::workspace::{Workspace, human_bytes};
+use crate::text::{plural, shown_name};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
+use toolexec_workspace::jail::{Workspace, human_bytes};
 
 /// Files one call may name: enough for a module and its tests, few enough that the 50,000-
 /// character output is not mostly truncation markers.

@@ -4,8 +4,8 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, jail_failure, plural, read_before_write, too_late, written_change};
-use crate::text::shown_name;
+use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
+use crate::text::{plural, shown_name};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
 const DESCRIPTION: &str = "\

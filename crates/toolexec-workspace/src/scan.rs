@@ -127,7 +127,7 @@ use toolexec_core::names::RecordedName;
 use toolexec_core::{Capability, FileChange, FileChangeKind, UnstoredReason, sha256_hex};
 
 use crate::RecordedChange;
-use crate::workspace::{
+use crate::jail::{
     ChildStat, Entry, EntryKind, JailError, MAX_PATH_BYTES, Workspace, WorkspaceDir,
 };
 

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
-use toolexec_tools::workspace::{JailError, Workspace};
+use toolexec_workspace::jail::{JailError, Workspace};
 
 /// What the sentinel outside the workspace holds; no file inside ever may.
 const SENTINEL: &[u8] = b"SENTINEL: outside the workspace, never to be read or changed\n";

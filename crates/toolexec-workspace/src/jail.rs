@@ -122,7 +122,7 @@ impl JailError {
     pub fn model_message(&self) -> String {
         // The path came from the model or from the filesystem: escaped like every name a tool
         // prints, so that it cannot forge lines or send escape sequences.
-        let path = crate::text::shown_name(self.path());
+        let path = toolexec_core::names::shown_name(self.path());
         match self {
             JailError::OutsideWorkspace { .. } => format!(
                 "Path '{path}' is outside the workspace (or leads out of it through '..' or a \
@@ -1631,7 +1631,7 @@ fn shorten(path: &str) -> String {
 }
 
 /// `10 MiB`, `1.5 KiB`, `12 bytes`.
-pub(crate) fn human_bytes(bytes: u64) -> String {
+pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if bytes < 1024 {
         return format!("{bytes} bytes");

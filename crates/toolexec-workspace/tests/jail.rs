@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use toolexec_tools::workspace::{Before, JailError, UnreadReason, Workspace};
+use toolexec_workspace::jail::{Before, JailError, UnreadReason, Workspace};
 
 const SECRET: &[u8] = b"TOP SECRET: outside the workspace\n";
 

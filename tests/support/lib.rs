@@ -5,3 +5,4 @@ pub mod binary;
 pub mod counting;
 pub mod db;
 pub mod fixtures;
+pub mod procs;

@@ -1452,6 +1452,7 @@ async fn sandbox_escape_a_library_planted_by_another_session_never_runs_outside_
         timeout: Duration::from_secs(20),
         idle_timeout: None,
         max_output_bytes: 1 << 20,
+        cancel: Default::default(),
     };
     let attacks: [&[(&str, &str)]; 3] = [
         &[("LD_PRELOAD", &lib)],

@@ -73,6 +73,9 @@ struct BatchState {
     /// Per call: does the batch run it (`false` for retries answered from the record and ids
     /// repeated within the batch)? `None` until the batch is planned.
     runs: Option<Vec<bool>>,
+    ended: Vec<bool>,
+    /// Kept only for calls that end after a cancel (the only ones a report shows), so that a
+    /// batch nobody cancels holds no second copy of its outputs.
     results: Vec<Option<CallResult>>,
 }
 
@@ -85,6 +88,7 @@ impl BatchControl {
             client_gone: CancellationToken::new(),
             state: Mutex::new(BatchState {
                 runs: None,
+                ended: vec![false; calls],
                 results: vec![None; calls],
             }),
             done: watch::Sender::new(false),
@@ -132,7 +136,14 @@ impl BatchControl {
     }
 
     pub(super) fn ended(&self, k: usize, result: &CallResult) {
-        if let Ok(mut s) = self.state.lock()
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        if let Some(ended) = s.ended.get_mut(k) {
+            *ended = true;
+        }
+        // Under the lock, like the cancel's snapshot: a call that ends after it is kept.
+        if self.stop.is_cancelled()
             && let Some(slot) = s.results.get_mut(k)
         {
             *slot = Some(result.clone());
@@ -141,15 +152,15 @@ impl BatchControl {
 
     /// Stops the batch; the calls that had not ended then (their positions).
     fn cancel(&self) -> Vec<usize> {
-        let pending = self.state.lock().map_or_else(
-            |_| Vec::new(),
-            |s| {
-                (0..s.results.len())
-                    .filter(|k| s.results[*k].is_none())
-                    .filter(|k| s.runs.as_ref().is_none_or(|r| r[*k]))
-                    .collect()
-            },
-        );
+        let Ok(s) = self.state.lock() else {
+            self.stop.cancel();
+            return Vec::new();
+        };
+        let pending = (0..s.ended.len())
+            .filter(|k| !s.ended[*k])
+            .filter(|k| s.runs.as_ref().is_none_or(|r| r[*k]))
+            .collect();
+        // Under the lock: every call that ends from here on keeps its result for the report.
         self.stop.cancel();
         pending
     }

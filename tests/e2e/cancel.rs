@@ -226,6 +226,45 @@ async fn cancel_a_client_that_disconnects_mid_batch_leaves_no_call_running_on_sq
     a_client_that_disconnects_mid_batch_leaves_no_call_running(&spawn_sqlite_app().await).await;
 }
 
+/// A batch outlives its request, so a service that stops must wait for it too: the call whose
+/// client went away is recorded as it ended, not found `running` and marked `interrupted` at the
+/// next start.
+async fn a_batch_whose_client_went_away_finishes_before_the_service_stops(app: TestApp) {
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let arg = sleep_arg(1);
+    let calls = json!([{"id": "running", "name": "shell", "arguments": {
+        "command": format!("sleep {arg}; echo done > after.txt"), "timeout_ms": 60_000}}]);
+    let path = format!("/v1/sessions/{sid}/calls");
+    let conn = post_and_keep_connection(&app, &path, &json!({ "calls": calls })).await;
+    wait_for_sleep(&arg)
+        .await
+        .expect("the shell call never started");
+    drop(conn);
+    // Let the server see the connection go, then stop it while the command still runs.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let app = app.restart().await;
+    let states = call_states(&app, &sid).await;
+    assert_eq!(
+        states.get("running").map(String::as_str),
+        Some("ok"),
+        "{states:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_a_batch_whose_client_went_away_finishes_before_the_service_stops_on_postgres() {
+    a_batch_whose_client_went_away_finishes_before_the_service_stops(spawn_app().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_a_batch_whose_client_went_away_finishes_before_the_service_stops_on_sqlite() {
+    a_batch_whose_client_went_away_finishes_before_the_service_stops(spawn_sqlite_app().await)
+        .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancelling one running call
 // ---------------------------------------------------------------------------------------------

@@ -165,13 +165,16 @@ impl BatchControl {
         pending
     }
 
+    /// Waits until the batch has ended.
+    async fn done(&self) {
+        let mut rx = self.done.subscribe();
+        // An error means the sender is gone, which also means the batch has ended.
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
     /// Waits until the batch has ended (at most `limit`); whether it did.
     async fn wait_done(&self, limit: Duration) -> bool {
-        let mut rx = self.done.subscribe();
-        matches!(
-            tokio::time::timeout(limit, rx.wait_for(|d| *d)).await,
-            Ok(Ok(_))
-        )
+        tokio::time::timeout(limit, self.done()).await.is_ok()
     }
 
     /// The results of calls at `positions` that the batch ran, in order.
@@ -277,6 +280,13 @@ impl Cancels {
         }
     }
 
+    fn all_batches(&self) -> Vec<Arc<BatchControl>> {
+        self.batches
+            .lock()
+            .map(|m| m.values().flatten().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn batches_of(&self, tenant_id: Uuid, session_id: Uuid) -> Vec<Arc<BatchControl>> {
         self.batches
             .lock()
@@ -345,6 +355,21 @@ impl Engine {
         let invocation = self.invocation(tenant_id, id, None, None).await?;
         let ended = invocation.status.finished().is_some();
         Ok(CancelledInvocation { invocation, ended })
+    }
+
+    /// Waits until no batch runs on this node. A batch outlives the request that sent it, so a
+    /// service shutting down waits here, after its last request, for batches whose clients went
+    /// away: their running call is recorded as it ended, not left to be marked `interrupted`.
+    pub async fn wait_for_batches(&self) {
+        loop {
+            let batches = self.cancels.all_batches();
+            if batches.is_empty() {
+                return;
+            }
+            for b in batches {
+                b.done().await;
+            }
+        }
     }
 
     /// Cancels every pending call of a session on this node: running calls are stopped, queued

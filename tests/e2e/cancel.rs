@@ -333,6 +333,46 @@ async fn cancel_a_running_command_kills_its_tree_and_records_what_it_did_on_sqli
         .await;
 }
 
+/// A read-only call has an invocation id while it runs when the operator records its start
+/// first; `process_read` waiting for output then stops at a cancel and says what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_read_only_call_waiting_for_output_when_its_start_is_recorded() {
+    let app =
+        toolexec_tests::app::spawn_sqlite_app_with(|c| c.durable_start_for_read_only = true).await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let arg = sleep_arg(300);
+    let started = app
+        .call(
+            &sid,
+            "bg",
+            "shell",
+            json!({"command": format!("echo hi; sleep {arg}"), "background": true}),
+        )
+        .await;
+    assert_eq!(started["status"], "ok", "{started}");
+    let batch = post_batch(
+        &app,
+        &sid,
+        &json!([{"id": "wait", "name": "process_read", "arguments": {"process_id": "p1", "after": 3, "wait_ms": 30_000}}]),
+    );
+    let inv = started_invocation(&app, &sid, "wait").await;
+    let (status, body, took) = post_empty(&app, &format!("/v1/invocations/{inv}/cancel")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(took < Duration::from_secs(3), "the cancel took {took:?}");
+    assert_eq!(body["status"], "cancelled", "{body}");
+    let content = body["content"].as_str().unwrap();
+    assert!(
+        content.contains("cancelled by the client while waiting"),
+        "{content}"
+    );
+    assert_eq!(batch.await.unwrap().1["results"][0]["status"], "cancelled");
+    // The background process itself still runs.
+    assert!(wait_for_sleep(&arg).await.is_some());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancelling a session's pending calls
 // ---------------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 //! Running one call: claiming its id on this node, refusing what may not run (an unknown or
-//! disallowed tool, invalid arguments) with a record, making a mutating call's start durable
-//! before its tool runs, and adding what the workspace scan found to its changes.
+//! disallowed tool, invalid arguments, a call whose batch was stopped before its turn) with a
+//! record, making a mutating call's start durable before its tool runs (cancellable by its
+//! invocation id from just before), and adding what the workspace scan found to its changes.
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::Either;
-
 use toolexec_core::{Call, CallResult, CallStatus, Capability, Session, new_id};
 use toolexec_store::{NewInvocation, Write, WriteError};
 use toolexec_tools::{Tool, ToolOutput};

@@ -24,7 +24,7 @@ use toolexec_core::ProblemCode;
         (name = "health", description = "Liveness and readiness"),
         (name = "tools", description = "The tool catalog"),
         (name = "sessions", description = "Sessions: a workspace, a policy and a tool set"),
-        (name = "calls", description = "Running tool calls"),
+        (name = "calls", description = "Running tool calls, and cancelling them"),
         (name = "log", description = "The recorded log: events, invocations, outputs"),
     )
 )]
@@ -37,6 +37,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::tools::router())
         .merge(routes::sessions::router())
         .merge(routes::calls::router())
+        .merge(routes::cancel::router())
         .merge(routes::log::router())
 }
 

@@ -121,6 +121,7 @@ async fn measure_with(
         timeout: Duration::from_secs(10),
         idle_timeout: None,
         max_output_bytes: direct.config().max_output_bytes,
+        cancel: Default::default(),
     };
     let table = Arc::new(ProcessTable::new(direct, "bench", direct_ws, 1));
 

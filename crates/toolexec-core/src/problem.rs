@@ -63,6 +63,8 @@ problem_codes! {
         "A call id already recorded in this session (or earlier in the batch) came with another tool or other arguments; use a new id for a new call. Nothing ran."),
     SessionClosed => ("session_closed", 409, "Session closed",
         "The session is closed: new calls cannot run (recorded ones can still be read and retried)."),
+    NotRunningHere => ("not_running_here", 409, "Not running on this node",
+        "The invocation to cancel runs on another node of the service; cancel it with POST /v1/sessions/{id}/cancel, which the gateway routes to the session's node."),
     TooManyOpenSessions => ("too_many_open_sessions", 409, "Too many open sessions",
         "The tenant holds `limits.max_open_sessions_per_tenant` open sessions; close some (DELETE /v1/sessions/{id})."),
     BodyTooLarge => ("body_too_large", 413, "Body too large",

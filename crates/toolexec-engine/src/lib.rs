@@ -26,7 +26,7 @@ use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
 
-pub use calls::CallBatch;
+pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
 pub use canonical::arguments_sha256;
 pub use config::{EngineConfig, Limits};
 pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
@@ -90,6 +90,8 @@ pub struct Engine {
     runtimes: Mutex<HashMap<Uuid, Arc<SessionRuntime>>>,
     /// Calls running on this node, by (session, call id): a retry of a running call waits here.
     inflight: calls::Inflight,
+    /// Batches and cancellable calls running on this node: what a cancel stops.
+    cancels: calls::Cancels,
     /// When the engine started: the clock of the runtimes' least-recently-used order.
     started: std::time::Instant,
     /// This node's share of the host's inotify instances and watches (workspace scans).
@@ -146,6 +148,7 @@ impl Engine {
             config,
             runtimes: Mutex::new(HashMap::new()),
             inflight: calls::Inflight::default(),
+            cancels: calls::Cancels::default(),
             started: std::time::Instant::now(),
             inotify,
             workspaces,

@@ -308,6 +308,8 @@ impl Engine {
             // Set when a call runs (`Engine::run_tool`), so that waiting for the session's
             // scheduling lock does not count against it.
             deadline: toolexec_tools::Deadline::none(),
+            // Set when a call runs, from its batch (`calls::cancel`).
+            cancel: tokio_util::sync::CancellationToken::new(),
         }
     }
 

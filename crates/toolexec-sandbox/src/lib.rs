@@ -400,6 +400,7 @@ impl Sandbox {
             timeout: Duration::from_secs(10),
             idle_timeout: None,
             max_output_bytes: 64 * 1024,
+            cancel: Default::default(),
         };
         let result = self.run(&launch, group.as_ref(), &limits).await;
         let result = match result {

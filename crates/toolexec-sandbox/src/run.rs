@@ -3,6 +3,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
 
 use crate::cgroup::SessionGroup;
 use crate::{Launch, Sandbox, SandboxError, Spawned};
@@ -15,6 +16,10 @@ pub struct RunLimits {
     pub idle_timeout: Option<Duration>,
     /// stdout and stderr together; past it the command is stopped.
     pub max_output_bytes: usize,
+    /// Cancelled when the client asks to stop the call: the command's whole tree is killed and
+    /// what it printed so far comes back, like at a timeout. A token nobody cancels (`new()`)
+    /// for commands no one can stop.
+    pub cancel: CancellationToken,
 }
 
 /// Why the service stopped a command.
@@ -23,6 +28,8 @@ pub enum KillReason {
     Timeout(Duration),
     Idle(Duration),
     OutputLimit(usize),
+    /// The client cancelled the call (its token in [`RunLimits::cancel`]).
+    Cancelled,
 }
 
 /// How a command ended.
@@ -110,6 +117,12 @@ impl Sandbox {
                     // with it: the PID namespace is gone; the cgroup kill is the second net.
                     if let Some(g) = &group { g.kill_nowait(); }
                     drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                // Only while the command runs and nothing else stopped it: once cancelled, the
+                // token stays cancelled, and the loop goes on to drain what is left.
+                () = limits.cancel.cancelled(), if killed.is_none() && status.is_none() => {
+                    killed = Some(KillReason::Cancelled);
+                    self.stop(&mut child, group.as_ref()).await;
                 }
                 _ = tokio::time::sleep_until(wake) => {
                     if drain_until.is_some() {

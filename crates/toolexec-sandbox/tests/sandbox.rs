@@ -107,6 +107,7 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
         timeout: Duration::from_secs(10),
         idle_timeout: None,
         max_output_bytes: 1 << 20,
+        cancel: Default::default(),
     };
     let f = table
         .run(
@@ -131,6 +132,63 @@ async fn the_probe_finds_every_layer_and_a_command_runs_as_the_sandbox_user() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("t1")]);
+}
+
+/// A cancelled command stops at once, whatever its timeout: its whole tree is killed (the
+/// cgroup is empty), and what it printed before comes back with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_command_dies_with_its_tree_and_keeps_its_output() {
+    let root = open_dir(0);
+    let sandbox = Sandbox::probe(config(), root.path()).await;
+    assert!(sandbox.status().ready, "{:?}", sandbox.status());
+    let ws = sub_dir(root.path(), "t1", 65534);
+    let table = ProcessTable::new(sandbox.clone(), "t1", ws.clone(), 1);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let limits = RunLimits {
+        timeout: Duration::from_secs(300),
+        idle_timeout: None,
+        max_output_bytes: 1 << 20,
+        cancel: cancel.clone(),
+    };
+    let canceller = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            cancel.cancel();
+        })
+    };
+    // Durations unique to this test process, to find its sleeps in the host's /proc.
+    let args: Vec<String> = (1..=3)
+        .map(|n| format!("30{n}.{}", std::process::id()))
+        .collect();
+    let command = format!(
+        "echo before; echo err >&2; (sleep {} &); setsid sleep {} & sleep {}; echo after",
+        args[0], args[1], args[2]
+    );
+    let t0 = std::time::Instant::now();
+    let f = table
+        .run("", &command, &BTreeMap::new(), false, &limits)
+        .await
+        .unwrap();
+    canceller.await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(f.killed, Some(toolexec_sandbox::KillReason::Cancelled));
+    assert_eq!(String::from_utf8_lossy(&f.stdout), "before\n");
+    assert_eq!(String::from_utf8_lossy(&f.stderr), "err\n");
+    for arg in &args {
+        let want = format!("sleep\0{arg}\0");
+        let alive: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(alive.is_empty(), "sleep {arg} still runs: pids {alive:?}");
+    }
 }
 
 /// A service that does not run as root starts the init as itself: the sandbox must still leave
@@ -231,6 +289,7 @@ async fn a_workspace_root_under_a_private_directory_still_works() {
         timeout: Duration::from_secs(10),
         idle_timeout: None,
         max_output_bytes: 1 << 20,
+        cancel: Default::default(),
     };
     let f = table
         .run(

@@ -157,7 +157,8 @@ pub async fn build_state_with(
     }))
 }
 
-/// Serves the app on `listener` until `shutdown` resolves, then lets in-flight requests finish.
+/// Serves the app on `listener` until `shutdown` resolves, then lets in-flight requests and
+/// batches finish.
 pub async fn serve(
     state: Arc<AppState>,
     listener: TcpListener,
@@ -167,7 +168,12 @@ pub async fn serve(
         header_read_timeout: state.config.header_read_timeout,
         max_connections: state.config.max_connections,
     };
-    http::serve_app(toolexec_api::app(state), listener, limits, shutdown)
+    let engine = state.engine.clone();
+    let served = http::serve_app(toolexec_api::app(state), listener, limits, shutdown)
         .await
-        .context("serving HTTP")
+        .context("serving HTTP");
+    // In-flight requests are done; batches whose clients went away may still be finishing
+    // their running call (SPEC §7: finish in-flight calls and record the outcome).
+    engine.wait_for_batches().await;
+    served
 }

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 use toolexec_core::{CallStatus, Capability, EventKind, Policy, ToolSpec};
 use uuid::Uuid;
 
@@ -62,6 +63,11 @@ pub struct ToolContext {
     /// When this call must stop (see [`deadline`]); [`Deadline::none`] until the engine runs
     /// the call with [`run_within_deadline`].
     pub deadline: Deadline,
+    /// Cancelled when the client stops the call. [`run_within_deadline`] stops a tool with a
+    /// deadline the way its deadline would (abandoned unless its change has begun); tools
+    /// without one (commands) watch it themselves: `shell` kills its command, `process_read`
+    /// stops waiting.
+    pub cancel: CancellationToken,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
@@ -89,6 +95,7 @@ impl ToolContext {
             max_read_bytes: DEFAULT_MAX_READ_BYTES,
             max_walk_entries: DEFAULT_MAX_WALK_ENTRIES,
             deadline: Deadline::none(),
+            cancel: CancellationToken::new(),
         }
     }
 }
@@ -110,6 +117,10 @@ pub fn deadline_for(spec: &ToolSpec, limit: std::time::Duration) -> Deadline {
 /// is stuck where it cannot check the clock, and the call ends `timed_out` without output —
 /// unless the tool had already begun its change ([`Deadline::commit_change`]), which is then
 /// waited for so that it is recorded as it happened.
+///
+/// A cancel (`ctx.cancel`) stops it the same way, at once: abandoned (`cancelled`, no output,
+/// nothing changed) if its change has not begun, else waited for, keeping its real result.
+/// Tools without a deadline (commands) are left to watch `ctx.cancel` themselves.
 pub async fn run_within_deadline(
     tool: &dyn Tool,
     ctx: &ToolContext,
@@ -119,26 +130,37 @@ pub async fn run_within_deadline(
         return tool.run(ctx, args).await;
     };
     let mut run = std::pin::pin!(tool.run(ctx, args));
-    match tokio::time::timeout(remaining + deadline::STOP_GRACE, &mut run).await {
-        Ok(out) => out,
-        Err(_) if ctx.deadline.abandon() => {
-            let spec = tool.spec();
-            tracing::warn!(tool = %spec.name, session = %ctx.session_id, "tool did not stop at its deadline; abandoned");
-            ToolOutput::timed_out(format!(
-                "{} did not finish within its time limit of {} and was stopped; it has no \
-                 result to show{}. Narrow the call (a smaller `path`, fewer files) or use the \
-                 shell for long work.",
-                spec.name,
-                deadline::human_duration(budget),
-                if spec.read_only {
-                    ""
-                } else {
-                    ", and nothing was changed"
-                }
-            ))
-        }
-        Err(_) => run.await,
+    let cancelled = tokio::select! {
+        // A result that is there wins over a stop that comes at the same moment.
+        biased;
+        out = &mut run => return out,
+        () = ctx.cancel.cancelled() => true,
+        () = tokio::time::sleep(remaining + deadline::STOP_GRACE) => false,
+    };
+    if !ctx.deadline.abandon() {
+        // Its change is under way: it is waited for and recorded as it happened.
+        return run.await;
     }
+    let spec = tool.spec();
+    let nothing_changed = if spec.read_only {
+        ""
+    } else {
+        ", and nothing was changed"
+    };
+    if cancelled {
+        return ToolOutput::cancelled(format!(
+            "{} was cancelled by the client before it finished; it has no result to show{nothing_changed}.",
+            spec.name
+        ));
+    }
+    tracing::warn!(tool = %spec.name, session = %ctx.session_id, "tool did not stop at its deadline; abandoned");
+    ToolOutput::timed_out(format!(
+        "{} did not finish within its time limit of {} and was stopped; it has no \
+         result to show{nothing_changed}. Narrow the call (a smaller `path`, fewer files) or use \
+         the shell for long work.",
+        spec.name,
+        deadline::human_duration(budget),
+    ))
 }
 
 /// Where `read_output` finds the full output of an earlier invocation: the recording store, as
@@ -235,6 +257,16 @@ impl ToolOutput {
     pub fn timed_out(content: impl Into<String>) -> Self {
         Self {
             status: CallStatus::TimedOut,
+            content: content.into(),
+            changes: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Stopped because the client cancelled the call; `content` says what had happened.
+    pub fn cancelled(content: impl Into<String>) -> Self {
+        Self {
+            status: CallStatus::Cancelled,
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),

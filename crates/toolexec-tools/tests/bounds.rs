@@ -434,3 +434,47 @@ async fn a_change_under_way_at_the_deadline_is_waited_for() {
     assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
     assert_eq!(out.content, "done");
 }
+
+#[tokio::test]
+async fn a_cancelled_tool_that_changed_nothing_yet_is_abandoned_at_once() {
+    let mut s = Session::new();
+    s.ctx.deadline = Deadline::after(Duration::from_secs(60));
+    let tool = Arc::new(Stuck::new(Duration::from_secs(3), false));
+    let cancel = s.ctx.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cancel.cancel();
+    });
+    let t0 = Instant::now();
+    let out = run_within_deadline(tool.as_ref(), &s.ctx, json!({})).await;
+    assert_eq!(out.status, CallStatus::Cancelled, "{}", out.content);
+    assert!(
+        out.content.contains("stuck was cancelled"),
+        "{}",
+        out.content
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // The tool, when it wakes, must not change anything.
+    assert!(!s.ctx.deadline.commit_change());
+}
+
+#[tokio::test]
+async fn a_cancelled_tool_whose_change_is_under_way_keeps_its_real_result() {
+    let mut s = Session::new();
+    s.ctx.deadline = Deadline::after(Duration::from_secs(60));
+    let tool = Arc::new(Stuck::new(Duration::from_millis(800), true));
+    let cancel = s.ctx.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cancel.cancel();
+    });
+    let t0 = Instant::now();
+    let out = run_within_deadline(tool.as_ref(), &s.ctx, json!({})).await;
+    assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+    assert_eq!(out.content, "done");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        t0.elapsed()
+    );
+}

@@ -40,6 +40,11 @@ pub struct CallsResponse {
 /// recorded result without running again (a retry of a still-running call waits for it); the same
 /// id with other arguments is a 409. A failing tool is not an HTTP error: its result has
 /// `is_error: true` and a `content` telling the model what went wrong and how to recover.
+///
+/// The batch does not depend on this request staying open: if the client disconnects, the call
+/// running then finishes and is recorded, and the calls that had not started are recorded
+/// `cancelled` without running; a retry of the batch returns those records. To stop calls, use
+/// `POST /v1/invocations/{id}/cancel` or `POST /v1/sessions/{id}/cancel`.
 #[utoipa::path(post, path = "/v1/sessions/{id}/calls", tag = "calls", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id")),
     request_body = CallsRequest,

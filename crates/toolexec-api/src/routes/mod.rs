@@ -1,6 +1,7 @@
 //! Handlers, one module per resource. Each handler extracts, calls one engine function and maps
 //! the result; tenancy comes from the [`crate::auth::AuthTenant`] extractor.
 pub mod calls;
+pub mod cancel;
 pub mod health;
 pub mod log;
 pub mod sessions;

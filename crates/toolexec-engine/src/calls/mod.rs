@@ -5,6 +5,8 @@
 //! - scheduling (here): read-only calls of a batch run together, a mutating call runs alone and
 //!   in order;
 //! - `inflight`: the calls running on this node, so that a concurrent retry waits for the result;
+//! - `cancel`: the batches and cancellable calls of this node, and what stops them (a cancel of
+//!   one call or of a session's pending calls, a client that went away);
 //! - `recorded`: retries of calls already recorded, here or elsewhere;
 //! - `run`: running one call, with its refusals and its workspace scan;
 //! - `outcome`: the result for the model (truncated) and the record (blobs, side effects);
@@ -15,6 +17,7 @@
 //! read-only call has no side effect to guard, so by default it is recorded in one write after it
 //! ran (`Write::Record`; `EngineConfig::durable_start_for_read_only` makes it take the two-write
 //! path too) — and in every case no result reaches the client before it is durable.
+mod cancel;
 mod commit;
 mod envelope;
 mod inflight;
@@ -22,13 +25,18 @@ mod outcome;
 mod recorded;
 mod run;
 
+use std::sync::Arc;
+
 use futures::future::join_all;
 use toolexec_core::{Call, CallResult};
 use uuid::Uuid;
 
+pub(crate) use cancel::Cancels;
+pub use cancel::{CANCEL_WAIT, CancelledCalls, CancelledInvocation};
 pub(crate) use inflight::Inflight;
 
 use crate::{Engine, EngineError, Result};
+use cancel::BatchControl;
 use envelope::{Plan, check_envelope};
 
 /// A batch as the API hands it over.
@@ -39,14 +47,40 @@ pub struct CallBatch {
 
 impl Engine {
     /// Runs a batch of calls for a session and returns one result per call, in request order.
+    ///
+    /// The batch runs in a task of its own: if this future is dropped (the client went away),
+    /// no call is cut in half. The call running then finishes and is recorded, and the calls
+    /// that had not started are recorded `cancelled` without running (see `cancel`).
     pub async fn run_calls(
-        &self,
+        self: &Arc<Self>,
         tenant_id: Uuid,
         session_id: Uuid,
         batch: CallBatch,
     ) -> Result<Vec<CallResult>> {
-        let calls = &batch.calls;
-        check_envelope(calls, self.config.limits.max_calls_per_batch)?;
+        check_envelope(&batch.calls, self.config.limits.max_calls_per_batch)?;
+        let control = Arc::new(BatchControl::new(tenant_id, session_id, batch.calls.len()));
+        let registration = self.cancels.register_batch(control.clone());
+        // Cancelled when this future is dropped before the batch is done: what has not started
+        // then must not start.
+        let _client = control.client_gone().clone().drop_guard();
+        let engine = self.clone();
+        let task = tokio::spawn(async move {
+            let _registration = registration;
+            engine
+                .run_batch(tenant_id, session_id, &batch.calls, &control)
+                .await
+        });
+        task.await
+            .map_err(|e| EngineError::Internal(format!("the batch's task failed: {e}")))?
+    }
+
+    async fn run_batch(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        calls: &[Call],
+        control: &BatchControl,
+    ) -> Result<Vec<CallResult>> {
         let planned = self.plan_batch(tenant_id, session_id, calls).await?;
         let (session, rt, plans, hashes) = (
             &planned.session,
@@ -54,6 +88,7 @@ impl Engine {
             &planned.plans,
             &planned.hashes,
         );
+        control.planned(plans.iter().map(|p| matches!(p, Plan::Run(_))).collect());
         let mut results: Vec<Option<CallResult>> = vec![None; calls.len()];
         let mut i = 0;
         while i < calls.len() {
@@ -67,12 +102,17 @@ impl Engine {
             let group = (i..j).filter(|k| !matches!(plans[*k], Plan::Alias(_)));
             let futures = group.map(|k| async move {
                 let r = match &plans[k] {
-                    Plan::Recorded(inv) => self.recorded_result(session.tenant_id, inv).await,
+                    // Nobody waits for the answer any more: a retry's record need not be
+                    // waited for (the calls after it are what must be recorded).
+                    Plan::Recorded(inv) => tokio::select! {
+                        r = self.recorded_result(session.tenant_id, inv) => r.map(Some),
+                        () = control.client_gone().cancelled() => Ok(None),
+                    },
                     Plan::Run(tool) => match rt {
-                        Some(rt) => {
-                            self.run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k])
-                                .await
-                        }
+                        Some(rt) => self
+                            .run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k], control)
+                            .await
+                            .map(Some),
                         None => Err(EngineError::Internal("no runtime".into())),
                     },
                     Plan::Alias(_) => Err(EngineError::Internal("alias scheduled".into())),
@@ -80,7 +120,11 @@ impl Engine {
                 (k, r)
             });
             for (k, r) in join_all(futures).await {
-                results[k] = Some(r?);
+                let r = r?;
+                if let (Some(r), Plan::Run(_)) = (&r, &plans[k]) {
+                    control.ended(k, r);
+                }
+                results[k] = r;
             }
             for k in i..j {
                 if let Plan::Alias(src) = plans[k] {
@@ -91,7 +135,11 @@ impl Engine {
         }
         results
             .into_iter()
-            .map(|r| r.ok_or_else(|| EngineError::Internal("missing result".into())))
+            .map(|r| {
+                r.ok_or_else(|| {
+                    EngineError::Unavailable("the client went away before the batch ended".into())
+                })
+            })
             .collect()
     }
 }

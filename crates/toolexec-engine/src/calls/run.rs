@@ -1,13 +1,17 @@
 //! Running one call: claiming its id on this node, refusing what may not run (an unknown or
-//! disallowed tool, invalid arguments) with a record, making a mutating call's start durable
-//! before its tool runs, and adding what the workspace scan found to its changes.
+//! disallowed tool, invalid arguments, a call whose batch was stopped before its turn) with a
+//! record, making a mutating call's start durable before its tool runs (cancellable by its
+//! invocation id from just before), and adding what the workspace scan found to its changes.
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::future::Either;
 use toolexec_core::{Call, CallResult, CallStatus, Capability, Session, new_id};
 use toolexec_store::{NewInvocation, Write, WriteError};
 use toolexec_tools::{Tool, ToolOutput};
 
+use super::cancel::{BatchControl, Stop};
 use super::commit::{closed, key_of};
 use super::inflight::{Claim, wait_slot};
 use super::outcome::{NewInvocationRef, output_limit};
@@ -17,7 +21,8 @@ use crate::{Engine, EngineError, Result};
 
 impl Engine {
     /// Runs one call of a batch with its resolved tool and records it (see the module docs of
-    /// `calls` for the recording rules).
+    /// `calls` for the recording rules). A call whose batch is stopped before its tool starts
+    /// — while it waits for its turn — is recorded `cancelled` and nothing of it runs.
     pub(super) async fn run_one(
         &self,
         session: &Session,
@@ -25,6 +30,7 @@ impl Engine {
         call: &Call,
         tool: Option<&Arc<dyn Tool>>,
         args_hash: &str,
+        control: &BatchControl,
     ) -> Result<CallResult> {
         let guard = match self.inflight.claim(session.id, &call.id)? {
             Claim::Wait(rx) => return wait_slot(rx).await,
@@ -50,7 +56,8 @@ impl Engine {
             started_at,
         };
 
-        // Refusals before anything runs are recorded like any call, in one write.
+        // Refusals before anything runs are recorded like any call, in one write; so is a call
+        // whose batch was stopped before it came to it.
         let refusal = match tool {
             None => Some((
                 CallStatus::UnknownTool,
@@ -85,6 +92,10 @@ impl Engine {
                 _ => None,
             },
         };
+        let refusal = match control.stopped() {
+            Some(stop) => Some((CallStatus::Cancelled, stop.not_started())),
+            None => refusal,
+        };
         let tool = match (tool, refusal) {
             (Some(tool), None) => tool,
             (_, Some((status, content))) => {
@@ -101,32 +112,48 @@ impl Engine {
             }
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
-        let ctx = self.tool_context(session, rt);
+        let mut ctx = self.tool_context(session, rt);
         let read_only = tool.spec().read_only;
+        // Its turn: a mutating call has the session alone; a read-only one shares it with
+        // other reads. A batch stopped meanwhile means the call never starts.
+        let turn = if read_only {
+            take_turn(control, async { Either::Left(rt.schedule.read().await) }).await
+        } else {
+            take_turn(control, async { Either::Right(rt.schedule.write().await) }).await
+        };
+        let Some(turn) = turn else {
+            let stop = control.stopped().unwrap_or(Stop::Session);
+            let out = ToolOutput::cancelled(stop.not_started());
+            let recorded = self.outcome(limit, &invocation, out, t0);
+            return self
+                .commit_record(guard, rt, call, invocation, recorded)
+                .await;
+        };
         if read_only && !self.config.durable_start_for_read_only {
-            let out = {
-                let _shared = rt.schedule.read().await;
-                self.run_tool(tool.as_ref(), ctx, call.arguments.clone())
-                    .await
-            };
+            // Not visible while it runs (nothing is recorded yet), so only a cancel of the
+            // session's pending calls reaches it.
+            ctx.cancel = control.call_token();
+            let out = self
+                .run_tool(tool.as_ref(), ctx, call.arguments.clone())
+                .await;
+            drop(turn);
             let recorded = self.outcome(limit, &invocation, out, t0);
             return self
                 .commit_record(guard, rt, call, invocation, recorded)
                 .await;
         }
-        // A mutating call runs alone; a read-only one (recorded durably first only because the
-        // operator asked for it) still shares the session with other reads.
-        let (_shared, _alone) = if read_only {
-            (Some(rt.schedule.read().await), None)
-        } else {
-            (None, Some(rt.schedule.write().await))
-        };
         if tool.spec().capabilities.contains(&Capability::Process) {
             rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
                 .await?;
         }
         let invocation_id = invocation.id;
         let key = key_of(&invocation);
+        // Registered before the start is recorded: a cancel that finds the invocation running
+        // in the store then always finds it here too.
+        let cancel = control.call_token();
+        let _cancellable =
+            self.cancels
+                .register_call(invocation_id, session.tenant_id, cancel.clone());
         match self.recorder.write(Write::Start { invocation }).await {
             Err(e) => return Err(e.into()),
             Ok(Err(WriteError::DuplicateCall(other))) => {
@@ -137,12 +164,24 @@ impl Engine {
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Ok(Ok(_)) => rt.remember(key),
         }
-        let mut out = self
-            .run_tool(tool.as_ref(), ctx, call.arguments.clone())
-            .await;
-        if !read_only {
-            self.record_workspace_changes(rt, &mut out).await;
-        }
+        let out = if cancel.is_cancelled() {
+            // Cancelled between its start record and now: its tool never ran.
+            let stop = if control.session_cancelled() {
+                Stop::Session
+            } else {
+                Stop::Invocation
+            };
+            ToolOutput::cancelled(stop.not_started())
+        } else {
+            ctx.cancel = cancel;
+            let mut out = self
+                .run_tool(tool.as_ref(), ctx, call.arguments.clone())
+                .await;
+            if !read_only {
+                self.record_workspace_changes(rt, &mut out).await;
+            }
+            out
+        };
         let stub = NewInvocationRef {
             id: invocation_id,
             call_id: &call.id,
@@ -226,5 +265,15 @@ impl Engine {
             .filter(|n| session.allows_tool(n))
             .map(str::to_owned)
             .collect()
+    }
+}
+
+/// Waits for a call's turn (the session's scheduling lock), unless its batch is stopped first:
+/// `None` then, and the call must not start.
+async fn take_turn<G>(control: &BatchControl, lock: impl Future<Output = G>) -> Option<G> {
+    tokio::select! {
+        biased;
+        () = control.stopping() => None,
+        g = lock => control.stopped().is_none().then_some(g),
     }
 }

@@ -82,7 +82,16 @@ impl Tool for ProcessRead {
             return no_sandbox();
         };
         let wait = Duration::from_millis(args.wait_ms.unwrap_or(0));
-        let read = match table.read(&args.process_id, args.after, wait).await {
+        // A cancel stops the wait, not the read: what there is at that moment comes back.
+        let mut cancelled = false;
+        let read = tokio::select! {
+            r = table.read(&args.process_id, args.after, wait) => r,
+            () = ctx.cancel.cancelled() => {
+                cancelled = true;
+                table.read(&args.process_id, args.after, Duration::ZERO).await
+            }
+        };
+        let read = match read {
             Ok(r) => r,
             Err(m) => return unknown_process(ctx, &table, &args.process_id, m).await,
         };
@@ -110,7 +119,13 @@ impl Tool for ProcessRead {
         } else {
             text.push_str(&String::from_utf8_lossy(&read.output));
         }
-        let mut out = ToolOutput::ok(text);
+        let mut out = if cancelled {
+            ToolOutput::cancelled(format!(
+                "[cancelled by the client while waiting for output; the process itself was not stopped]\n{text}"
+            ))
+        } else {
+            ToolOutput::ok(text)
+        };
         out.events.extend(exit_event(&table, &args.process_id));
         out
     }

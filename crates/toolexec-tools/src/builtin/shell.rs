@@ -219,6 +219,7 @@ impl Tool for Shell {
             timeout: Duration::from_millis(args.timeout_ms.unwrap_or(default)),
             idle_timeout: args.idle_timeout_ms.map(Duration::from_millis),
             max_output_bytes: table.sandbox().config().max_output_bytes,
+            cancel: ctx.cancel.clone(),
         };
         match table
             .run(&workdir, &args.command, &ctx.env, network, &limits)
@@ -250,6 +251,9 @@ fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
         (Some(KillReason::Idle(t)), ..) => format!(
             "[stopped: no output for {} ms. The command was probably waiting for input (stdin is empty) or hung; pass non-interactive flags (-y, --no-input, CI=1) or run it with background: true and use process_write]",
             t.as_millis()
+        ),
+        (Some(KillReason::Cancelled), ..) => format!(
+            "[cancelled after {secs:.2} s: the client stopped this call; the command and every process it started were killed; output so far below. Files it changed before it was stopped are recorded; check them before running it again]"
         ),
         (Some(KillReason::OutputLimit(n)), ..) => format!(
             "[stopped: the command printed more than {} bytes, the output cap; output so far below. Redirect bulky output to a file and inspect it with grep or read_file, or pipe it through tail/head]",
@@ -287,6 +291,7 @@ fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
     section("stderr", &f.stderr, &mut text);
     let status = match (f.killed, f.exit_code) {
         (Some(KillReason::Timeout(_) | KillReason::Idle(_)), _) => CallStatus::TimedOut,
+        (Some(KillReason::Cancelled), _) => CallStatus::Cancelled,
         (None, Some(0)) => CallStatus::Ok,
         _ => CallStatus::Error,
     };

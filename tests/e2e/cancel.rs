@@ -648,3 +648,109 @@ async fn cancel_of_a_call_running_on_another_node_says_where_it_runs() {
     assert_eq!(status, 200, "{report}");
     assert_eq!(batch.await.unwrap().1["results"][0]["status"], "cancelled");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Closing a session stops what runs; a batch longer than the request limit goes on
+// ---------------------------------------------------------------------------------------------
+
+/// SPEC §2: closing a session kills its running processes — a foreground command too, which is
+/// recorded `cancelled`, and what was queued behind it never runs.
+async fn closing_a_session_stops_its_running_command(backend: toolexec_tests::app::Backend) {
+    let app = backend.spawn().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let main = sleep_arg(302);
+    let batch = post_batch(
+        &app,
+        &sid,
+        &json!([
+            {"id": "long", "name": "shell", "arguments": {"command": format!("sleep {main}"), "timeout_ms": 600_000}},
+            {"id": "later", "name": "write_file", "arguments": {"file_path": "later.txt", "content": "x"}},
+        ]),
+    );
+    wait_for_sleep(&main)
+        .await
+        .expect("the command never started");
+    let t0 = Instant::now();
+    let resp = app.delete(&format!("/v1/sessions/{sid}")).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "closing waited for the command: {:?}",
+        t0.elapsed()
+    );
+    assert_no_host_process(&format!("sleep {main}"), "a closed session's command").await;
+    let (code, body) = batch.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["results"][0]["status"], "cancelled", "{body}");
+    assert_eq!(body["results"][1]["status"], "cancelled", "{body}");
+    let states = call_states(&app, &sid).await;
+    assert_eq!(states["long"], "cancelled", "{states:?}");
+    assert_eq!(states["later"], "cancelled", "{states:?}");
+}
+
+/// A batch that outlives `limits.request_timeout_ms` is answered 503 `still_running` on time,
+/// goes on, and the same calls sent again return its results, each call having run once.
+async fn a_batch_longer_than_the_request_limit_goes_on_and_a_retry_collects_it(
+    backend: toolexec_tests::app::Backend,
+) {
+    let app = backend
+        .spawn_with(|c| c.limits.request_timeout_ms = 1_000)
+        .await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let calls = json!([
+        {"id": "slow", "name": "shell", "arguments": {"command": "sleep 2; echo slow >> runs.txt"}},
+        {"id": "then", "name": "shell", "arguments": {"command": "echo then >> runs.txt"}},
+    ]);
+    let t0 = Instant::now();
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/calls"),
+            &json!({ "calls": calls }),
+        )
+        .await;
+    let took = t0.elapsed();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "still_running", "{body}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    // Retries (each also within the limit) wait for the running call; one returns both results.
+    let mut results = None;
+    for _ in 0..10 {
+        let resp = app
+            .post(
+                &format!("/v1/sessions/{sid}/calls"),
+                &json!({ "calls": calls }),
+            )
+            .await;
+        if resp.status() == 200 {
+            let body: Value = resp.json().await.unwrap();
+            results = Some(body["results"].as_array().unwrap().clone());
+            break;
+        }
+        assert_eq!(resp.status(), 503);
+    }
+    let results = results.expect("no retry collected the batch's results");
+    assert_eq!(results[0]["status"], "ok", "{results:?}");
+    assert_eq!(results[1]["status"], "ok", "{results:?}");
+    let r = app
+        .call(&sid, "look", "read_file", json!({"file_path": "runs.txt"}))
+        .await;
+    let content = r["content"].as_str().unwrap();
+    assert_eq!(content.matches("slow").count(), 1, "{content}");
+    assert_eq!(content.matches("then").count(), 1, "{content}");
+}
+
+toolexec_tests::on_both_stores!(
+    closing_a_session_stops_its_running_command,
+    a_batch_longer_than_the_request_limit_goes_on_and_a_retry_collects_it,
+);

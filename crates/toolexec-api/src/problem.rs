@@ -120,6 +120,10 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound => ApiError::not_found("resource"),
             EngineError::Conflict { code, detail } => ApiError::new(code, detail),
             EngineError::Invalid { code, detail } => ApiError::new(code, detail),
+            EngineError::StillRunning(detail) => ApiError {
+                retry_after: Some(5),
+                ..ApiError::new(ProblemCode::StillRunning, detail)
+            },
             EngineError::Unavailable(detail) => {
                 tracing::warn!(%detail, "unavailable");
                 ApiError::unavailable(format!("temporarily unavailable: {detail}"))

@@ -99,6 +99,8 @@ problem_codes! {
         "A fault of the service; its log has the cause under the request id in the detail."),
     Unavailable => ("unavailable", 503, "Unavailable",
         "The store or the session's node cannot serve the request now (or the node is out of descriptors); nothing was run. Retry after `Retry-After` seconds."),
+    StillRunning => ("still_running", 503, "Still running",
+        "The batch ran longer than `limits.request_timeout_ms`; it goes on. Send the same calls again (same ids) to get their results: recorded ones are returned, a running one is waited for, none runs twice."),
     Overloaded => ("overloaded", 503, "Overloaded",
         "More requests in flight than `max_concurrent_requests`; retry after `Retry-After` seconds."),
 }

@@ -25,6 +25,11 @@ pub struct Limits {
     /// (and rebuilt on their next call, with their read-state forgotten). The service lowers it
     /// further to what its open-file limit allows (see docs/operator.md).
     pub max_cached_sessions: usize,
+    /// Longest a request waits for its batch of calls, milliseconds. A batch that runs longer
+    /// goes on: the request is answered 503 `still_running`, and the same calls sent again
+    /// (same ids) return their results as they are recorded. Bounds how long one request holds a
+    /// connection, whatever its calls do.
+    pub request_timeout_ms: u64,
     // --- sessions and descriptors ---
     /// Most open (active) sessions one tenant may hold; creating another is a 409
     /// `too_many_open_sessions` that says to close some. Bounds what one tenant's sessions pin
@@ -92,6 +97,7 @@ impl Default for Limits {
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
             max_cached_sessions: 10_000,
+            request_timeout_ms: 900_000,
             // --- sessions and descriptors ---
             max_open_sessions_per_tenant: 1_000,
             // --- workspace scans ---

@@ -48,6 +48,9 @@ pub enum EngineError {
     /// above the operator's ceiling, an empty batch, …).
     #[error("{detail}")]
     Invalid { code: ProblemCode, detail: String },
+    /// A batch outlived the request's time limit; it goes on, and a retry collects its results.
+    #[error("still running: {0}")]
+    StillRunning(String),
     /// The session's workspace (or the record of a call) is unavailable; the detail is written
     /// for the client. Retry later.
     #[error("unavailable: {0}")]

@@ -564,6 +564,9 @@ impl Engine {
     /// Closes a session: stops its background processes, records `session.closed` (with how
     /// each process ended), then removes its workspace. The log stays.
     pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        // Running calls are stopped (a command's process tree killed) and queued ones never
+        // start, all recorded `cancelled`, before the session closes (SPEC §2).
+        self.cancel_session_calls(tenant_id, id).await?;
         let mut processes = Vec::new();
         if let Some(rt) = self.cached_runtime(tenant_id, id)?
             && let Some(table) = &rt.processes

@@ -52,6 +52,7 @@ pub struct CallsResponse {
         (status = 200, description = "One result per call, in request order", body = CallsResponse),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A call id reused with other arguments (`call_id_reused`), or the session is closed (`session_closed`); nothing ran", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`still_running`: the batch ran longer than `limits.request_timeout_ms` and goes on — send the same calls again (same ids) to collect their results; or `unavailable` / `overloaded` (nothing ran). Retry after `Retry-After` seconds.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Bad envelope: JSON the `CallsRequest` schema refuses — an empty batch, a call id of the wrong length, a call that is not an object — is `invalid_request` with a JSON pointer in the detail; a call id or tool name holding NUL is `invalid_call_id` or `invalid_tool_name`; more calls than `limits.max_calls_per_batch` is `batch_too_large`", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn run_calls(

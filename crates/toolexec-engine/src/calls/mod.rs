@@ -62,16 +62,29 @@ impl Engine {
         let registration = self.cancels.register_batch(control.clone());
         // Cancelled when this future is dropped before the batch is done: what has not started
         // then must not start.
-        let _client = control.client_gone().clone().drop_guard();
+        let client = control.client_gone().clone().drop_guard();
         let engine = self.clone();
-        let task = tokio::spawn(async move {
+        let mut task = tokio::spawn(async move {
             let _registration = registration;
             engine
                 .run_batch(tenant_id, session_id, &batch.calls, &control)
                 .await
         });
-        task.await
-            .map_err(|e| EngineError::Internal(format!("the batch's task failed: {e}")))?
+        let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
+        match tokio::time::timeout(waited, &mut task).await {
+            Ok(done) => {
+                done.map_err(|e| EngineError::Internal(format!("the batch's task failed: {e}")))?
+            }
+            Err(_) => {
+                // The request stops waiting, the batch does not: its calls run and are recorded
+                // as if the client were still there, for the retry to collect.
+                client.disarm();
+                Err(EngineError::StillRunning(format!(
+                    "this batch has run longer than the service's request limit of {} s and goes on; send the same calls again (same ids) to get their results as they are recorded — none runs twice",
+                    waited.as_secs()
+                )))
+            }
+        }
     }
 
     async fn run_batch(

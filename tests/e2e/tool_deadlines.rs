@@ -80,8 +80,10 @@ async fn a_pathological_regex_is_refused_fast_as_invalid_arguments(backend: Back
         content(&r).contains("too complex") && content(&r).contains("Simplify the pattern"),
         "{r}"
     );
-    assert!(took < Duration::from_millis(800), "answered after {took:?}");
-    assert!(r["duration_ms"].as_f64().unwrap() < 500.0, "{r}");
+    // About 70 ms on an idle machine (the old code ran for over 60 s); the bounds leave room for
+    // a CI machine running other suites on its two cores at the same time.
+    assert!(took < Duration::from_secs(2), "answered after {took:?}");
+    assert!(r["duration_ms"].as_f64().unwrap() < 1_500.0, "{r}");
 
     // A pattern past the schema's length limit is refused before anything runs, with a message
     // that does not repeat the megabyte back.
@@ -373,12 +375,18 @@ async fn another_sessions_reads_answer_promptly_while_one_session_runs_hostile_c
             "a hostile batch took {took:?}"
         );
         for r in results {
-            let expected = if r["call_id"].as_str().unwrap().starts_with("slow") {
-                "timed_out"
+            let status = r["status"].as_str().unwrap();
+            if r["call_id"].as_str().unwrap().starts_with("slow") {
+                assert_eq!(status, "timed_out", "{r}");
             } else {
-                "invalid_arguments"
-            };
-            assert_eq!(r["status"], expected, "{r}");
+                // Refused when the compile hits the size limit; with six of them competing for
+                // two cores (and other suites), the compile itself can reach the 1 s deadline
+                // first: bounded either way, which is what this test is about.
+                assert!(
+                    status == "invalid_arguments" || status == "timed_out",
+                    "{r}"
+                );
+            }
         }
     }
     // Nothing of the hostile calls is still running on a blocking thread.

@@ -262,7 +262,14 @@ async fn a_search_over_its_deadline_is_timed_out_with_its_partial_output(backend
             json!({"file_path": "big0.txt", "old_string": "abcdefghijklmnopqrst", "new_string": "x"}),
         )
         .await;
-    assert_eq!(e["status"], "ok", "{e}");
+    // Editing the big file may itself reach the 1 s limit on a loaded machine: then it must have
+    // got past the read-before-write check to the point of writing (what this checks).
+    assert!(
+        e["status"] == "ok"
+            || (e["status"] == "timed_out" && content(&e).contains("before writing the edit")),
+        "{e}"
+    );
+    assert!(!content(&e).contains("has not been read"), "{e}");
 
     // Tools that run commands keep their own time limit, whatever the tool deadline.
     let sh = app

@@ -47,6 +47,9 @@ pub struct Config {
     pub header_read_timeout_ms: u64,
     /// Open connections beyond which new ones are closed at once.
     pub max_connections: usize,
+    /// Longest a response may wait for a client that stopped reading it, milliseconds (the
+    /// connection is closed).
+    pub write_stall_timeout_ms: u64,
     pub limits: toolexec_engine::Limits,
     /// How `shell` commands are isolated (see docs/operator.md, "Sandbox").
     pub sandbox: toolexec_sandbox::SandboxConfig,
@@ -73,6 +76,7 @@ impl Default for Config {
             body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
             header_read_timeout_ms: millis(toolexec_api::DEFAULT_HEADER_READ_TIMEOUT),
             max_connections: toolexec_api::DEFAULT_MAX_CONNECTIONS,
+            write_stall_timeout_ms: millis(toolexec_api::DEFAULT_WRITE_STALL_TIMEOUT),
             limits: toolexec_engine::Limits::default(),
             sandbox: toolexec_sandbox::SandboxConfig::default(),
         }
@@ -110,6 +114,7 @@ impl std::fmt::Debug for Config {
             .field("body_read_timeout_ms", &self.body_read_timeout_ms)
             .field("header_read_timeout_ms", &self.header_read_timeout_ms)
             .field("max_connections", &self.max_connections)
+            .field("write_stall_timeout_ms", &self.write_stall_timeout_ms)
             .field("limits", &self.limits)
             .field("sandbox", &self.sandbox)
             .finish()
@@ -302,9 +307,39 @@ fn env_value(key: &str, var: &str, text: &str) -> anyhow::Result<serde_json::Val
                 )
             }
         }
-        // Strings, and the unset options (all of them strings or paths).
-        _ => Value::String(text.to_owned()),
+        // An unset option has no default to take the type from: the first reading of the text
+        // that the setting accepts (a string, else a number, a boolean, JSON).
+        None | Some(Value::Null) => {
+            let trimmed = text.trim();
+            let candidates = [
+                Some(Value::String(text.to_owned())),
+                trimmed.parse::<u64>().ok().map(Value::from),
+                trimmed.parse::<f64>().ok().map(Value::from),
+                match trimmed {
+                    "true" => Some(Value::Bool(true)),
+                    "false" => Some(Value::Bool(false)),
+                    _ => None,
+                },
+                serde_json::from_str(trimmed).ok(),
+            ];
+            candidates
+                .into_iter()
+                .flatten()
+                .find(|v| accepts(key, v.clone()))
+                .ok_or_else(|| wrong("a value of the setting's type"))?
+        }
+        Some(_) => Value::String(text.to_owned()),
     })
+}
+
+/// Whether the configuration takes `value` at `key` (the rest left at the defaults).
+fn accepts(key: &str, value: serde_json::Value) -> bool {
+    let mut overrides = serde_json::Map::new();
+    insert_at(&mut overrides, key, value);
+    Figment::from(Serialized::defaults(Config::default()))
+        .merge(Serialized::defaults(serde_json::Value::Object(overrides)))
+        .extract::<Config>()
+        .is_ok()
 }
 
 /// A nested JSON object with `value` at the dotted `key`.
@@ -354,18 +389,42 @@ fn provided_keys(provider: &impl figment::Provider) -> BTreeSet<String> {
     keys
 }
 
-/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`, and the password given as a
+/// query parameter (`?password=…`, `sslpassword=…`, which libpq and sqlx also take) likewise.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.split_once('@') {
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    // The userinfo ends at the last '@' before the path (a password may itself hold '@').
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let mut out = match rest[..authority_end].rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => url.to_owned(),
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{}", &rest[authority_end..]),
+            None => format!("{scheme}://{rest}"),
         },
-        None => url.to_owned(),
+        None => format!("{scheme}://{rest}"),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _))
+                    if k.eq_ignore_ascii_case("password")
+                        || k.eq_ignore_ascii_case("sslpassword") =>
+                {
+                    format!("{k}=***")
+                }
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 impl Config {
@@ -480,6 +539,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn env(vars: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
         vars.iter()
@@ -581,6 +641,83 @@ mod tests {
         assert!(is_foreign_variable("TEST_DATABASE_URL"));
         assert!(!is_foreign_variable("PORT_EIGHTY_TCP"));
         assert!(!is_foreign_variable("BIND"));
+    }
+
+    /// A value for a setting whose default is unset, one per such key: a new optional setting
+    /// must be added here, so that it too is shown to work from the environment.
+    fn sample_for_unset(key: &str) -> Option<(&'static str, serde_json::Value)> {
+        Some(match key {
+            "database_url" => ("postgres://app@db/x", json!("postgres://app@db/x")),
+            "workspace_root" => ("/srv/ws", json!("/srv/ws")),
+            "node" => ("7", json!("7")),
+            "trusted_identity_header" => ("x-tenant", json!("x-tenant")),
+            "limits.max_inotify_instances" => ("64", json!(64)),
+            "limits.max_inotify_watches" => ("5000", json!(5000)),
+            "sandbox.init" => ("/usr/libexec/init", json!("/usr/libexec/init")),
+            _ => return None,
+        })
+    }
+
+    #[test]
+    fn every_setting_can_be_set_from_the_environment() {
+        let defaults = defaults_json();
+        for key in setting_keys() {
+            let (text, expected) = match at_key(&defaults, &key).cloned().unwrap_or_default() {
+                serde_json::Value::Null => sample_for_unset(&key)
+                    .map(|(t, v)| (t.to_owned(), v))
+                    .unwrap_or_else(|| panic!("{key}: add a sample to sample_for_unset")),
+                serde_json::Value::Bool(b) => ((!b).to_string(), json!(!b)),
+                serde_json::Value::Number(n) if n.is_f64() => {
+                    let v = n.as_f64().unwrap() + 1.5;
+                    (v.to_string(), json!(v))
+                }
+                serde_json::Value::Number(n) => {
+                    let v = n.as_u64().unwrap() + 1;
+                    (v.to_string(), json!(v))
+                }
+                serde_json::Value::Array(_) => {
+                    ("/opt/a,/opt/b".into(), json!(["/opt/a", "/opt/b"]))
+                }
+                serde_json::Value::String(s) => {
+                    // A string setting with a fixed set of values: the other documented one.
+                    let v = match key.as_str() {
+                        "log_format" => "text".to_owned(),
+                        "sandbox.mode" => "unsandboxed".to_owned(),
+                        "bind" => "127.0.0.1:9999".to_owned(),
+                        _ => format!("{s}-x"),
+                    };
+                    (v.clone(), json!(v))
+                }
+                other => panic!("{key}: unexpected default {other}"),
+            };
+            let var = env_name(&key);
+            let loaded = Config::load_from(None, env(&[(var.as_str(), text.as_str())]))
+                .unwrap_or_else(|e| panic!("{var}={text}: {e}"));
+            let got = serde_json::to_value(&loaded.config).unwrap();
+            assert_eq!(at_key(&got, &key), Some(&expected), "{var}={text}");
+            assert_eq!(loaded.sources[&key], Source::Env(var.clone()), "{var}");
+        }
+    }
+
+    #[test]
+    fn a_password_in_the_query_string_is_redacted_too() {
+        for (url, shown) in [
+            (
+                "postgres://app@db/x?password=hunter2&sslmode=disable",
+                "postgres://app@db/x?password=***&sslmode=disable",
+            ),
+            (
+                "postgres://app:p@ss@db:5432/x",
+                "postgres://app:***@db:5432/x",
+            ),
+            (
+                "postgres://db/x?sslpassword=k",
+                "postgres://db/x?sslpassword=***",
+            ),
+            ("sqlite:.toolexec/db.sqlite", "sqlite:.toolexec/db.sqlite"),
+        ] {
+            assert_eq!(redact_url(url), shown);
+        }
     }
 
     #[test]

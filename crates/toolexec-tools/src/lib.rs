@@ -36,7 +36,7 @@ pub(crate) mod walk;
 
 pub use deadline::Deadline;
 pub use reads::ReadTracker;
-pub use registry::{ArgumentError, Registry};
+pub use registry::{ArgumentError, Registry, Resolved};
 pub use toolexec_workspace::{RecordedChange, Workspace};
 
 /// What a tool runs against: one session's workspace, its read-state and its policy, and the

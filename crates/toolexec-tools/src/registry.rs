@@ -37,9 +37,45 @@ struct Entry {
     validator: jsonschema::Validator,
 }
 
+/// One tool of the registry with its compiled validator: looked up once per call, then carried
+/// through the call (validated, scheduled, run) without another lookup by name.
+#[derive(Clone)]
+pub struct Resolved(Arc<Entry>);
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Resolved")
+            .field(&self.0.tool.spec().name)
+            .finish()
+    }
+}
+
+impl Resolved {
+    pub fn tool(&self) -> &Arc<dyn Tool> {
+        &self.0.tool
+    }
+
+    pub fn spec(&self) -> &ToolSpec {
+        self.0.tool.spec()
+    }
+
+    /// Validates `args` against the tool's schema. Reports the first error, deepest-first order
+    /// as the validator yields it.
+    pub fn validate(&self, args: &serde_json::Value) -> Result<(), ArgumentError> {
+        match self.0.validator.iter_errors(args).next() {
+            None => Ok(()),
+            Some(err) => Err(ArgumentError {
+                pointer: err.instance_path().to_string(),
+                rule: keyword_of(&err),
+                message: shortened(err.to_string()),
+            }),
+        }
+    }
+}
+
 /// All tools by name, with their compiled argument validators.
 pub struct Registry {
-    tools: BTreeMap<String, Entry>,
+    tools: BTreeMap<String, Arc<Entry>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -71,7 +107,7 @@ impl Registry {
             })?;
             let name = spec.name.clone();
             if map
-                .insert(name.clone(), Entry { tool, validator })
+                .insert(name.clone(), Arc::new(Entry { tool, validator }))
                 .is_some()
             {
                 return Err(RegistryError::Duplicate(name));
@@ -97,22 +133,19 @@ impl Registry {
         self.tools.keys().map(String::as_str)
     }
 
-    /// Validates `args` against the tool's schema. Reports the first error, deepest-first order
-    /// as the validator yields it. `None` if the tool is unknown.
+    /// The tool named `name` with its validator, to carry through a call.
+    pub fn resolve(&self, name: &str) -> Option<Resolved> {
+        self.tools.get(name).cloned().map(Resolved)
+    }
+
+    /// Validates `args` against the tool's schema ([`Resolved::validate`]). `None` if the tool
+    /// is unknown.
     pub fn validate(
         &self,
         name: &str,
         args: &serde_json::Value,
     ) -> Option<Result<(), ArgumentError>> {
-        let entry = self.tools.get(name)?;
-        Some(match entry.validator.iter_errors(args).next() {
-            None => Ok(()),
-            Some(err) => Err(ArgumentError {
-                pointer: err.instance_path().to_string(),
-                rule: keyword_of(&err),
-                message: shortened(err.to_string()),
-            }),
-        })
+        Some(self.resolve(name)?.validate(args))
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use toolexec_core::ProblemCode;
 use toolexec_core::{Call, Invocation, Session, SessionStatus};
-use toolexec_tools::Tool;
+use toolexec_tools::Resolved;
 use uuid::Uuid;
 
 use crate::canonical::arguments_sha256;
@@ -24,7 +24,7 @@ pub(super) enum Plan {
     /// Same id as an earlier call of this batch (same arguments): mirror its result.
     Alias(usize),
     /// Run it with this tool (`None`: no such tool, recorded as `unknown_tool`).
-    Run(Option<Arc<dyn Tool>>),
+    Run(Option<Resolved>),
 }
 
 impl Plan {
@@ -167,7 +167,7 @@ impl Engine {
                 plans[i] = Some(Plan::Recorded(Box::new(inv)));
             } else {
                 needs_run = true;
-                plans[i] = Some(Plan::Run(self.registry.get(&c.name).cloned()));
+                plans[i] = Some(Plan::Run(self.registry.resolve(&c.name)));
             }
         }
         let runtime = if needs_run {

@@ -9,15 +9,25 @@ use std::time::Instant;
 use futures::future::Either;
 use toolexec_core::{Call, CallResult, CallStatus, Capability, Session, new_id};
 use toolexec_store::{NewInvocation, Write, WriteError};
-use toolexec_tools::{Tool, ToolOutput};
+use toolexec_tools::{Resolved, ToolContext, ToolOutput};
 
 use super::cancel::{BatchControl, Stop};
 use super::commit::{closed, key_of};
-use super::inflight::{Claim, wait_slot};
+use super::inflight::{Claim, InflightGuard, wait_slot};
 use super::outcome::{NewInvocationRef, output_limit};
 use crate::canonical::{nul_pointer, without_nul};
 use crate::sessions::SessionRuntime;
 use crate::{Engine, EngineError, Result};
+use toolexec_core::OutputLimit;
+
+/// What one call is, before it runs: enough to record it whatever happens next.
+struct Pending<'a> {
+    call: &'a Call,
+    invocation: NewInvocation,
+    limit: OutputLimit,
+    guard: InflightGuard,
+    t0: Instant,
+}
 
 impl Engine {
     /// Runs one call of a batch with its resolved tool and records it (see the module docs of
@@ -28,7 +38,7 @@ impl Engine {
         session: &Session,
         rt: &Arc<SessionRuntime>,
         call: &Call,
-        tool: Option<&Arc<dyn Tool>>,
+        tool: Option<&Resolved>,
         args_hash: &str,
         control: &BatchControl,
     ) -> Result<CallResult> {
@@ -36,10 +46,61 @@ impl Engine {
             Claim::Wait(rx) => return wait_slot(rx).await,
             Claim::Mine(g) => g,
         };
-        let t0 = Instant::now();
-        let started_at = chrono::Utc::now();
-        let limit = output_limit(tool, session, &call.name);
-        let invocation = NewInvocation {
+        let pending = Pending {
+            call,
+            invocation: self.new_invocation(session, call, tool, args_hash),
+            limit: output_limit(tool.map(Resolved::tool), session, &call.name),
+            guard,
+            t0: Instant::now(),
+        };
+        // Refusals before anything runs are recorded like any call, in one write; so is a call
+        // whose batch was stopped before it came to it.
+        let refusal = match control.stopped() {
+            Some(stop) => Some(ToolOutput::cancelled(stop.not_started())),
+            None => self.refusal(session, call, tool),
+        };
+        let tool = match (tool, refusal) {
+            (Some(tool), None) => tool,
+            (_, Some(out)) => return self.record_at_once(rt, pending, out).await,
+            (None, None) => return Err(EngineError::Internal("unreachable".into())),
+        };
+        let read_only = tool.spec().read_only;
+        // Its turn: a mutating call has the session alone; a read-only one shares it with
+        // other reads. A batch stopped meanwhile means the call never starts.
+        let turn = if read_only {
+            take_turn(control, async { Either::Left(rt.schedule.read().await) }).await
+        } else {
+            take_turn(control, async { Either::Right(rt.schedule.write().await) }).await
+        };
+        let Some(turn) = turn else {
+            let stop = control.stopped().unwrap_or(Stop::Session);
+            let out = ToolOutput::cancelled(stop.not_started());
+            return self.record_at_once(rt, pending, out).await;
+        };
+        let mut ctx = self.tool_context(session, rt);
+        if read_only && !self.config.durable_start_for_read_only {
+            // Not visible while it runs (nothing is recorded yet), so only a cancel of the
+            // session's pending calls reaches it.
+            ctx.cancel = control.call_token();
+            let out = self
+                .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
+                .await;
+            drop(turn);
+            return self.record_at_once(rt, pending, out).await;
+        }
+        self.run_with_durable_start(session, rt, pending, tool, ctx, args_hash, control)
+            .await
+    }
+
+    /// The invocation a call is recorded as (its id, identity and what its tool declares).
+    fn new_invocation(
+        &self,
+        session: &Session,
+        call: &Call,
+        tool: Option<&Resolved>,
+        args_hash: &str,
+    ) -> NewInvocation {
+        NewInvocation {
             id: new_id(),
             session_id: session.id,
             call_id: call.id.clone(),
@@ -53,99 +114,102 @@ impl Engine {
                 .map(|t| t.spec().capabilities.clone())
                 .unwrap_or_default(),
             node: self.config.node.clone(),
-            started_at,
-        };
+            started_at: chrono::Utc::now(),
+        }
+    }
 
-        // Refusals before anything runs are recorded like any call, in one write; so is a call
-        // whose batch was stopped before it came to it.
-        let refusal = match tool {
-            None => Some((
+    /// Why a call may not run at all — an unknown tool, one the session does not allow,
+    /// arguments its schema refuses — as the output it is recorded with; `None` if it may.
+    fn refusal(
+        &self,
+        session: &Session,
+        call: &Call,
+        tool: Option<&Resolved>,
+    ) -> Option<ToolOutput> {
+        let refused = |status, content| {
+            Some(ToolOutput {
+                status,
+                content,
+                changes: Vec::new(),
+                events: Vec::new(),
+            })
+        };
+        let Some(tool) = tool else {
+            return refused(
                 CallStatus::UnknownTool,
                 format!(
                     "Unknown tool '{}'. Available tools: {}.",
                     call.name,
                     self.tools_for(session).join(", ")
                 ),
-            )),
-            Some(_) if !session.allows_tool(&call.name) => Some((
+            );
+        };
+        if !session.allows_tool(&call.name) {
+            return refused(
                 CallStatus::Denied,
                 format!(
                     "Tool '{}' is not enabled for this session. Enabled tools: {}.",
                     call.name,
                     self.tools_for(session).join(", ")
                 ),
-            )),
-            Some(_) => match (
-                nul_pointer(&call.arguments, String::new()),
-                self.registry.validate(&call.name, &call.arguments),
-            ) {
-                (Some(at), _) => Some((
-                    CallStatus::InvalidArguments,
-                    format!(
-                        "Invalid arguments for {}: arguments{at} contains a NUL character (\\u0000), which no argument may hold (in a path it makes an invalid path). Remove it and call again.",
-                        call.name
-                    ),
-                )),
-                (None, Some(Err(e))) => {
-                    Some((CallStatus::InvalidArguments, e.to_model_text(&call.name)))
-                }
-                _ => None,
-            },
-        };
-        let refusal = match control.stopped() {
-            Some(stop) => Some((CallStatus::Cancelled, stop.not_started())),
-            None => refusal,
-        };
-        let tool = match (tool, refusal) {
-            (Some(tool), None) => tool,
-            (_, Some((status, content))) => {
-                let out = ToolOutput {
-                    status,
-                    content,
-                    changes: Vec::new(),
-                    events: Vec::new(),
-                };
-                let recorded = self.outcome(limit, &invocation, out, t0);
-                return self
-                    .commit_record(guard, rt, call, invocation, recorded)
-                    .await;
-            }
-            (None, None) => return Err(EngineError::Internal("unreachable".into())),
-        };
-        let mut ctx = self.tool_context(session, rt);
-        let read_only = tool.spec().read_only;
-        // Its turn: a mutating call has the session alone; a read-only one shares it with
-        // other reads. A batch stopped meanwhile means the call never starts.
-        let turn = if read_only {
-            take_turn(control, async { Either::Left(rt.schedule.read().await) }).await
-        } else {
-            take_turn(control, async { Either::Right(rt.schedule.write().await) }).await
-        };
-        let Some(turn) = turn else {
-            let stop = control.stopped().unwrap_or(Stop::Session);
-            let out = ToolOutput::cancelled(stop.not_started());
-            let recorded = self.outcome(limit, &invocation, out, t0);
-            return self
-                .commit_record(guard, rt, call, invocation, recorded)
-                .await;
-        };
-        if read_only && !self.config.durable_start_for_read_only {
-            // Not visible while it runs (nothing is recorded yet), so only a cancel of the
-            // session's pending calls reaches it.
-            ctx.cancel = control.call_token();
-            let out = self
-                .run_tool(tool.as_ref(), ctx, call.arguments.clone())
-                .await;
-            drop(turn);
-            let recorded = self.outcome(limit, &invocation, out, t0);
-            return self
-                .commit_record(guard, rt, call, invocation, recorded)
-                .await;
+            );
         }
-        if tool.spec().capabilities.contains(&Capability::Process) {
+        if let Some(at) = nul_pointer(&call.arguments, String::new()) {
+            return refused(
+                CallStatus::InvalidArguments,
+                format!(
+                    "Invalid arguments for {}: arguments{at} contains a NUL character (\\u0000), which no argument may hold (in a path it makes an invalid path). Remove it and call again.",
+                    call.name
+                ),
+            );
+        }
+        match tool.validate(&call.arguments) {
+            Err(e) => refused(CallStatus::InvalidArguments, e.to_model_text(&call.name)),
+            Ok(()) => None,
+        }
+    }
+
+    /// Records a call that ran without a start record (or never ran) in one write.
+    async fn record_at_once(
+        &self,
+        rt: &SessionRuntime,
+        p: Pending<'_>,
+        out: ToolOutput,
+    ) -> Result<CallResult> {
+        let recorded = self.outcome(p.limit, &p.invocation, out, p.t0);
+        self.commit_record(p.guard, rt, p.call, p.invocation, recorded)
+            .await
+    }
+
+    /// A mutating call (or a read with `durable_start_for_read_only`): its start is durable
+    /// before its tool runs, it is cancellable by its invocation id from just before, and what
+    /// the workspace scan finds afterwards joins its changes.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call's parts, each used once"
+    )]
+    async fn run_with_durable_start(
+        &self,
+        session: &Session,
+        rt: &Arc<SessionRuntime>,
+        p: Pending<'_>,
+        tool: &Resolved,
+        mut ctx: ToolContext,
+        args_hash: &str,
+        control: &BatchControl,
+    ) -> Result<CallResult> {
+        let spec = tool.spec();
+        if spec.capabilities.contains(&Capability::Process) {
             rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
                 .await?;
         }
+        let Pending {
+            call,
+            invocation,
+            limit,
+            guard,
+            t0,
+        } = p;
         let invocation_id = invocation.id;
         let key = key_of(&invocation);
         // Registered before the start is recorded: a cancel that finds the invocation running
@@ -175,9 +239,9 @@ impl Engine {
         } else {
             ctx.cancel = cancel;
             let mut out = self
-                .run_tool(tool.as_ref(), ctx, call.arguments.clone())
+                .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
-            if !read_only {
+            if !spec.read_only {
                 self.record_workspace_changes(rt, &mut out).await;
             }
             out

@@ -139,3 +139,66 @@ async fn a_whole_number_written_as_a_float_is_an_integer_on_postgres() {
 async fn a_whole_number_written_as_a_float_is_an_integer_on_sqlite() {
     whole_floats_are_integers(spawn_sqlite_app().await).await;
 }
+
+/// Every bounded integer query parameter the served document states (`limit`s and the like),
+/// found in the document itself so that no endpoint is left out: its maximum is served, one
+/// above it is a 400 `invalid_query` that names the parameter — never silently clamped.
+async fn query_bounds_are_the_documented_ones(app: TestApp) {
+    let session = app.session(json!({})).await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let r = app
+        .call(
+            &sid,
+            "c1",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "a\n"}),
+        )
+        .await;
+    let inv = r["invocation_id"].as_str().unwrap().to_owned();
+    let doc: Value = app.get("/openapi.json").await.json().await.unwrap();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let Some(params) = item["get"]["parameters"].as_array() else {
+            continue;
+        };
+        let concrete = path
+            .replace("/v1/sessions/{id}", &format!("/v1/sessions/{sid}"))
+            .replace("/v1/invocations/{id}", &format!("/v1/invocations/{inv}"));
+        if concrete.contains('{') {
+            continue;
+        }
+        for p in params {
+            let (Some(max), "query") = (
+                p["schema"]["maximum"].as_u64(),
+                p["in"].as_str().unwrap_or_default(),
+            ) else {
+                continue;
+            };
+            let name = p["name"].as_str().unwrap();
+            let ok = app.get(&format!("{concrete}?{name}={max}")).await;
+            assert!(
+                ok.status().is_success(),
+                "{path}?{name}={max}: {}",
+                ok.status()
+            );
+            let over = app.get(&format!("{concrete}?{name}={}", max + 1)).await;
+            assert_eq!(over.status().as_u16(), 400, "{path}?{name}={}", max + 1);
+            let body: Value = over.json().await.unwrap();
+            assert_eq!(body["code"], "invalid_query", "{body}");
+            assert!(body["detail"].as_str().unwrap().contains(name), "{body}");
+            checked += 1;
+        }
+    }
+    // sessions, events, an invocation's side effects, its output: at least these four.
+    assert!(checked >= 4, "only {checked} bounded parameters found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_parameters_above_their_documented_maximum_are_refused_on_postgres() {
+    query_bounds_are_the_documented_ones(spawn_app().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_parameters_above_their_documented_maximum_are_refused_on_sqlite() {
+    query_bounds_are_the_documented_ones(spawn_sqlite_app().await).await;
+}

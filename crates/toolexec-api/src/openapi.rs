@@ -298,5 +298,9 @@ mod tests {
             maximum("/v1/invocations/{id}/output", "limit"),
             toolexec_engine::MAX_OUTPUT_SLICE as u64
         );
+        assert_eq!(
+            maximum("/v1/invocations/{id}", "limit"),
+            u64::from(toolexec_store::SIDE_EFFECTS_PAGE)
+        );
     }
 }

@@ -134,3 +134,31 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_freed_slots_are_reuse
     let (text, _) = read_until_closed(&mut again, Duration::from_secs(3)).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_responses_is_cut_off() {
+    let app = spawn_app_with(|c| c.write_stall_timeout_ms = 1000).await;
+    // A small receive window, and 200 pipelined requests for the ~120 KB document that are
+    // never read: the server's writes stall within the first few responses.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket
+        .connect(app.base.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    const ASKED: usize = 200;
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n".repeat(ASKED);
+    s.write_all(&request).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    healthy(&app).await;
+    // By now the server has given up on the connection: reading drains what the kernel
+    // buffered, then the connection is closed, long before every response was sent.
+    let (text, closed) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    let answered = text.matches("HTTP/1.1 200").count();
+    assert!(closed, "the stalled connection is still open");
+    assert!(
+        answered < ASKED,
+        "all {answered} responses were sent to a client that did not read"
+    );
+    healthy(&app).await;
+}

@@ -43,6 +43,10 @@ pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// connections opened and left silent (slowloris) are closed.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Default time a response may wait for a client that stopped reading it: a slow but live
+/// client reads something well within it; one that asks and never reads is cut off.
+pub const DEFAULT_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Default cap on open connections: above `DEFAULT_MAX_CONCURRENT_REQUESTS` (idle keep-alive
 /// connections of agent loops), far below what the descriptor limit allows.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -59,6 +63,9 @@ pub struct ApiConfig {
     pub header_read_timeout: Duration,
     /// Open connections beyond which new ones are closed at once; applied by the server.
     pub max_connections: usize,
+    /// Longest a response may wait for the client to read more of it (the connection is
+    /// closed beyond); applied by the server.
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for ApiConfig {
@@ -68,6 +75,7 @@ impl Default for ApiConfig {
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }

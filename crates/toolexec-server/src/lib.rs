@@ -153,6 +153,7 @@ pub async fn build_state_with(
             body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
             header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
             max_connections: config.max_connections,
+            write_stall_timeout: std::time::Duration::from_millis(config.write_stall_timeout_ms),
         },
     }))
 }
@@ -167,6 +168,7 @@ pub async fn serve(
     let limits = http::ConnectionLimits {
         header_read_timeout: state.config.header_read_timeout,
         max_connections: state.config.max_connections,
+        write_stall_timeout: state.config.write_stall_timeout,
     };
     let engine = state.engine.clone();
     let served = http::serve_app(toolexec_api::app(state), listener, limits, shutdown)

@@ -1262,7 +1262,7 @@ async fn sandbox_escape_no_descriptor_of_the_service_is_inherited() {
 // ---------------------------------------------------------------------------------------------
 
 /// Variables the dynamic loader and the C library act on before `main`.
-const LOADER_VARIABLES: [&str; 16] = [
+const LOADER_VARIABLES: [&str; 19] = [
     "LD_PRELOAD",
     "LD_AUDIT",
     "LD_LIBRARY_PATH",
@@ -1279,6 +1279,9 @@ const LOADER_VARIABLES: [&str; 16] = [
     "HOSTALIASES",
     "MALLOC_CHECK_",
     "MALLOC_TRACE",
+    "LOCALDOMAIN",
+    "RES_OPTIONS",
+    "TZDIR",
 ];
 
 async fn loader_variables_are_refused(app: &TestApp) {
@@ -1522,4 +1525,224 @@ async fn sandbox_escape_a_library_planted_by_another_session_never_runs_outside_
     assert!(!marker.exists());
     listener.abort();
     b.assert_healthy().await;
+}
+
+/// Sets a session's stored environment behind the API's back, as a session recorded before
+/// the API refused loader variables (or a bug in that check) would have it.
+async fn force_session_env(app: &TestApp, sid: &str, env: &Value) {
+    let id = uuid::Uuid::parse_str(sid).unwrap();
+    match &app.db {
+        Some(db) => {
+            let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+            sqlx::query("UPDATE sessions SET env = $1 WHERE id = $2")
+                .bind(sqlx::types::Json(env))
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }
+        None => {
+            let path = app.config.data_dir.join("toolexec.db");
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", path.display()))
+                .await
+                .unwrap();
+            let n = sqlx::query("UPDATE sessions SET env = ?1 WHERE id = ?2")
+                .bind(env.to_string())
+                .bind(id.as_bytes().as_slice())
+                .execute(&pool)
+                .await
+                .unwrap()
+                .rows_affected();
+            assert_eq!(n, 1, "session {sid} not found in {}", path.display());
+            pool.close().await;
+        }
+    }
+}
+
+/// Every loader and C-library variable, reaching a session's commands anyway (written into the
+/// store behind the API), over HTTP: the library they name runs only inside the sandbox, never
+/// before it exists. The library sits in a host directory bound read-only into every sandbox,
+/// so it is loadable both outside and inside: the control that the variables did reach the
+/// command (the library ran there, in the sandbox's namespaces) comes with every attack.
+async fn loader_variables_run_nothing_outside(backend: toolexec_tests::app::Backend) {
+    use tokio::io::AsyncReadExt;
+
+    // Not under /tmp, which every sandbox replaces with its own.
+    let shared = tempfile::Builder::new()
+        .prefix("toolexec-canary-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let shared_dir = shared.path().to_path_buf();
+    let source = shared_dir.join("canary.c");
+    std::fs::write(&source, CANARY_C).unwrap();
+    let lib = shared_dir.join("canary.so");
+    let built = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::fs::set_permissions(&lib, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let bind = shared_dir.clone();
+    let app = backend.spawn_with(|c| c.sandbox.ro_binds.push(bind)).await;
+
+    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = hits.clone();
+    let listener = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = canary.accept().await else {
+                return;
+            };
+            let mut text = String::new();
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
+            seen.lock().unwrap().push(text);
+        }
+    });
+    let host_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        host_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let marker = host_dir.path().join("escaped");
+
+    let lib_s = lib.display().to_string();
+    let dir_s = shared_dir.display().to_string();
+    // One session per loader that loads code, and one with every variable of the list set.
+    let mut everything: Vec<(String, String)> = LOADER_VARIABLES
+        .iter()
+        .map(|n| ((*n).to_owned(), dir_s.clone()))
+        .collect();
+    everything.retain(|(n, _)| n != "LD_PRELOAD" && n != "LD_AUDIT" && n != "LD_DEBUG_OUTPUT");
+    everything.push(("LD_PRELOAD".into(), lib_s.clone()));
+    everything.push(("LD_DEBUG".into(), "libs".into()));
+    everything.push(("LD_DEBUG_OUTPUT".into(), marker.display().to_string()));
+    let attacks: Vec<(&str, Vec<(String, String)>, bool)> = vec![
+        (
+            "LD_PRELOAD",
+            vec![("LD_PRELOAD".into(), lib_s.clone())],
+            true,
+        ),
+        ("LD_AUDIT", vec![("LD_AUDIT".into(), lib_s.clone())], true),
+        (
+            "LD_LIBRARY_PATH",
+            vec![
+                ("LD_LIBRARY_PATH".into(), dir_s.clone()),
+                ("LD_PRELOAD".into(), "canary.so".into()),
+            ],
+            true,
+        ),
+        ("every variable", everything, true),
+    ];
+    let mut sessions = Vec::new();
+    for (label, vars, _) in &attacks {
+        let s = app.session(json!({})).await;
+        let sid = s["id"].as_str().unwrap().to_owned();
+        let mut env = serde_json::Map::new();
+        env.insert("CANARY_PORT".into(), json!(port.to_string()));
+        env.insert("CANARY_MARKER".into(), json!(marker.display().to_string()));
+        for (k, v) in vars {
+            env.insert(k.clone(), json!(v));
+        }
+        force_session_env(&app, &sid, &Value::Object(env)).await;
+        sessions.push((label.to_owned(), sid));
+    }
+    // The runtimes cached at creation hold the environment as created: a restart reads the
+    // sessions (and their forced environments) back from the store.
+    let app = app.restart().await;
+    let host_ns = std::fs::read_link("/proc/self/ns/pid")
+        .unwrap()
+        .display()
+        .to_string();
+    let workspaces = app.config.workspace_root();
+    for ((label, sid), (_, _, loads_inside)) in sessions.iter().zip(&attacks) {
+        let stored: Value = app
+            .get(&format!("/v1/sessions/{sid}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            stored["env"].as_object().unwrap().len() > 2,
+            "{label}: the forced environment is not what the session has: {stored}"
+        );
+        let r = app
+            .call(
+                sid,
+                "c1",
+                "shell",
+                json!({"command": "echo hello", "timeout_ms": 20_000}),
+            )
+            .await;
+        assert_eq!(r["status"], "ok", "{label}: {r}");
+        // (LD_DEBUG and LD_SHOW_AUXV, inside, print around it.)
+        assert!(content(&r).contains("hello\n"), "{label}: {r}");
+        let b = app
+            .call(
+                sid,
+                "c2",
+                "shell",
+                json!({"command": "echo bg", "background": true}),
+            )
+            .await;
+        assert_eq!(b["status"], "ok", "{label}: {b}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let ran =
+            std::fs::read_to_string(workspaces.join(sid).join("canary-ran")).unwrap_or_default();
+        if *loads_inside {
+            assert!(
+                ran.lines().count() >= 2,
+                "{label}: the variables never reached the command (control): {ran:?}"
+            );
+        }
+        for line in ran.lines() {
+            assert!(line.starts_with("pid:["), "{label}: {ran:?}");
+            assert_ne!(
+                line, host_ns,
+                "{label}: the library ran in the host's PID namespace"
+            );
+        }
+    }
+    assert!(
+        hits.lock().unwrap().is_empty(),
+        "a host loopback listener was reached: {:?}",
+        hits.lock().unwrap()
+    );
+    assert!(
+        !marker.exists(),
+        "code ran outside the sandbox: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    listener.abort();
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status(), 200);
+}
+
+toolexec_tests::on_both_stores!(loader_variables_run_nothing_outside);
+
+/// Calls carry no environment of their own: `shell` takes none (a command sets variables for
+/// itself, inside the sandbox), so a call's `env` is refused as an unknown argument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_a_call_cannot_bring_an_environment() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let r = sh
+        .shell(json!({"command": "echo hi", "env": {"LD_PRELOAD": "/workspace/x.so"}}))
+        .await
+        .0;
+    assert_eq!(r["status"], "invalid_arguments", "{r}");
+    assert!(content(&r).contains("env"), "{r}");
 }

@@ -622,15 +622,19 @@ fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
     Ok(())
 }
 
-/// Variables the dynamic loader and the C library act on before a program's `main` (glibc's
-/// "unsecure" list and its malloc settings). The sandbox no longer lets any session variable
+/// Variables the dynamic loader and the C library act on before a program's `main` or while it
+/// runs (glibc's "unsecure" list, `UNSECURE_ENVVARS`, and its malloc settings), but `TMPDIR`,
+/// which only names a directory and which build tools commonly need. The sandbox no longer lets any session variable
 /// reach a process outside it (its init is static and starts with an empty environment); this
 /// is the second layer, so that a mistake there cannot turn into code run outside the sandbox.
 /// Inside a command they change nothing a command could not do itself, so a command may still
 /// set them for itself.
 pub(crate) fn is_loader_variable(name: &str) -> bool {
-    const NAMES: [&str; 9] = [
+    const NAMES: [&str; 12] = [
         "GLIBC_TUNABLES",
+        "LOCALDOMAIN",
+        "RES_OPTIONS",
+        "TZDIR",
         "GCONV_PATH",
         "GETCONF_DIR",
         "HOSTALIASES",

@@ -213,6 +213,46 @@ async fn budget_small_files_are_kept_before_large_ones_sqlite() {
     small_files_are_kept_before_large_ones(false).await;
 }
 
+/// The node's budget of kept contents bounds every scan too (and what concurrent scans keep
+/// together): with 4 MiB left on the node, a scan whose own budget is larger keeps 4 MiB; the
+/// next call's scan has it all again (the first call's share came back once it was recorded).
+async fn the_node_content_budget_bounds_each_scan(postgres: bool) {
+    let app = app(postgres, |c| {
+        c.limits.scan_content_budget_bytes = 64 * MIB;
+        c.limits.node_content_budget_bytes = 4 * MIB;
+    })
+    .await;
+    let sid = new_session(&app).await;
+    shell(&app, &sid, "baseline", "true").await;
+    for round in ["first", "second"] {
+        let r = shell(
+            &app,
+            &sid,
+            round,
+            &format!("for i in 1 2 3; do head -c 3000000 /dev/urandom > {round}$i.out; done"),
+        )
+        .await;
+        let events = file_events(&app, &sid, &r).await;
+        assert_eq!(events.len(), 3, "{events:?}");
+        let stored = events.iter().filter(|e| e["after_stored"] == true).count();
+        assert_eq!(stored, 1, "{round}: one 3 MB file fits 4 MiB: {events:?}");
+        for e in events.iter().filter(|e| e["after_stored"] != true) {
+            assert_eq!(e["after_unstored"], "content_budget", "{e}");
+            assert!(e["after_sha256"].is_string(), "still hashed: {e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_the_node_content_budget_bounds_each_scan_postgres() {
+    the_node_content_budget_bounds_each_scan(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_the_node_content_budget_bounds_each_scan_sqlite() {
+    the_node_content_budget_bounds_each_scan(false).await;
+}
+
 // ---- hashing: bytes and time ----
 
 /// Ten sparse files of 1 GiB (the sandbox's largest file): before the budget, 16.8 s of the

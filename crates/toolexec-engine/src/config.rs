@@ -41,6 +41,12 @@ pub struct Limits {
     /// files taking the place of larger ones. Bounds the service memory a command's output
     /// files cost.
     pub scan_content_budget_bytes: u64,
+    /// Contents of changed files that all the workspace scans of this node keep at once, from
+    /// the scan until the call's record is committed (bytes). A scan gets what is left of it,
+    /// up to `scan_content_budget_bytes`; with nothing left its files are recorded by hash and
+    /// size (`after_unstored: "content_budget"`). Bounds the service memory that concurrent
+    /// sessions' commands cost together, not only one at a time.
+    pub node_content_budget_bytes: u64,
     /// Bytes one workspace scan hashes, in total. Past it a changed file is recorded by its
     /// metadata only, without a hash (`after_unstored: "hash_budget"`). Bounds the service CPU
     /// a command's files cost (sparse files included).
@@ -104,6 +110,8 @@ impl Default for Limits {
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).
             scan_content_budget_bytes: 64 * 1024 * 1024,
+            // Four scans at their full budget at once.
+            node_content_budget_bytes: 256 * 1024 * 1024,
             // About 1.7 s of one core for SHA-256 on the reference VM (docs/benchmarks.md).
             scan_hash_budget_bytes: 1024 * 1024 * 1024,
             // Past the hash budget's time on the reference VM; stops slow storage.

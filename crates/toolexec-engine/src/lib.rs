@@ -99,6 +99,8 @@ pub struct Engine {
     started: std::time::Instant,
     /// This node's share of the host's inotify instances and watches (workspace scans).
     inotify: Arc<toolexec_workspace::scan::InotifyPool>,
+    /// The node's budget of scan contents held until their calls are recorded.
+    contents: Arc<scans::ContentPool>,
     /// Where this node's session workspaces live, and who owns them.
     workspaces: toolexec_workspace::Workspaces,
 }
@@ -143,6 +145,7 @@ impl Engine {
         let recorder =
             recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
         let inotify = scans::inotify_pool(&config.limits);
+        let contents = scans::ContentPool::new(config.limits.node_content_budget_bytes);
         Ok(Arc::new(Self {
             store,
             registry,
@@ -154,6 +157,7 @@ impl Engine {
             cancels: calls::Cancels::default(),
             started: std::time::Instant::now(),
             inotify,
+            contents,
             workspaces,
         }))
     }

@@ -16,6 +16,7 @@ use super::commit::{closed, key_of};
 use super::inflight::{Claim, InflightGuard, wait_slot};
 use super::outcome::{NewInvocationRef, output_limit};
 use crate::canonical::{nul_pointer, without_nul};
+use crate::scans::ContentLease;
 use crate::sessions::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 use toolexec_core::OutputLimit;
@@ -228,6 +229,8 @@ impl Engine {
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Ok(Ok(_)) => rt.remember(key),
         }
+        // The node's content budget the scan's kept contents hold until they are committed.
+        let mut lease = None;
         let out = if cancel.is_cancelled() {
             // Cancelled between its start record and now: its tool never ran.
             let stop = if control.session_cancelled() {
@@ -242,7 +245,7 @@ impl Engine {
                 .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
             if !spec.read_only {
-                self.record_workspace_changes(rt, &mut out).await;
+                lease = self.record_workspace_changes(rt, &mut out).await;
             }
             out
         };
@@ -252,21 +255,32 @@ impl Engine {
             name: &call.name,
         };
         let recorded = self.outcome_for(limit, stub, out, t0);
-        self.commit_finish(guard, session.id, invocation_id, recorded)
-            .await
+        let committed = self
+            .commit_finish(guard, session.id, invocation_id, recorded)
+            .await;
+        drop(lease);
+        committed
     }
 
     /// Adds to a mutating call's changes whatever else changed in the workspace since the last
     /// scan: everything a shell command did, and what background processes did meanwhile. The
     /// tool's own account of a path wins over the scan's. Sessions that never ran a command
     /// have no baseline and skip this.
-    async fn record_workspace_changes(&self, rt: &SessionRuntime, out: &mut ToolOutput) {
+    ///
+    /// The contents the scan keeps come out of the node's budget
+    /// (`limits.node_content_budget_bytes`): the lease returned holds them until it is dropped,
+    /// after the call's record is committed.
+    async fn record_workspace_changes(
+        &self,
+        rt: &SessionRuntime,
+        out: &mut ToolOutput,
+    ) -> Option<ContentLease> {
         let mut guard = rt.snapshot.lock().await;
-        let Some(mut snap) = guard.take() else {
-            return;
-        };
+        let mut snap = guard.take()?;
         let ws = rt.workspace.clone();
-        let budget = crate::scans::budget(&self.config.limits);
+        let mut budget = crate::scans::budget(&self.config.limits);
+        let mut lease = self.contents.take(budget.content_bytes);
+        budget.content_bytes = lease.bytes();
         let t0 = Instant::now();
         let scanned = tokio::task::spawn_blocking(move || {
             let report = snap.rescan_within(&ws, &budget);
@@ -285,6 +299,7 @@ impl Engine {
         match scanned {
             Ok((snap, Ok(report))) => {
                 *guard = Some(snap);
+                lease.keep(report.kept_bytes);
                 let budgeted = report
                     .changes
                     .iter()
@@ -321,6 +336,7 @@ impl Engine {
                 tracing::error!(error = %e, "workspace scan task failed");
             }
         }
+        Some(lease)
     }
 
     fn tools_for(&self, session: &Session) -> Vec<String> {

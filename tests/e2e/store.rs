@@ -87,6 +87,7 @@ fn new_session(tenant: &Tenant) -> Session {
         created_at: Utc::now(),
         closed_at: None,
         last_seq: 0,
+        origin: None,
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use toolexec_core::{Event, Invocation, Session, Tenant};
+use toolexec_core::{Event, EventKind, Invocation, Replay, Session, Tenant};
 use toolexec_store::{
     Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, Write, WriteError,
 };
@@ -154,5 +154,53 @@ impl Store for CountingStore {
     }
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
         self.inner.blob(sha256).await
+    }
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        self.inner.blobs(sha256s).await
+    }
+    async fn events_of_kinds(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        kinds: &[EventKind],
+        after: i64,
+        up_to: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.event_pages.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .events_of_kinds(tenant_id, session_id, kinds, after, up_to, limit)
+            .await
+    }
+    async fn append_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<(i64, i64)> {
+        self.inner
+            .append_events(tenant_id, session_id, events, blobs)
+            .await
+    }
+    async fn save_replay(&self, tenant_id: Uuid, replay: &Replay) -> Result<()> {
+        self.inner.save_replay(tenant_id, replay).await
+    }
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
+        self.inner.replay(tenant_id, id).await
+    }
+    async fn acquire_lease(
+        &self,
+        session_id: Uuid,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>> {
+        self.inner.acquire_lease(session_id, node, ttl).await
+    }
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {
+        self.inner.renew_leases(node, ttl).await
+    }
+    async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
+        self.inner.release_leases(node, session_ids).await
     }
 }

@@ -39,10 +39,15 @@ pub enum EventKind {
     /// up ([`FilesChanged`]); every one of them is listed in the manifest blob it names.
     #[serde(rename = "files.changed")]
     FilesChanged,
+    /// `POST /v1/sessions/{id}/rewind` put the workspace back to its state after an earlier
+    /// event ([`Rewound`]); the `file.*` events that follow it (no invocation) are what it
+    /// changed.
+    #[serde(rename = "workspace.rewound")]
+    WorkspaceRewound,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -54,6 +59,7 @@ impl EventKind {
         EventKind::ProcessStarted,
         EventKind::ProcessExited,
         EventKind::FilesChanged,
+        EventKind::WorkspaceRewound,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +75,7 @@ impl EventKind {
             EventKind::ProcessStarted => "process.started",
             EventKind::ProcessExited => "process.exited",
             EventKind::FilesChanged => "files.changed",
+            EventKind::WorkspaceRewound => "workspace.rewound",
         }
     }
 
@@ -86,6 +93,17 @@ impl EventKind {
                 | EventKind::PlanUpdated
                 | EventKind::ProcessStarted
                 | EventKind::ProcessExited
+                | EventKind::FilesChanged
+        )
+    }
+
+    /// Events that change what the workspace holds, in the order a rebuild applies them.
+    pub fn changes_files(self) -> bool {
+        matches!(
+            self,
+            EventKind::FileCreated
+                | EventKind::FileModified
+                | EventKind::FileDeleted
                 | EventKind::FilesChanged
         )
     }
@@ -141,6 +159,12 @@ pub struct FileChange {
     pub after_size: Option<u64>,
     /// Whether the after contents are stored as a blob (they are unless over the size limit).
     pub after_stored: bool,
+    /// The permission bits of a regular file after the change (`0o644`, `0o755`, …; the
+    /// setuid, setgid and sticky bits included). Absent for symlinks and deletions, and in
+    /// events recorded before modes were (a rebuild then assumes `0o644`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub after_mode: Option<u32>,
     /// Why the after contents are not stored, for a file that exists after the change: absent
     /// when they are stored, and for deletions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,6 +210,21 @@ pub enum UnstoredReason {
     Unreadable,
     /// The call's budget of stored blob bytes (`limits.max_blob_bytes_per_call`) was used up.
     CallBudget,
+}
+
+/// The payload of a `workspace.rewound` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Rewound {
+    /// The workspace is now as it was right after this event.
+    pub to_seq: i64,
+    /// Files and symlinks the rewind wrote (restored or put back), removed, in all.
+    pub restored: u64,
+    pub removed: u64,
+    /// Files it could not put back because the log has no contents for them (over
+    /// `limits.max_blob_bytes`, or past a scan budget): left as they were, or absent.
+    pub unrestorable: Vec<String>,
+    /// Background processes started after `to_seq`, stopped by the rewind.
+    pub processes_stopped: Vec<String>,
 }
 
 /// The payload of a `files.changed` event: the file changes of one call beyond the first

@@ -11,17 +11,23 @@ pub mod hash;
 pub mod json;
 pub mod names;
 pub mod problem;
+pub mod replay;
 pub mod session;
 pub mod tool;
 pub mod truncate;
 
 pub use call::{Call, CallResult, CallStatus, InvocationStatus};
 pub use event::{
-    Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, UnstoredReason,
+    Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, Rewound, UnstoredReason,
 };
 pub use hash::{Sha256Hex, sha256_hex};
 pub use problem::ProblemCode;
-pub use session::{NetworkPolicy, NewSession, Policy, Session, SessionStatus, Tenant};
+pub use replay::{
+    Aspect, Divergence, Replay, ReplayMode, ReplayStatus, ReplayedCall,
+};
+pub use session::{
+    NetworkPolicy, NewSession, Origin, OriginKind, Policy, Session, SessionStatus, Tenant,
+};
 pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};
 pub use truncate::{Truncation, truncate};
 

@@ -97,6 +97,45 @@ pub struct Session {
     pub closed_at: Option<DateTime<Utc>>,
     /// The `seq` of the newest event in the session's log.
     pub last_seq: i64,
+    /// Where the workspace started, for a fork or a replay: another session as it was right
+    /// after one of its events. `null` for a session that started empty (or with seed files).
+    pub origin: Option<Origin>,
+}
+
+/// How a session came from another one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OriginKind {
+    /// `POST /v1/sessions/{id}/fork`.
+    Fork,
+    /// `POST /v1/sessions/{id}/replay`: it re-ran the source's calls.
+    Replay,
+}
+
+impl OriginKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OriginKind::Fork => "fork",
+            OriginKind::Replay => "replay",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fork" => Some(OriginKind::Fork),
+            "replay" => Some(OriginKind::Replay),
+            _ => None,
+        }
+    }
+}
+
+/// The session (of the same tenant) and the event after which a fork's or a replay's workspace
+/// started as that session's was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Origin {
+    pub kind: OriginKind,
+    pub session_id: Uuid,
+    pub seq: i64,
 }
 
 impl Session {

@@ -270,6 +270,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             closed_at: None,
             last_seq: 0,
+            origin: None,
         };
         store
             .create_session(&session, vec![], vec![], u64::MAX)

@@ -424,6 +424,7 @@ impl Engine {
             created_at: now,
             closed_at: None,
             last_seq: 0,
+            origin: None,
         };
         let name = id.to_string();
         let workspace = self.workspaces.create(&name).map_err(|e| {

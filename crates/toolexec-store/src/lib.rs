@@ -373,4 +373,58 @@ pub trait Store: Send + Sync + 'static {
     /// The full output of an invocation: the output blob, or its content when not truncated.
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String>;
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>>;
+
+    // --- time travel ---
+
+    /// Blobs by hash, in one round trip; hashes not stored are left out of the answer.
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>>;
+
+    /// The events of one of `kinds` with `after < seq <= up_to`, in order, at most `limit`:
+    /// what a rebuild of the workspace reads, without the invocations' outputs.
+    #[allow(clippy::too_many_arguments)]
+    async fn events_of_kinds(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        kinds: &[EventKind],
+        after: i64,
+        up_to: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>>;
+
+    /// Appends `events` that belong to no invocation (a rewind and what it changed) to an
+    /// active session of this tenant, with their blobs, in one transaction under the session's
+    /// lock. Returns the seqs of the first and the last. `NotFound` for another tenant's
+    /// session; [`StoreError::Refused`] for a closed one.
+    async fn append_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<(i64, i64)>;
+
+    /// Inserts or replaces a replay's report.
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()>;
+
+    /// A replay of this tenant.
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay>;
+
+    // --- leases: which node runs a session's calls ---
+
+    /// Takes (or renews) the lease of `session_id` for `node` until `ttl` from now, if it is
+    /// free, expired or already `node`'s. `None` when `node` holds it now; otherwise the node
+    /// that does.
+    async fn acquire_lease(
+        &self,
+        session_id: Uuid,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>>;
+
+    /// Extends every lease `node` holds to `ttl` from now (its heartbeat).
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64>;
+
+    /// Gives up `node`'s leases of these sessions.
+    async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()>;
 }

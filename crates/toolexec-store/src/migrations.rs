@@ -20,6 +20,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "lookups",
         include_str!("../../../migrations/postgres/0002_lookups.sql"),
     ),
+    (
+        3,
+        "time travel",
+        include_str!("../../../migrations/postgres/0003_time_travel.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -32,6 +37,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         2,
         "lookups",
         include_str!("../../../migrations/sqlite/0002_lookups.sql"),
+    ),
+    (
+        3,
+        "time travel",
+        include_str!("../../../migrations/sqlite/0003_time_travel.sql"),
     ),
 ];
 

@@ -403,6 +403,35 @@ pub(crate) fn initial_plan(session_id: Uuid, events: Vec<NewEvent>, blobs: Vec<B
     plan
 }
 
+/// The plan that appends `events` (of no invocation) to a session whose last seq is `last_seq`.
+pub(crate) fn appended_plan(
+    session_id: Uuid,
+    last_seq: i64,
+    events: Vec<NewEvent>,
+    blobs: Vec<Blob>,
+) -> Plan {
+    let rows: Vec<EventRow> = events
+        .into_iter()
+        .zip(last_seq + 1..)
+        .map(|(e, seq)| EventRow {
+            session_id,
+            seq,
+            kind: e.kind,
+            invocation_id: None,
+            data: e.data,
+        })
+        .collect();
+    let last = rows.last().map(|r| r.seq);
+    let mut plan = Plan {
+        events: rows,
+        blobs,
+        last_seqs: last.map(|l| vec![(session_id, l)]).unwrap_or_default(),
+        ..Plan::default()
+    };
+    distinct_blobs(&mut plan.blobs);
+    plan
+}
+
 /// Sorts blobs by hash and drops repeats: each is written once, and concurrent batches take
 /// their locks on shared blobs in the same order.
 fn distinct_blobs(blobs: &mut Vec<Blob>) {

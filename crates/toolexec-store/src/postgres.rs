@@ -576,7 +576,8 @@ impl Store for PgStore {
         let last_seq = i64::try_from(events.len()).unwrap_or(i64::MAX);
         let row = sqlx::query(concat!(
             "INSERT INTO sessions AS s (id, tenant_id, status, tools, policy, env, metadata, \
-             last_seq, created_at) SELECT $1, $2, 'active', $3, $4, $5, $6, $7, $8 \
+             last_seq, created_at, origin_kind, origin_session_id, origin_seq) \
+             SELECT $1, $2, 'active', $3, $4, $5, $6, $7, $8, $10, $11, $12 \
              WHERE (SELECT count(*) FROM sessions o \
                     WHERE o.tenant_id = $2 AND o.status = 'active') < $9 \
              RETURNING ",
@@ -591,6 +592,9 @@ impl Store for PgStore {
         .bind(last_seq)
         .bind(session.created_at)
         .bind(i64::try_from(max_open_sessions).unwrap_or(i64::MAX))
+        .bind(session.origin.map(|o| o.kind.as_str()))
+        .bind(session.origin.map(|o| o.session_id))
+        .bind(session.origin.map(|o| o.seq))
         .fetch_optional(&mut *tx)
         .await
         .map_err(not_found_on_fk)?
@@ -964,5 +968,181 @@ impl Store for PgStore {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        if sha256s.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, Vec<u8>)> =
+            sqlx::query_as("SELECT sha256, data FROM blobs WHERE sha256 = ANY($1)")
+                .bind(sha256s)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(sha256, data)| Blob {
+                sha256,
+                bytes: data.into(),
+            })
+            .collect())
+    }
+
+    async fn events_of_kinds(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        kinds: &[EventKind],
+        after: i64,
+        up_to: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        let found = sqlx::query(concat!(
+            "SELECT s.id AS s_id, ",
+            event_columns!(),
+            " FROM sessions s LEFT JOIN LATERAL (\
+                 SELECT * FROM events WHERE session_id = s.id AND seq > $3 AND seq <= $4 \
+                 AND kind = ANY($5) ORDER BY seq LIMIT $6) e ON true \
+             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY e.seq"
+        ))
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(after)
+        .bind(up_to)
+        .bind(&kinds)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        if found.is_empty() {
+            return Err(StoreError::NotFound);
+        }
+        let mut events = Vec::with_capacity(found.len());
+        for row in &found {
+            if row.opt_int("e_seq")?.is_some() {
+                events.push(rows::event(row)?);
+            }
+        }
+        Ok(events)
+    }
+
+    async fn append_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<(i64, i64)> {
+        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
+            self.put_blobs(blobs).await?;
+            Vec::new()
+        } else {
+            blobs
+        };
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT id, status, last_seq FROM sessions WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+        )
+        .bind(session_id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let locked = rows::locked_session(&row)?;
+        if locked.status != toolexec_core::SessionStatus::Active {
+            return Err(StoreError::Refused {
+                reason: "the session is closed".into(),
+                cause: "append to a closed session".into(),
+            });
+        }
+        let plan = plan::appended_plan(session_id, locked.last_seq, events, blobs);
+        let first = locked.last_seq + 1;
+        let last = plan.last_seqs.first().map_or(locked.last_seq, |(_, s)| *s);
+        write_plan(&mut tx, &plan).await?;
+        tx.commit().await?;
+        self.forget_session(session_id);
+        Ok((first, last))
+    }
+
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
+             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
+             WHERE replays.tenant_id = $2",
+        )
+        .bind(replay.id)
+        .bind(tenant_id)
+        .bind(replay.source_session_id)
+        .bind(replay.session_id)
+        .bind(replay.status.as_str())
+        .bind(Json(replay))
+        .bind(replay.created_at)
+        .bind(replay.finished_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
+        let row = sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        rows::replay(&row)
+    }
+
+    async fn acquire_lease(
+        &self,
+        session_id: Uuid,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<String>> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        // Taken when free, expired or already ours; otherwise the holder is read back.
+        let holder: Option<String> = sqlx::query_scalar(
+            "WITH taken AS (\
+                 INSERT INTO session_leases AS l (session_id, node, expires_at) \
+                 VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond') \
+                 ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = excluded.expires_at \
+                 WHERE l.node = $2 OR l.expires_at < clock_timestamp() \
+                 RETURNING node) \
+             SELECT CASE WHEN EXISTS (SELECT 1 FROM taken) THEN NULL \
+                    ELSE (SELECT node FROM session_leases WHERE session_id = $1) END",
+        )
+        .bind(session_id)
+        .bind(node)
+        .bind(ttl_ms)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(not_found_on_fk)?;
+        Ok(holder)
+    }
+
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(sqlx::query(
+            "UPDATE session_leases SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' \
+             WHERE node = $1",
+        )
+        .bind(node)
+        .bind(ttl_ms)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
+        if session_ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM session_leases WHERE node = $1 AND session_id = ANY($2)")
+            .bind(node)
+            .bind(session_ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }

@@ -8,7 +8,8 @@ use serde::de::DeserializeOwned;
 use sqlx::Row;
 use sqlx::types::Json;
 use toolexec_core::{
-    Event, EventKind, Invocation, InvocationStatus, Session, SessionStatus, Tenant,
+    Event, EventKind, Invocation, InvocationStatus, Origin, OriginKind, Replay, ReplayStatus,
+    Session, SessionStatus, Tenant,
 };
 
 use uuid::Uuid;
@@ -21,7 +22,9 @@ macro_rules! session_columns {
     () => {
         "s.id AS s_id, s.tenant_id AS s_tenant_id, s.status AS s_status, s.tools AS s_tools, \
          s.policy AS s_policy, s.env AS s_env, s.metadata AS s_metadata, \
-         s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at"
+         s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at, \
+         s.origin_kind AS s_origin_kind, s.origin_session_id AS s_origin_session_id, \
+         s.origin_seq AS s_origin_seq"
     };
 }
 
@@ -171,7 +174,26 @@ pub(crate) fn session(row: &impl Columns) -> Result<Session> {
         created_at: row.time("s_created_at")?,
         closed_at: row.opt_time("s_closed_at")?,
         last_seq: row.int("s_last_seq")?,
+        origin: match (
+            row.opt_text("s_origin_kind")?,
+            row.opt_uuid("s_origin_session_id")?,
+            row.opt_int("s_origin_seq")?,
+        ) {
+            (Some(kind), Some(session_id), Some(seq)) => Some(Origin {
+                kind: OriginKind::parse(&kind).ok_or_else(|| corrupt("session origin", &kind))?,
+                session_id,
+                seq,
+            }),
+            _ => None,
+        },
     })
+}
+
+pub(crate) fn replay(row: &impl Columns) -> Result<Replay> {
+    let mut replay: Replay = row.json("report")?;
+    replay.status = ReplayStatus::parse(&row.text("status")?)
+        .ok_or_else(|| corrupt("replay status", "?"))?;
+    Ok(replay)
 }
 
 /// An invocation without its side effects.

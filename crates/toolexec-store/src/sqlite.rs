@@ -434,7 +434,8 @@ impl Store for SqliteStore {
         }
         sqlx::query(
             "INSERT INTO sessions (id, tenant_id, status, tools, policy, env, metadata, last_seq, \
-             created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8)",
+             created_at, origin_kind, origin_session_id, origin_seq) \
+             VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(session.id)
         .bind(session.tenant_id)
@@ -444,6 +445,9 @@ impl Store for SqliteStore {
         .bind(Json(&session.metadata))
         .bind(i64::try_from(events.len()).unwrap_or(i64::MAX))
         .bind(session.created_at)
+        .bind(session.origin.map(|o| o.kind.as_str()))
+        .bind(session.origin.map(|o| o.session_id))
+        .bind(session.origin.map(|o| o.seq))
         .execute(&mut *tx)
         .await
         .map_err(not_found_on_fk)?;
@@ -749,6 +753,185 @@ impl Store for SqliteStore {
                 .await?,
         )
     }
+
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        let mut found = Vec::with_capacity(sha256s.len());
+        // SQLite has no array parameter; one prepared statement, run per hash, in one read.
+        let mut conn = self.reader.acquire().await?;
+        for sha256 in sha256s {
+            let data: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
+                    .bind(sha256)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if let Some(data) = data {
+                found.push(Blob {
+                    sha256: sha256.clone(),
+                    bytes: data.into(),
+                });
+            }
+        }
+        Ok(found)
+    }
+
+    async fn events_of_kinds(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        kinds: &[EventKind],
+        after: i64,
+        up_to: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let mut tx = self.reader.begin().await?;
+        select_session(&mut tx, tenant_id, session_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let kinds = serde_json::to_string(&kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 AND e.seq <= $3 \
+             AND e.kind IN (SELECT value FROM json_each($4)) ORDER BY e.seq LIMIT $5"
+        ))
+        .bind(session_id)
+        .bind(after)
+        .bind(up_to)
+        .bind(kinds)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(events)
+    }
+
+    async fn append_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        events: Vec<NewEvent>,
+        blobs: Vec<Blob>,
+    ) -> Result<(i64, i64)> {
+        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
+            self.put_blobs(blobs).await?;
+            Vec::new()
+        } else {
+            blobs
+        };
+        let mut tx = self.begin().await?;
+        let session = select_session(&mut tx, tenant_id, session_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        if session.status != SessionStatus::Active {
+            return Err(StoreError::Refused {
+                reason: "the session is closed".into(),
+                cause: "append to a closed session".into(),
+            });
+        }
+        let plan = plan::appended_plan(session_id, session.last_seq, events, blobs);
+        let first = session.last_seq + 1;
+        let last = plan.last_seqs.first().map_or(session.last_seq, |(_, s)| *s);
+        write_plan(&mut tx, &plan).await?;
+        tx.commit().await?;
+        Ok((first, last))
+    }
+
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
+             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
+             WHERE replays.tenant_id = $2",
+        )
+        .bind(replay.id)
+        .bind(tenant_id)
+        .bind(replay.source_session_id)
+        .bind(replay.session_id)
+        .bind(replay.status.as_str())
+        .bind(Json(replay))
+        .bind(replay.created_at)
+        .bind(replay.finished_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
+        let row = sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
+            .bind(id)
+            .bind(tenant_id)
+            .fetch_optional(&self.reader)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        rows::replay(&row)
+    }
+
+    async fn acquire_lease(
+        &self,
+        session_id: Uuid,
+        node: &str,
+        ttl: Duration,
+    ) -> Result<Option<String>> {
+        let now = Utc::now().timestamp_millis();
+        let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO session_leases (session_id, node, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = $3 \
+             WHERE session_leases.node = $2 OR session_leases.expires_at < $4",
+        )
+        .bind(session_id)
+        .bind(node)
+        .bind(until)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(not_found_on_fk)?;
+        let holder: String =
+            sqlx::query_scalar("SELECT node FROM session_leases WHERE session_id = $1")
+                .bind(session_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok((holder != node).then_some(holder))
+    }
+
+    async fn renew_leases(&self, node: &str, ttl: Duration) -> Result<u64> {
+        let until = Utc::now()
+            .timestamp_millis()
+            .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        let mut tx = self.begin().await?;
+        let n = sqlx::query("UPDATE session_leases SET expires_at = $2 WHERE node = $1")
+            .bind(node)
+            .bind(until)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
+        if session_ids.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin().await?;
+        for id in session_ids {
+            sqlx::query("DELETE FROM session_leases WHERE node = $1 AND session_id = $2")
+                .bind(node)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -771,6 +954,7 @@ mod tests {
             created_at: Utc::now(),
             closed_at: None,
             last_seq: 0,
+            origin: None,
         };
         store
             .create_session(&session, vec![], vec![], u64::MAX)

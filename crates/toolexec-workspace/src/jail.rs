@@ -248,6 +248,8 @@ pub struct Written {
     /// SHA-256 and size of the new contents.
     pub sha256: String,
     pub size: u64,
+    /// Permission bits of the file now (`st_mode & 0o7777`).
+    pub mode: u32,
     /// False when the file already held exactly these bytes (nothing was written).
     pub changed: bool,
 }
@@ -491,15 +493,19 @@ impl Workspace {
                 before,
                 sha256,
                 size,
+                mode: keep
+                    .as_ref()
+                    .map_or(NEW_FILE_MODE, |st| st.st_mode & 0o7777),
                 changed: false,
             }));
         }
-        replace_file(&parent, name, contents, keep.as_ref(), &resolved)?;
+        let mode = replace_file(&parent, name, contents, keep.as_ref(), &resolved)?;
         Ok(Ok(Written {
             path: resolved,
             before,
             sha256,
             size,
+            mode,
             changed: true,
         }))
     }
@@ -653,13 +659,14 @@ impl Workspace {
                     before,
                     sha256,
                     size,
+                    mode: src_stat.st_mode & 0o7777,
                     changed: false,
                 },
                 kept,
             }));
         }
         let before_sha = before.sha256().map(str::to_owned);
-        let (sha256, size, kept) =
+        let ((sha256, size, kept), mode) =
             replace_file_with(&parent, name, keep.as_ref(), &resolved, |out| {
                 let copied = stream_copy(File::from(src_fd), out, keep_up_to, &resolved)?;
                 let changed = before_sha.as_deref() != Some(copied.0.as_str());
@@ -673,6 +680,7 @@ impl Workspace {
                 before,
                 sha256,
                 size,
+                mode,
                 changed,
             },
             kept,
@@ -1308,7 +1316,7 @@ fn replace_file(
     contents: &[u8],
     keep: Option<&Stat>,
     shown: &str,
-) -> Result<(), JailError> {
+) -> Result<u32, JailError> {
     replace_file_with(parent, name, keep, shown, |file| {
         file.write_all(contents).map_err(|source| JailError::Io {
             path: shown.to_owned(),
@@ -1317,18 +1325,20 @@ fn replace_file(
         })?;
         Ok(((), true))
     })
+    .map(|((), mode)| mode)
 }
 
 /// Creates a temp file next to the target, lets `fill` write it, and renames it over the
 /// target. `fill` answers whether to go ahead: `false` (the contents turned out identical to
-/// what is there) removes the temp file and leaves the target alone.
+/// what is there) removes the temp file and leaves the target alone. Returns `fill`'s value
+/// and the permission bits the file has (the new file's, or the target's when left alone).
 fn replace_file_with<T>(
     parent: &OwnedFd,
     name: &str,
     keep: Option<&Stat>,
     shown: &str,
     fill: impl FnOnce(&mut File) -> Result<(T, bool), JailError>,
-) -> Result<T, JailError> {
+) -> Result<(T, u32), JailError> {
     let io_err = |op: &'static str| {
         move |source: io::Error| JailError::Io {
             path: shown.to_owned(),
@@ -1365,24 +1375,28 @@ fn replace_file_with<T>(
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
                 .map_err(|e| io_err("set permissions of")(e.into()))?;
         }
+        let written_mode = rustix::fs::fstat(&fd)
+            .map(|st| st.st_mode & 0o7777)
+            .unwrap_or(mode);
         let mut file = File::from(fd);
         let (value, go_ahead) = fill(&mut file)?;
         if !go_ahead {
-            return Ok((value, false));
+            return Ok((value, false, written_mode));
         }
         file.sync_all().map_err(io_err("sync"))?;
         rustix::fs::renameat(parent, temp.as_str(), parent, name)
             .map_err(|e| errno_to_jail(e, shown, "replace"))?;
-        Ok((value, true))
+        Ok((value, true, written_mode))
     })();
+    let kept_mode = keep.map_or(NEW_FILE_MODE, |st| st.st_mode & 0o7777);
     match result {
-        Ok((value, true)) => {
+        Ok((value, true, written_mode)) => {
             sync_dir(parent);
-            Ok(value)
+            Ok((value, written_mode))
         }
-        Ok((value, false)) => {
+        Ok((value, false, _)) => {
             let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
-            Ok(value)
+            Ok((value, kept_mode))
         }
         Err(e) => {
             let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());

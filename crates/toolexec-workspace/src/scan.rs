@@ -408,6 +408,14 @@ impl Record {
         }
     }
 
+    /// The permission bits of a regular file (`None` for a symlink, whose mode means nothing).
+    fn perm(&self) -> Option<u32> {
+        match self.content {
+            Content::Symlink { .. } => None,
+            Content::File { .. } | Content::Unread(_) => Some(self.meta.mode & 0o7777),
+        }
+    }
+
     /// Whether two records hold the same contents. Unread files are compared by identity, size
     /// and mtime, the best there is without reading them.
     fn same_contents(&self, other: &Record) -> bool {
@@ -1469,7 +1477,10 @@ impl Walk<'_> {
         }
         let key: Key = self.path.as_slice().into();
         match self.entries.get(&key) {
-            Some(old) if old.same_contents(&record) => self.unkeep(after),
+            // A chmod alone is a change too: a rebuild restores modes.
+            Some(old) if old.same_contents(&record) && old.perm() == record.perm() => {
+                self.unkeep(after)
+            }
             // Read again only because its timestamps were racy, and not to the end within the
             // budget: nothing says it changed. From now on it is followed by its metadata.
             Some(_) if !changed && matches!(record.content, Content::Unread(_)) => {}
@@ -1741,6 +1752,7 @@ fn change(
             after_size: after.map(Record::size),
             after_stored: contents.is_some(),
             after_unstored: after.and(unstored),
+            after_mode: after.and_then(Record::perm),
             capability: Capability::Process,
             symlink_target: target.as_ref().map(|t| t.display.clone()),
             symlink_target_b64: target.and_then(|t| t.base64),
@@ -2140,7 +2152,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_only_changes_rehash_but_report_nothing() {
+    fn a_touch_rehashes_but_reports_nothing_and_a_chmod_is_a_modification() {
         use std::os::unix::fs::PermissionsExt;
         let f = Fixture::new();
         f.write("a.txt", b"contents");
@@ -2152,10 +2164,16 @@ mod tests {
             .unwrap();
         file.set_modified(SystemTime::now()).unwrap();
         drop(file);
-        fs::set_permissions(f.path("a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
         let report = f.rescan(&mut snapshot);
         assert_eq!(report.hashed, 1);
         assert!(report.changes.is_empty());
+        // The mode is part of what a rebuild restores: a chmod alone is recorded.
+        fs::set_permissions(f.path("a.txt"), fs::Permissions::from_mode(0o755)).unwrap();
+        let report = f.rescan(&mut snapshot);
+        assert_eq!(kinds(&report), [(Modified, "a.txt")]);
+        let c = &report.changes[0].change;
+        assert_eq!(c.after_mode, Some(0o755));
+        assert_eq!(c.before_sha256, c.after_sha256);
     }
 
     #[test]

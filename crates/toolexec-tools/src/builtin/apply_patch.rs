@@ -386,18 +386,22 @@ impl Plan {
     /// Writes the verified final state of every touched file, or as little as possible.
     fn commit(self, ws: &Workspace, reads: &ReadTracker) -> ToolOutput {
         let mut done: Vec<&Entry> = Vec::new();
+        let mut modes: Vec<Option<u32>> = Vec::new();
         for entry in &self.entries {
             let original_bytes = entry.original.as_ref().map(|(b, _)| b.as_slice());
             if entry.current.as_deref() == original_bytes {
                 continue;
             }
-            if let Err(problem) = commit_one(ws, entry) {
-                let rollback = roll_back(ws, &done);
-                let text = format!(
-                    "The patch was verified, but writing {} failed: {problem}\n{rollback}",
-                    shown_name(&entry.path)
-                );
-                return ToolOutput::error(text);
+            match commit_one(ws, entry) {
+                Ok(mode) => modes.push(mode),
+                Err(problem) => {
+                    let rollback = roll_back(ws, &done);
+                    let text = format!(
+                        "The patch was verified, but writing {} failed: {problem}\n{rollback}",
+                        shown_name(&entry.path)
+                    );
+                    return ToolOutput::error(text);
+                }
             }
             done.push(entry);
         }
@@ -410,7 +414,7 @@ impl Plan {
 
         let mut lines = Vec::with_capacity(done.len());
         let mut output = ToolOutput::ok(String::new());
-        for entry in done {
+        for (entry, mode) in done.into_iter().zip(modes) {
             let before = entry.original.as_ref();
             let (kind, letter) = match (&entry.current, before) {
                 (Some(_), None) => (FileChangeKind::Created, "A"),
@@ -444,6 +448,7 @@ impl Plan {
                     after_size: entry.current.as_ref().map(|c| c.len() as u64),
                     after_stored: entry.current.is_some(),
                     after_unstored: None,
+                    after_mode: mode,
                     capability: Capability::FsWrite,
                     symlink_target: None,
                     symlink_target_b64: None,
@@ -470,7 +475,8 @@ fn missing(op: &Op, path: &str, verb: &str) -> Failure {
 }
 
 /// Writes or deletes one file, provided it is still exactly what was verified.
-fn commit_one(ws: &Workspace, entry: &Entry) -> Result<(), String> {
+/// Writes or deletes one file; the permission bits of a file written.
+fn commit_one(ws: &Workspace, entry: &Entry) -> Result<Option<u32>, String> {
     let expected = entry.original.as_ref().map(|(_, sha)| sha.as_str());
     let unchanged = |before: &Before| -> Result<(), String> {
         if before.sha256() == expected && before.exists() == expected.is_some() {
@@ -484,12 +490,12 @@ fn commit_one(ws: &Workspace, entry: &Entry) -> Result<(), String> {
     };
     match &entry.current {
         Some(bytes) => match ws.write_if(&entry.path, bytes, |_, before| unchanged(before)) {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(written)) => Ok(Some(written.mode)),
             Ok(Err(refusal)) => Err(refusal),
             Err(e) => Err(e.model_message()),
         },
         None => match ws.remove_file_if(&entry.path, |_, before| unchanged(before)) {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => Ok(None),
             Ok(Err(refusal)) => Err(refusal),
             Err(e) => Err(e.model_message()),
         },

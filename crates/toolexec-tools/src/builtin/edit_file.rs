@@ -233,6 +233,7 @@ fn edit(
         after_size: Some(written.size),
         after_stored: true,
         after_unstored: None,
+        after_mode: Some(written.mode),
         capability: Capability::FsWrite,
         symlink_target: None,
         symlink_target_b64: None,

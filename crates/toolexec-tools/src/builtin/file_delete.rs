@@ -136,6 +136,7 @@ fn delete(
         after_size: None,
         after_stored: false,
         after_unstored: None,
+        after_mode: None,
         capability: Capability::FsWrite,
         symlink_target: None,
         symlink_target_b64: None,

@@ -79,6 +79,7 @@ pub(crate) fn written_change(
         after_stored: after.is_some(),
         // Only a copy leaves them out, when over the size it was asked to keep.
         after_unstored: after.is_none().then_some(UnstoredReason::TooLarge),
+        after_mode: Some(written.mode),
         capability,
         symlink_target: None,
         symlink_target_b64: None,

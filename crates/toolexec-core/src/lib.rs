@@ -22,9 +22,7 @@ pub use event::{
 };
 pub use hash::{Sha256Hex, sha256_hex};
 pub use problem::ProblemCode;
-pub use replay::{
-    Aspect, Divergence, Replay, ReplayMode, ReplayStatus, ReplayedCall,
-};
+pub use replay::{Aspect, Divergence, Replay, ReplayMode, ReplayStatus, ReplayedCall};
 pub use session::{
     NetworkPolicy, NewSession, Origin, OriginKind, Policy, Session, SessionStatus, Tenant,
 };

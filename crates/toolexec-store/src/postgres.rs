@@ -1085,12 +1085,13 @@ impl Store for PgStore {
     }
 
     async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
-        let row = sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
-            .bind(id)
-            .bind(tenant_id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::NotFound)?;
+        let row =
+            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound)?;
         rows::replay(&row)
     }
 

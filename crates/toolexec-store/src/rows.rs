@@ -191,8 +191,8 @@ pub(crate) fn session(row: &impl Columns) -> Result<Session> {
 
 pub(crate) fn replay(row: &impl Columns) -> Result<Replay> {
     let mut replay: Replay = row.json("report")?;
-    replay.status = ReplayStatus::parse(&row.text("status")?)
-        .ok_or_else(|| corrupt("replay status", "?"))?;
+    replay.status =
+        ReplayStatus::parse(&row.text("status")?).ok_or_else(|| corrupt("replay status", "?"))?;
     Ok(replay)
 }
 

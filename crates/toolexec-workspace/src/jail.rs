@@ -69,13 +69,13 @@ const NEW_DIR_MODE: u32 = 0o755;
 
 /// The resolution every lookup uses: stay beneath the root, no `/proc` magic links, no mount
 /// crossings.
-const JAIL: ResolveFlags = ResolveFlags::BENEATH
+pub(crate) const JAIL: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
 
 /// For single components inside a directory the jail already holds (a created parent, a child
 /// while walking a tree, the target of a write): no symlinks at all.
-const JAIL_NO_SYMLINKS: ResolveFlags = JAIL.union(ResolveFlags::NO_SYMLINKS);
+pub(crate) const JAIL_NO_SYMLINKS: ResolveFlags = JAIL.union(ResolveFlags::NO_SYMLINKS);
 
 /// Why a path was refused or an access failed. [`JailError::model_message`] is the sentence the
 /// model reads; `Display` is the short form for logs.
@@ -433,6 +433,11 @@ impl Workspace {
     /// The host directory this workspace jails (as given to [`Workspace::open`]).
     pub fn root_path(&self) -> &Path {
         &self.root_path
+    }
+
+    /// The root's descriptor, for the other modules of the crate that work beneath it.
+    pub(crate) fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
     }
 
     /// Reads a regular file whole. Refuses anything that is not a regular file, hard-linked files
@@ -1205,7 +1210,7 @@ fn split_parent(target: &Target) -> Result<(&str, &str), JailError> {
     }
 }
 
-fn openat2_retry(
+pub(crate) fn openat2_retry(
     dir: BorrowedFd<'_>,
     path: impl rustix::path::Arg + Copy,
     flags: OFlags,
@@ -1221,7 +1226,7 @@ fn openat2_retry(
     }
 }
 
-fn errno_to_jail(e: Errno, path: &str, op: &'static str) -> JailError {
+pub(crate) fn errno_to_jail(e: Errno, path: &str, op: &'static str) -> JailError {
     let path = path.to_owned();
     match e {
         Errno::XDEV => JailError::OutsideWorkspace { path },
@@ -1407,13 +1412,13 @@ fn replace_file_with<T>(
 
 /// Whether the service runs as root. Only then does the jail change owners (see
 /// [`owner_of_new`]); otherwise everything it creates simply belongs to the service's user.
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
 /// The owner (uid, gid) a file or directory created in `dir` is given: `dir`'s own, when the
 /// service runs as root; `None` (no chown at all) otherwise or if `dir` cannot be inspected.
-fn owner_of_new(dir: &OwnedFd) -> Option<(u32, u32)> {
+pub(crate) fn owner_of_new(dir: &OwnedFd) -> Option<(u32, u32)> {
     if !running_as_root() {
         return None;
     }
@@ -1422,7 +1427,7 @@ fn owner_of_new(dir: &OwnedFd) -> Option<(u32, u32)> {
 
 /// Changes the owner of an open file or directory (`O_PATH` descriptors too). A failure is
 /// logged, not fatal: the write itself succeeded, only the sandbox may not be able to change it.
-fn give_to(fd: BorrowedFd<'_>, (uid, gid): (u32, u32), shown: &str) {
+pub(crate) fn give_to(fd: BorrowedFd<'_>, (uid, gid): (u32, u32), shown: &str) {
     let result = rustix::fs::chownat(
         fd,
         c"",
@@ -1436,7 +1441,7 @@ fn give_to(fd: BorrowedFd<'_>, (uid, gid): (u32, u32), shown: &str) {
 }
 
 /// Makes a rename or unlink in `dir` durable; a failure here loses nothing already visible.
-fn sync_dir(dir: &OwnedFd) {
+pub(crate) fn sync_dir(dir: &OwnedFd) {
     if let Ok(readable) = openat2_retry(
         dir.as_fd(),
         ".",

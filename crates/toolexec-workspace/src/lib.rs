@@ -7,8 +7,10 @@
 //! - [`lifecycle`]: making a session's workspace, handing it to the sandbox user, removing it.
 #![forbid(unsafe_code)]
 
+pub mod history;
 pub mod jail;
 pub mod lifecycle;
+mod restore;
 pub mod scan;
 
 pub use jail::{JailError, Workspace};

@@ -311,6 +311,21 @@ pub enum FullWalkReason {
     Periodic,
 }
 
+/// One entry of a [`Snapshot`], as its last scan saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeenEntry<'a> {
+    /// A regular file: its SHA-256 (absent when it was not read: hard-linked, over a budget),
+    /// size and permission bits.
+    File {
+        sha256: Option<String>,
+        size: u64,
+        mode: u32,
+    },
+    Symlink {
+        target: &'a [u8],
+    },
+}
+
 /// The metadata compared between scans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Meta {
@@ -932,6 +947,27 @@ impl Snapshot {
     /// How many regular files and symlinks the snapshot holds.
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// What the snapshot holds, path by path (raw bytes, in byte order): what the workspace
+    /// looked like at its last scan.
+    pub fn entries(&self) -> impl Iterator<Item = (&[u8], SeenEntry<'_>)> {
+        self.entries.iter().map(|(key, record)| {
+            let seen = match &record.content {
+                Content::File { sha256, size } => SeenEntry::File {
+                    sha256: Some(hex::encode(sha256)),
+                    size: *size,
+                    mode: record.meta.mode & 0o7777,
+                },
+                Content::Unread(_) => SeenEntry::File {
+                    sha256: None,
+                    size: record.meta.size,
+                    mode: record.meta.mode & 0o7777,
+                },
+                Content::Symlink { target, .. } => SeenEntry::Symlink { target },
+            };
+            (&key[..], seen)
+        })
     }
 
     pub fn is_empty(&self) -> bool {

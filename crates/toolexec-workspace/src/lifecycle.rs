@@ -1,10 +1,43 @@
 //! Where a node's workspaces live and who owns them: making a session's workspace (owned by the
 //! sandbox user, so that sandboxed commands can write in it and files the service writes inherit
-//! that owner), opening it again after a restart, and removing it when the session closes.
+//! that owner), opening it again after a restart, and removing it when the session closes —
+//! and the layers that let hundreds of forks of one state share its contents.
+//!
+//! Layout, beneath the workspace root:
+//!
+//! - `<session id>/` — a session's workspace: a plain directory, or, for a fork made on
+//!   layers, the mount point of an overlay;
+//! - `.layers/` (mode 0700, the service's: the sandbox user cannot enter it) —
+//!   - `base-<key>/`: a state rebuilt from the log once (`key` names the session and seq it is
+//!     the state of), the read-only lower layer of every fork of that state;
+//!   - `<session id>.upper/`, `<session id>.work/`: a fork's own changes (overlayfs upper and
+//!     work directories), and `<session id>.base`, the key of its base.
+//!
+//! **Why overlayfs.** A fork must start as its source was at some event, and hundreds of forks
+//! of one state must not cost hundreds of copies. The filesystems this runs on (ext4 here) have
+//! no reflinks, and hard links would let a write in place (`echo >> f`) in one fork change
+//! every other. An overlay shares the base's files until a fork writes one (copied up then,
+//! into that fork's upper directory alone). The overlay is mounted by the service (root) in
+//! its own mount namespace, `nosuid,nodev`, with the layers beneath a directory the sandbox user
+//! cannot enter; the sandbox binds the merged directory like any workspace, and the jail opens
+//! it like any workspace (one mount, so `RESOLVE_NO_XDEV` holds beneath it). Where overlayfs
+//! cannot be mounted (a service that is not root, a kernel or container without it), a fork
+//! gets a copy of the state instead ([`Workspaces::shares_contents`] says which).
+//!
+//! Mounts outlive the process: they are unmounted when the session closes, and (lazily) when
+//! the [`Workspaces`] is dropped; a fork whose overlay is not mounted (after a restart in a new
+//! mount namespace) is mounted again when it is opened. A base no fork uses any more is removed
+//! with the last fork, and at start-up.
+use std::collections::HashSet;
+use std::ffi::CString;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::Workspace;
+
+/// The filesystem magic of overlayfs (`statfs`' `f_type`).
+const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
 
 /// The directory holding every session's workspace on this node (`<root>/<session id>`).
 #[derive(Debug, Clone)]
@@ -13,11 +46,57 @@ pub struct Workspaces {
     /// The user and group that must own a workspace, when commands run as another user than
     /// the service.
     owner: Option<(u32, u32)>,
+    layers: Arc<Layers>,
+}
+
+/// The overlay side: whether it works here, the mounts this process made (unmounted on drop),
+/// and a lock that keeps a base from being removed while a fork is being put on it.
+#[derive(Debug)]
+struct Layers {
+    dir: PathBuf,
+    available: bool,
+    mounted: Mutex<HashSet<PathBuf>>,
+    bases: Mutex<()>,
+}
+
+impl Drop for Layers {
+    fn drop(&mut self) {
+        if let Ok(mounted) = self.mounted.lock() {
+            for target in mounted.iter() {
+                let _ = rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+    }
+}
+
+/// A base being made: fill [`BaseBuilder::workspace`], then [`Workspaces::finish_base`].
+#[derive(Debug)]
+pub struct BaseBuilder {
+    key: String,
+    dir: PathBuf,
+    workspace: Workspace,
+}
+
+impl BaseBuilder {
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
 }
 
 impl Workspaces {
-    /// The workspaces beneath `root` (created if missing), owned by `owner` if given.
+    /// The workspaces beneath `root` (created if missing), owned by `owner` if given. Forks
+    /// share their base's contents through overlayfs when `layers` is true and the service
+    /// can mount it here (checked by mounting one).
     pub fn new(root: impl Into<PathBuf>, owner: Option<(u32, u32)>) -> io::Result<Self> {
+        Self::with_layers(root, owner, true)
+    }
+
+    /// Like [`Workspaces::new`]; `layers: false` makes every fork a copy.
+    pub fn with_layers(
+        root: impl Into<PathBuf>,
+        owner: Option<(u32, u32)>,
+        layers: bool,
+    ) -> io::Result<Self> {
         let root = root.into();
         // Not std::fs::create_dir_all on a workspace path: the root is the operator's.
         #[expect(
@@ -25,11 +104,30 @@ impl Workspaces {
             reason = "the root itself, not a path inside a workspace"
         )]
         std::fs::create_dir_all(&root)?;
-        Ok(Self { root, owner })
+        let dir = root.join(".layers");
+        make_private_dir(&dir)?;
+        let available = layers && probe_overlay(&dir);
+        let workspaces = Self {
+            root,
+            owner,
+            layers: Arc::new(Layers {
+                dir,
+                available,
+                mounted: Mutex::new(HashSet::new()),
+                bases: Mutex::new(()),
+            }),
+        };
+        workspaces.sweep();
+        Ok(workspaces)
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether forks share their base's contents (overlayfs) rather than copy them.
+    pub fn shares_contents(&self) -> bool {
+        self.layers.available
     }
 
     /// Where the workspace of `session` is.
@@ -42,9 +140,7 @@ impl Workspaces {
     pub fn create(&self, session: &str) -> io::Result<Workspace> {
         let dir = self.dir(session);
         let made = Workspace::create(&dir).and_then(|ws| {
-            if let Some((uid, gid)) = self.owner {
-                std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
-            }
+            self.give(&dir)?;
             Ok(ws)
         });
         if made.is_err() {
@@ -54,31 +150,344 @@ impl Workspaces {
     }
 
     /// Opens the workspace of an existing session (after a restart, or when its runtime was
-    /// dropped).
+    /// dropped), mounting a fork's overlay again if it is not mounted.
     pub fn open(&self, session: &str) -> io::Result<Workspace> {
-        Workspace::open(&self.dir(session))
+        let dir = self.dir(session);
+        if let Some(key) = self.base_of(session) {
+            self.mount_fork(session, &key)?;
+        }
+        Workspace::open(&dir)
     }
 
-    /// Removes a session's workspace, if it is there. A failure is logged, not returned: the
-    /// session is closed either way, and the directory can be removed by hand.
+    /// The base of state `key`, if one was made already.
+    pub fn existing_base(&self, key: &str) -> Option<PathBuf> {
+        let dir = self.base_dir(key);
+        dir.is_dir().then_some(dir)
+    }
+
+    /// Starts making the base of state `key`: an empty directory (owned like a workspace) to
+    /// fill, which [`Workspaces::finish_base`] then puts in place.
+    pub fn begin_base(&self, key: &str) -> io::Result<BaseBuilder> {
+        check_key(key)?;
+        let dir = self
+            .layers
+            .dir
+            .join(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
+        let workspace = Workspace::create(&dir)?;
+        self.give(&dir)?;
+        Ok(BaseBuilder {
+            key: key.to_owned(),
+            dir,
+            workspace,
+        })
+    }
+
+    /// Puts a filled base in place (or keeps the one another fork put there meanwhile); its
+    /// directory.
+    pub fn finish_base(&self, builder: BaseBuilder) -> io::Result<PathBuf> {
+        let BaseBuilder { key, dir, workspace } = builder;
+        drop(workspace);
+        let target = self.base_dir(&key);
+        match rustix::fs::rename(&dir, &target) {
+            Ok(()) => Ok(target),
+            Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => {
+                remove_tree(&dir);
+                Ok(target)
+            }
+            Err(e) => {
+                remove_tree(&dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Drops a base that was being made.
+    pub fn abandon_base(&self, builder: BaseBuilder) {
+        let BaseBuilder { dir, workspace, .. } = builder;
+        drop(workspace);
+        remove_tree(&dir);
+    }
+
+    /// Makes the workspace of a fork on the base of state `key` (made by
+    /// [`Workspaces::finish_base`]): an overlay with the base below and an empty upper layer.
+    /// Only when [`Workspaces::shares_contents`].
+    pub fn create_on(&self, session: &str, key: &str) -> io::Result<Workspace> {
+        check_key(key)?;
+        let made = (|| {
+            let _bases = self.layers.bases.lock().map_err(|_| poisoned())?;
+            if !self.base_dir(key).is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no base {key}"),
+                ));
+            }
+            let upper = self.layer(session, "upper");
+            let work = self.layer(session, "work");
+            make_private_dir(&work)?;
+            #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
+            std::fs::create_dir(&upper)?;
+            // The merged root's owner and mode are the upper directory's.
+            self.give(&upper)?;
+            set_mode(&upper, 0o755)?;
+            #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
+            std::fs::write(self.layer(session, "base"), key)?;
+            #[expect(clippy::disallowed_methods, reason = "the mount point of the workspace")]
+            std::fs::create_dir(self.dir(session))?;
+            self.mount_fork(session, key)?;
+            Workspace::open(&self.dir(session))
+        })();
+        if made.is_err() {
+            self.remove(session);
+        }
+        made
+    }
+
+    /// Removes a session's workspace, if it is there (unmounting a fork's overlay, and its
+    /// base when no other fork uses it). A failure is logged, not returned: the session is
+    /// closed either way, and the directory can be removed by hand.
     pub fn remove(&self, session: &str) {
         let dir = self.dir(session);
-        if !dir.exists() {
+        let base = self.base_of(session);
+        if base.is_some() || is_overlay(&dir) {
+            self.unmount(&dir);
+        }
+        if dir.exists() {
+            // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658, fixed in
+            // Rust 1.58.1), so a symlink a command left in the workspace cannot redirect it.
+            #[expect(
+                clippy::disallowed_methods,
+                reason = "removing a whole workspace is this module's job"
+            )]
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
+            }
+        }
+        if let Some(key) = base {
+            remove_tree(&self.layer(session, "upper"));
+            remove_tree(&self.layer(session, "work"));
+            let _bases = self.layers.bases.lock();
+            remove_tree(&self.layer(session, "base"));
+            if !self.base_in_use(&key) {
+                remove_tree(&self.base_dir(&key));
+            }
+        }
+    }
+
+    /// At start-up: bases no fork uses and half-made ones go.
+    fn sweep(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.layers.dir) else {
             return;
+        };
+        let mut used = HashSet::new();
+        let mut bases = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("tmp-") {
+                remove_tree(&entry.path());
+            } else if let Some(key) = name.strip_prefix("base-") {
+                bases.push(key.to_owned());
+            } else if name.ends_with(".base") {
+                #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
+                if let Ok(key) = std::fs::read_to_string(entry.path()) {
+                    used.insert(key);
+                }
+            }
         }
-        // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658, fixed in
-        // Rust 1.58.1), so a symlink a command left in the workspace cannot redirect it.
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "removing a whole workspace is this module's job"
-        )]
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
+        for key in bases {
+            if !used.contains(&key) {
+                remove_tree(&self.base_dir(&key));
+            }
         }
+    }
+
+    fn base_in_use(&self, key: &str) -> bool {
+        let Ok(entries) = std::fs::read_dir(&self.layers.dir) else {
+            return true;
+        };
+        entries.flatten().any(|e| {
+            e.file_name().to_string_lossy().ends_with(".base")
+                && {
+                    #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
+                    let k = std::fs::read_to_string(e.path());
+                    k.is_ok_and(|k| k == key)
+                }
+        })
+    }
+
+    /// The base key of a fork made on layers.
+    fn base_of(&self, session: &str) -> Option<String> {
+        #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
+        std::fs::read_to_string(self.layer(session, "base")).ok()
+    }
+
+    fn base_dir(&self, key: &str) -> PathBuf {
+        self.layers.dir.join(format!("base-{key}"))
+    }
+
+    fn layer(&self, session: &str, what: &str) -> PathBuf {
+        self.layers.dir.join(format!("{session}.{what}"))
+    }
+
+    /// Mounts a fork's overlay on its workspace directory, unless it is mounted.
+    fn mount_fork(&self, session: &str, key: &str) -> io::Result<()> {
+        let target = self.dir(session);
+        if is_overlay(&target) {
+            return Ok(());
+        }
+        if !self.layers.available {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this fork's workspace is an overlay, and overlayfs cannot be mounted here",
+            ));
+        }
+        let lower = self.base_dir(key);
+        let upper = self.layer(session, "upper");
+        let work = self.layer(session, "work");
+        mount_overlay(&lower, &upper, &work, &target)?;
+        if let Ok(mut mounted) = self.layers.mounted.lock() {
+            mounted.insert(target);
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) {
+        if let Err(e) = rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH)
+            && e != rustix::io::Errno::INVAL
+        {
+            tracing::warn!(dir = %target.display(), error = %e, "could not unmount a fork's overlay");
+        }
+        if let Ok(mut mounted) = self.layers.mounted.lock() {
+            mounted.remove(target);
+        }
+    }
+
+    fn give(&self, dir: &Path) -> io::Result<()> {
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+        }
+        Ok(())
     }
 }
 
+/// Keys name a session and a seq: nothing that could leave `.layers` or break mount options.
+fn check_key(key: &str) -> io::Result<()> {
+    if key.is_empty()
+        || key.len() > 100
+        || !key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'@')
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a base key: {key:?}"),
+        ));
+    }
+    Ok(())
+}
+
+fn poisoned() -> io::Error {
+    io::Error::other("the layers lock is poisoned")
+}
+
+fn make_private_dir(dir: &Path) -> io::Result<()> {
+    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    set_mode(dir, 0o700)
+}
+
+fn set_mode(dir: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+fn remove_tree(path: &Path) {
+    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
+    let removed = if path.is_dir() && !path.is_symlink() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(e) = removed
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove a layer");
+    }
+}
+
+fn is_overlay(dir: &Path) -> bool {
+    rustix::fs::statfs(dir).is_ok_and(|st| i64::from(st.f_type) == OVERLAYFS_SUPER_MAGIC)
+}
+
+/// `mount -t overlay -o lowerdir=…,upperdir=…,workdir=…,nosuid,nodev`. Paths with characters
+/// that mount options give a meaning (`,`, `:`, `\`) are refused.
+fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> io::Result<()> {
+    let mut options = String::new();
+    for (name, path) in [("lowerdir", lower), ("upperdir", upper), ("workdir", work)] {
+        let text = path.to_str().ok_or_else(|| bad_path(path))?;
+        if text.contains([',', ':', '\\']) {
+            return Err(bad_path(path));
+        }
+        if !options.is_empty() {
+            options.push(',');
+        }
+        options.push_str(name);
+        options.push('=');
+        options.push_str(text);
+    }
+    // No metadata-only copy-up (a fork's upper layer holds whole files), no redirects.
+    options.push_str(",metacopy=off,redirect_dir=off");
+    let data = CString::new(options).map_err(|_| bad_path(lower))?;
+    rustix::mount::mount(
+        "toolexec-fork",
+        target,
+        "overlay",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        data.as_c_str(),
+    )
+    .map_err(io::Error::from)
+}
+
+fn bad_path(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} cannot be named in overlay mount options (',', ':' or '\\\\')",
+            path.display()
+        ),
+    )
+}
+
+/// Whether an overlay can be mounted in `dir` (mounts and unmounts one).
+fn probe_overlay(dir: &Path) -> bool {
+    if !rustix::process::geteuid().is_root() {
+        return false;
+    }
+    let probe = dir.join(format!("probe-{}", uuid::Uuid::new_v4().simple()));
+    let parts = ["lower", "upper", "work", "merged"].map(|p| probe.join(p));
+    let made = parts.iter().all(|p| {
+        #[expect(clippy::disallowed_methods, reason = "the service's own probe directories")]
+        std::fs::create_dir_all(p).is_ok()
+    });
+    let ok = made
+        && mount_overlay(&parts[0], &parts[1], &parts[2], &parts[3]).is_ok()
+        && {
+            let _ = rustix::mount::unmount(&parts[3], rustix::mount::UnmountFlags::DETACH);
+            true
+        };
+    remove_tree(&probe);
+    if !ok {
+        tracing::info!(dir = %dir.display(), "overlayfs cannot be mounted here: forks copy their base");
+    }
+    ok
+}
+
 #[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "tests look at the result on the host")]
 mod tests {
     use super::*;
 
@@ -94,5 +503,35 @@ mod tests {
         assert!(ws.open("s1").is_err());
         // Removing what is not there is not an error.
         ws.remove("s1");
+    }
+
+    #[test]
+    fn forks_on_one_base_share_it_and_write_apart() {
+        let root = tempfile::tempdir().unwrap();
+        let ws = Workspaces::new(root.path().join("workspaces"), None).unwrap();
+        if !ws.shares_contents() {
+            // Not root here: forks are copies (tested by the engine's fork tests).
+            assert!(!rustix::process::geteuid().is_root());
+            return;
+        }
+        let builder = ws.begin_base("src@7").unwrap();
+        builder.workspace().restore_file(b"a.txt", b"base\n", 0o644).unwrap();
+        let base = ws.finish_base(builder).unwrap();
+        assert_eq!(ws.existing_base("src@7"), Some(base.clone()));
+        let f1 = ws.create_on("f1", "src@7").unwrap();
+        let f2 = ws.create_on("f2", "src@7").unwrap();
+        assert_eq!(std::fs::read(ws.dir("f1").join("a.txt")).unwrap(), b"base\n");
+        f1.restore_file(b"a.txt", b"one\n", 0o644).unwrap();
+        // Written in place by a process (not through the jail): still only that fork's.
+        std::fs::write(ws.dir("f2").join("a.txt"), b"two\n").unwrap();
+        assert_eq!(std::fs::read(ws.dir("f1").join("a.txt")).unwrap(), b"one\n");
+        assert_eq!(std::fs::read(ws.dir("f2").join("a.txt")).unwrap(), b"two\n");
+        assert_eq!(std::fs::read(base.join("a.txt")).unwrap(), b"base\n");
+        drop((f1, f2));
+        ws.remove("f1");
+        assert!(base.is_dir(), "f2 still uses the base");
+        ws.remove("f2");
+        assert!(!base.exists(), "the last fork took its base with it");
+        assert!(!ws.dir("f2").exists());
     }
 }

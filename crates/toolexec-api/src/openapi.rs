@@ -25,7 +25,8 @@ use toolexec_core::ProblemCode;
         (name = "tools", description = "The tool catalog"),
         (name = "sessions", description = "Sessions: a workspace, a policy and a tool set"),
         (name = "calls", description = "Running tool calls, and cancelling them"),
-        (name = "log", description = "The recorded log: events, invocations, outputs"),
+        (name = "log", description = "The recorded log: events (paged, or live), invocations, outputs"),
+        (name = "history", description = "Time travel: the workspace at any event, rewind, fork, verify replay"),
     )
 )]
 struct ApiDoc;
@@ -39,6 +40,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::calls::router())
         .merge(routes::cancel::router())
         .merge(routes::log::router())
+        .merge(routes::history::router())
 }
 
 /// The router and its finished document: shared errors and the tool catalog's schemas added.

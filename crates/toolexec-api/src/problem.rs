@@ -118,6 +118,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::NotFound => ApiError::not_found("resource"),
+            EngineError::Missing(detail) => ApiError::new(ProblemCode::NotFound, detail),
             EngineError::Conflict { code, detail } => ApiError::new(code, detail),
             EngineError::Invalid { code, detail } => ApiError::new(code, detail),
             EngineError::StillRunning(detail) => ApiError {

@@ -8,6 +8,7 @@
 pub mod call;
 pub mod event;
 pub mod hash;
+pub mod history;
 pub mod json;
 pub mod names;
 pub mod problem;
@@ -21,6 +22,9 @@ pub use event::{
     Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, Rewound, UnstoredReason,
 };
 pub use hash::{Sha256Hex, sha256_hex};
+pub use history::{
+    ForkRequest, Forked, RewindRequest, RewindResult, Tree, TreeEntry, TreeEntryKind,
+};
 pub use problem::ProblemCode;
 pub use replay::{Aspect, Divergence, Replay, ReplayMode, ReplayStatus, ReplayedCall};
 pub use session::{

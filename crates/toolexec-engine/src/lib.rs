@@ -11,12 +11,15 @@ mod canonical;
 mod config;
 mod deadlines;
 mod effects;
+mod history;
 mod log;
 pub mod metrics;
 pub mod recorder;
+mod replay;
 mod scans;
 mod sessions;
 mod storable;
+mod stream;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,9 +32,11 @@ use uuid::Uuid;
 pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
 pub use canonical::arguments_sha256;
 pub use config::{EngineConfig, Limits};
+pub use history::{DEFAULT_TREE_PAGE, FileAt, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
 pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
 pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
 pub use sessions::SessionRuntime;
+pub use stream::StreamItem;
 
 /// Why the engine could not act on a request. A tool that fails is not an error here: it is a
 /// [`toolexec_core::CallResult`] with an error status.
@@ -40,6 +45,10 @@ pub enum EngineError {
     /// Missing, or owned by another tenant (indistinguishable on purpose).
     #[error("not found")]
     NotFound,
+    /// Something within a resource the caller may read is missing (a file in a past state of
+    /// its session): a 404 whose detail says what.
+    #[error("{0}")]
+    Missing(String),
     /// The request conflicts with what is recorded (a call id reused with other arguments, a
     /// closed session).
     #[error("{detail}")]
@@ -101,6 +110,8 @@ pub struct Engine {
     inotify: Arc<toolexec_workspace::scan::InotifyPool>,
     /// The node's budget of scan contents held until their calls are recorded.
     contents: Arc<scans::ContentPool>,
+    /// The live streams of sessions' logs followed on this node.
+    streams: Arc<stream::StreamHub>,
     /// Where this node's session workspaces live, and who owns them.
     workspaces: toolexec_workspace::Workspaces,
 }
@@ -142,8 +153,11 @@ impl Engine {
                 ))
             })?;
         let metrics = Arc::new(metrics::Metrics::default());
+        let streams = Arc::new(stream::StreamHub::default());
+        let notify = streams.clone();
         let recorder =
-            recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone());
+            recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone())
+                .with_on_commit(Arc::new(move |session| notify.notify(session)));
         let inotify = scans::inotify_pool(&config.limits);
         let contents = scans::ContentPool::new(config.limits.node_content_budget_bytes);
         Ok(Arc::new(Self {
@@ -158,6 +172,7 @@ impl Engine {
             started: std::time::Instant::now(),
             inotify,
             contents,
+            streams,
             workspaces,
         }))
     }

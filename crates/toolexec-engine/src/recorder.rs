@@ -44,11 +44,15 @@ pub type WriteResult = Result<Result<Assigned, WriteError>, StoreError>;
 /// its result goes — with the write itself, so that a caller can retry it without a copy.
 type Job = (Write, usize, oneshot::Sender<(WriteResult, Write)>);
 
+/// Told the session of every write once it is durable (the live streams of the log).
+pub type OnCommit = Arc<dyn Fn(uuid::Uuid) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Recorder {
     tx: mpsc::Sender<Job>,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    on_commit: Option<OnCommit>,
 }
 
 impl Recorder {
@@ -58,7 +62,18 @@ impl Recorder {
         for _ in 0..writers.max(1) {
             tokio::spawn(writer_loop(store.clone(), rx.clone(), metrics.clone()));
         }
-        Self { tx, store, metrics }
+        Self {
+            tx,
+            store,
+            metrics,
+            on_commit: None,
+        }
+    }
+
+    /// The recorder, telling `on_commit` of each durable write's session.
+    pub fn with_on_commit(mut self, on_commit: OnCommit) -> Self {
+        self.on_commit = Some(on_commit);
+        self
     }
 
     /// Submits one write and waits until it is durable (or refused).
@@ -96,7 +111,12 @@ impl Recorder {
             return (Err(stopped()), Some(write));
         }
         match wait.await {
-            Ok((result, write)) => (result, Some(write)),
+            Ok((result, write)) => {
+                if let (Ok(Ok(_)), Some(on_commit)) = (&result, &self.on_commit) {
+                    on_commit(write.session_id());
+                }
+                (result, Some(write))
+            }
             Err(_) => (Err(stopped()), None),
         }
     }

@@ -114,7 +114,7 @@ impl OutputSource for RecordedOutputs {
 pub const MAX_PAGE: u32 = 200;
 
 impl SessionRuntime {
-    fn new(
+    pub(crate) fn new(
         session: Session,
         workspace: Workspace,
         calls: Vec<CallKey>,
@@ -246,7 +246,7 @@ impl Engine {
     }
 
     /// Caches a runtime (or returns the one another task cached first).
-    fn keep_runtime(&self, rt: Arc<SessionRuntime>) -> Arc<SessionRuntime> {
+    pub(crate) fn keep_runtime(&self, rt: Arc<SessionRuntime>) -> Arc<SessionRuntime> {
         let Ok(mut map) = self.runtimes.lock() else {
             return rt;
         };
@@ -313,7 +313,7 @@ impl Engine {
         }
     }
 
-    fn check_new_session(&self, new: &NewSession) -> Result<()> {
+    pub(crate) fn check_new_session(&self, new: &NewSession) -> Result<()> {
         let limits = &self.config.limits;
         if let Some(tools) = &new.tools {
             let unknown: Vec<&str> = tools
@@ -587,6 +587,7 @@ impl Engine {
                 json!({"node": self.config.node, "processes": processes}),
             )
             .await?;
+        self.streams.notify(id);
         let rt = self.runtimes.lock().ok().and_then(|mut m| m.remove(&id));
         // Wait for running calls of the session to finish before the workspace goes away.
         if let Some(rt) = rt {

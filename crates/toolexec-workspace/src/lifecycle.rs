@@ -28,6 +28,11 @@
 //! the [`Workspaces`] is dropped; a fork whose overlay is not mounted (after a restart in a new
 //! mount namespace) is mounted again when it is opened. A base no fork uses any more is removed
 //! with the last fork, and at start-up.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "this module manages the service's own directories (the workspace root, the layers, \
+              whole workspaces), never a path a model named"
+)]
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::io;
@@ -74,12 +79,12 @@ impl Drop for Layers {
 pub struct BaseBuilder {
     key: String,
     dir: PathBuf,
-    workspace: Workspace,
+    workspace: Arc<Workspace>,
 }
 
 impl BaseBuilder {
-    pub fn workspace(&self) -> &Workspace {
-        &self.workspace
+    pub fn workspace(&self) -> Arc<Workspace> {
+        self.workspace.clone()
     }
 }
 
@@ -99,10 +104,6 @@ impl Workspaces {
     ) -> io::Result<Self> {
         let root = root.into();
         // Not std::fs::create_dir_all on a workspace path: the root is the operator's.
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "the root itself, not a path inside a workspace"
-        )]
         std::fs::create_dir_all(&root)?;
         let dir = root.join(".layers");
         make_private_dir(&dir)?;
@@ -173,7 +174,7 @@ impl Workspaces {
             .layers
             .dir
             .join(format!("tmp-{}", uuid::Uuid::new_v4().simple()));
-        let workspace = Workspace::create(&dir)?;
+        let workspace = Arc::new(Workspace::create(&dir)?);
         self.give(&dir)?;
         Ok(BaseBuilder {
             key: key.to_owned(),
@@ -185,7 +186,11 @@ impl Workspaces {
     /// Puts a filled base in place (or keeps the one another fork put there meanwhile); its
     /// directory.
     pub fn finish_base(&self, builder: BaseBuilder) -> io::Result<PathBuf> {
-        let BaseBuilder { key, dir, workspace } = builder;
+        let BaseBuilder {
+            key,
+            dir,
+            workspace,
+        } = builder;
         drop(workspace);
         let target = self.base_dir(&key);
         match rustix::fs::rename(&dir, &target) {
@@ -224,14 +229,11 @@ impl Workspaces {
             let upper = self.layer(session, "upper");
             let work = self.layer(session, "work");
             make_private_dir(&work)?;
-            #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
             std::fs::create_dir(&upper)?;
             // The merged root's owner and mode are the upper directory's.
             self.give(&upper)?;
             set_mode(&upper, 0o755)?;
-            #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
             std::fs::write(self.layer(session, "base"), key)?;
-            #[expect(clippy::disallowed_methods, reason = "the mount point of the workspace")]
             std::fs::create_dir(self.dir(session))?;
             self.mount_fork(session, key)?;
             Workspace::open(&self.dir(session))
@@ -254,10 +256,6 @@ impl Workspaces {
         if dir.exists() {
             // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658, fixed in
             // Rust 1.58.1), so a symlink a command left in the workspace cannot redirect it.
-            #[expect(
-                clippy::disallowed_methods,
-                reason = "removing a whole workspace is this module's job"
-            )]
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
             }
@@ -286,11 +284,10 @@ impl Workspaces {
                 remove_tree(&entry.path());
             } else if let Some(key) = name.strip_prefix("base-") {
                 bases.push(key.to_owned());
-            } else if name.ends_with(".base") {
-                #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
-                if let Ok(key) = std::fs::read_to_string(entry.path()) {
-                    used.insert(key);
-                }
+            } else if name.ends_with(".base")
+                && let Ok(key) = std::fs::read_to_string(entry.path())
+            {
+                used.insert(key);
             }
         }
         for key in bases {
@@ -305,18 +302,15 @@ impl Workspaces {
             return true;
         };
         entries.flatten().any(|e| {
-            e.file_name().to_string_lossy().ends_with(".base")
-                && {
-                    #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
-                    let k = std::fs::read_to_string(e.path());
-                    k.is_ok_and(|k| k == key)
-                }
+            e.file_name().to_string_lossy().ends_with(".base") && {
+                let k = std::fs::read_to_string(e.path());
+                k.is_ok_and(|k| k == key)
+            }
         })
     }
 
     /// The base key of a fork made on layers.
     fn base_of(&self, session: &str) -> Option<String> {
-        #[expect(clippy::disallowed_methods, reason = "the service's own layer files")]
         std::fs::read_to_string(self.layer(session, "base")).ok()
     }
 
@@ -390,7 +384,6 @@ fn poisoned() -> io::Error {
 }
 
 fn make_private_dir(dir: &Path) -> io::Result<()> {
-    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
     match std::fs::create_dir(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -401,12 +394,10 @@ fn make_private_dir(dir: &Path) -> io::Result<()> {
 
 fn set_mode(dir: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
 }
 
 fn remove_tree(path: &Path) {
-    #[expect(clippy::disallowed_methods, reason = "the service's own layer directories")]
     let removed = if path.is_dir() && !path.is_symlink() {
         std::fs::remove_dir_all(path)
     } else {
@@ -420,7 +411,7 @@ fn remove_tree(path: &Path) {
 }
 
 fn is_overlay(dir: &Path) -> bool {
-    rustix::fs::statfs(dir).is_ok_and(|st| i64::from(st.f_type) == OVERLAYFS_SUPER_MAGIC)
+    rustix::fs::statfs(dir).is_ok_and(|st| st.f_type == OVERLAYFS_SUPER_MAGIC)
 }
 
 /// `mount -t overlay -o lowerdir=…,upperdir=…,workdir=…,nosuid,nodev`. Paths with characters
@@ -469,16 +460,11 @@ fn probe_overlay(dir: &Path) -> bool {
     }
     let probe = dir.join(format!("probe-{}", uuid::Uuid::new_v4().simple()));
     let parts = ["lower", "upper", "work", "merged"].map(|p| probe.join(p));
-    let made = parts.iter().all(|p| {
-        #[expect(clippy::disallowed_methods, reason = "the service's own probe directories")]
-        std::fs::create_dir_all(p).is_ok()
-    });
-    let ok = made
-        && mount_overlay(&parts[0], &parts[1], &parts[2], &parts[3]).is_ok()
-        && {
-            let _ = rustix::mount::unmount(&parts[3], rustix::mount::UnmountFlags::DETACH);
-            true
-        };
+    let made = parts.iter().all(|p| std::fs::create_dir_all(p).is_ok());
+    let ok = made && mount_overlay(&parts[0], &parts[1], &parts[2], &parts[3]).is_ok() && {
+        let _ = rustix::mount::unmount(&parts[3], rustix::mount::UnmountFlags::DETACH);
+        true
+    };
     remove_tree(&probe);
     if !ok {
         tracing::info!(dir = %dir.display(), "overlayfs cannot be mounted here: forks copy their base");
@@ -487,7 +473,10 @@ fn probe_overlay(dir: &Path) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::disallowed_methods, reason = "tests look at the result on the host")]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests look at the result on the host"
+)]
 mod tests {
     use super::*;
 
@@ -515,12 +504,18 @@ mod tests {
             return;
         }
         let builder = ws.begin_base("src@7").unwrap();
-        builder.workspace().restore_file(b"a.txt", b"base\n", 0o644).unwrap();
+        builder
+            .workspace()
+            .restore_file(b"a.txt", b"base\n", 0o644)
+            .unwrap();
         let base = ws.finish_base(builder).unwrap();
         assert_eq!(ws.existing_base("src@7"), Some(base.clone()));
         let f1 = ws.create_on("f1", "src@7").unwrap();
         let f2 = ws.create_on("f2", "src@7").unwrap();
-        assert_eq!(std::fs::read(ws.dir("f1").join("a.txt")).unwrap(), b"base\n");
+        assert_eq!(
+            std::fs::read(ws.dir("f1").join("a.txt")).unwrap(),
+            b"base\n"
+        );
         f1.restore_file(b"a.txt", b"one\n", 0o644).unwrap();
         // Written in place by a process (not through the jail): still only that fork's.
         std::fs::write(ws.dir("f2").join("a.txt"), b"two\n").unwrap();

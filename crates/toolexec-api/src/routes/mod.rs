@@ -3,6 +3,7 @@
 pub mod calls;
 pub mod cancel;
 pub mod health;
+pub mod history;
 pub mod log;
 pub mod sessions;
 pub mod tools;

@@ -216,7 +216,7 @@ pub(super) fn key_of(inv: &NewInvocation) -> CallKey {
     }
 }
 
-pub(super) fn closed(session_id: Uuid) -> EngineError {
+pub(crate) fn closed(session_id: Uuid) -> EngineError {
     EngineError::Conflict {
         code: ProblemCode::SessionClosed,
         detail: format!("session {session_id} is closed"),

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 pub(crate) use cancel::Cancels;
 pub use cancel::{CANCEL_WAIT, CancelledCalls, CancelledInvocation};
+pub(crate) use commit::closed;
 pub(crate) use inflight::Inflight;
 
 use crate::{Engine, EngineError, Result};

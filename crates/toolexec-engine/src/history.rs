@@ -1,0 +1,840 @@
+//! Reading the record back: a session's workspace as it was right after any event (its tree,
+//! one file), putting a live workspace back to such a state (rewind), and starting a new
+//! session from one (fork). Everything here is rebuilt from the log alone — the workspace on
+//! disk is only ever written to, never trusted as the record.
+//!
+//! A state is folded from the session's file events (`file.*`, and the manifests of
+//! `files.changed`) up to the seq asked for; a fork's or a replay's log starts where its
+//! origin's state was, so its fold starts with its origin's (recursively, at most
+//! [`MAX_ORIGIN_DEPTH`] deep).
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use serde_json::json;
+use toolexec_core::{
+    Event, EventKind, FileChange, FileChangeKind, ForkRequest, Forked, NetworkPolicy, NewSession,
+    Origin, OriginKind, ProblemCode, RewindRequest, RewindResult, Rewound, Session, SessionStatus,
+    Tree, TreeEntry, TreeEntryKind, names, new_id,
+};
+use toolexec_store::{Blob, NewEvent};
+use toolexec_workspace::Workspace;
+use toolexec_workspace::history::{self, Entry, EntryKind, Plan, State};
+use toolexec_workspace::scan::{SeenEntry, Snapshot};
+use uuid::Uuid;
+
+use crate::sessions::{SessionRuntime, invalid};
+use crate::{Engine, EngineError, Result};
+
+/// Deepest chain of origins a fold follows (a fork of a fork of …).
+pub const MAX_ORIGIN_DEPTH: usize = 64;
+
+/// Events read per page while folding.
+const FOLD_PAGE: u32 = 10_000;
+
+/// Most entries in one page of a tree (and the default).
+pub const MAX_TREE_PAGE: u32 = 10_000;
+pub const DEFAULT_TREE_PAGE: u32 = 1_000;
+
+/// Contents fetched from the store in one round trip while a state is put into a workspace.
+const FILL_BATCH_BYTES: u64 = 32 * 1024 * 1024;
+
+/// A file of a past state, as `GET /v1/sessions/{id}/files/{path}?at=` returns it.
+#[derive(Debug, Clone)]
+pub struct FileAt {
+    pub at: i64,
+    pub kind: TreeEntryKind,
+    pub sha256: Option<String>,
+    pub mode: u32,
+    pub seq: i64,
+    /// The contents (a symlink's target text).
+    pub bytes: Bytes,
+}
+
+/// The kinds a fold reads.
+const FILE_KINDS: [EventKind; 4] = [
+    EventKind::FileCreated,
+    EventKind::FileModified,
+    EventKind::FileDeleted,
+    EventKind::FilesChanged,
+];
+
+impl Engine {
+    /// The seq `at` stands for in `session` (its last event when absent), checked.
+    fn resolve_at(session: &Session, at: Option<i64>) -> Result<i64> {
+        let at = at.unwrap_or(session.last_seq);
+        if at < 1 || at > session.last_seq {
+            return Err(invalid(
+                ProblemCode::SeqOutOfRange,
+                format!(
+                    "seq {at} is not an event of session {}: it has events 1 to {}",
+                    session.id, session.last_seq
+                ),
+            ));
+        }
+        Ok(at)
+    }
+
+    /// The workspace of a session of this tenant right after event `at` (its last by default),
+    /// from the log alone.
+    pub async fn state_at(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+    ) -> Result<(Session, i64, State)> {
+        let session = self.store.get_session(tenant_id, session_id).await?;
+        let at = Self::resolve_at(&session, at)?;
+        let state = self.fold(&session, at).await?;
+        Ok((session, at, state))
+    }
+
+    /// Folds the file events of `session` (after its origin's state) up to `at`.
+    pub(crate) async fn fold(&self, session: &Session, at: i64) -> Result<State> {
+        let mut chain = vec![(session.id, at)];
+        let mut origin = session.origin;
+        while let Some(o) = origin {
+            if chain.len() > MAX_ORIGIN_DEPTH {
+                return Err(EngineError::Internal(format!(
+                    "session {} has more than {MAX_ORIGIN_DEPTH} origins",
+                    session.id
+                )));
+            }
+            chain.push((o.session_id, o.seq));
+            origin = self
+                .store
+                .get_session(session.tenant_id, o.session_id)
+                .await?
+                .origin;
+        }
+        let mut state = State::new();
+        for (id, up_to) in chain.into_iter().rev() {
+            let mut after = 0;
+            loop {
+                let page = self
+                    .store
+                    .events_of_kinds(session.tenant_id, id, &FILE_KINDS, after, up_to, FOLD_PAGE)
+                    .await?;
+                let Some(last) = page.last() else { break };
+                after = last.seq;
+                let full = page.len() as u32 == FOLD_PAGE;
+                for event in &page {
+                    self.apply_event(&mut state, event).await?;
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(state)
+    }
+
+    async fn apply_event(&self, state: &mut State, event: &Event) -> Result<()> {
+        let corrupt = |e: String| EngineError::Internal(format!("event {}: {e}", event.seq));
+        if event.kind == EventKind::FilesChanged {
+            let summary: toolexec_core::FilesChanged =
+                serde_json::from_value(event.data.clone()).map_err(|e| corrupt(e.to_string()))?;
+            let Some(manifest) = self.store.blob(&summary.manifest_sha256).await? else {
+                return Err(corrupt(
+                    "the manifest of files.changed is not stored".into(),
+                ));
+            };
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(&manifest[..])
+                .read_to_string(&mut text)
+                .map_err(|e| corrupt(format!("manifest: {e}")))?;
+            for line in text.lines().filter(|l| !l.is_empty()) {
+                let change: FileChange =
+                    serde_json::from_str(line).map_err(|e| corrupt(e.to_string()))?;
+                state
+                    .apply(event.seq, &change)
+                    .map_err(|e| corrupt(e.to_string()))?;
+            }
+            return Ok(());
+        }
+        let change: FileChange =
+            serde_json::from_value(event.data.clone()).map_err(|e| corrupt(e.to_string()))?;
+        state
+            .apply(event.seq, &change)
+            .map_err(|e| corrupt(e.to_string()))
+    }
+
+    /// One page of the workspace of a session as it was right after `at`.
+    pub async fn tree(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<Tree> {
+        let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
+        let after = match cursor {
+            Some(c) => base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(c)
+                .map_err(|_| {
+                    invalid(
+                        ProblemCode::InvalidRequest,
+                        "cursor: not a cursor this endpoint gave out".into(),
+                    )
+                })?,
+            None => Vec::new(),
+        };
+        let limit = limit.clamp(1, MAX_TREE_PAGE) as usize;
+        let iter: Box<dyn Iterator<Item = (&[u8], &Entry)>> = if cursor.is_some() {
+            Box::new(state.iter_after(&after))
+        } else {
+            Box::new(state.iter())
+        };
+        let mut entries = Vec::with_capacity(limit.min(state.len()));
+        let mut next_cursor = None;
+        for (path, entry) in iter {
+            if entries.len() == limit {
+                // The cursor names the last entry returned; the next page starts after it.
+                next_cursor = Some(cursor_after(&entries));
+                break;
+            }
+            entries.push(tree_entry(path, entry));
+        }
+        Ok(Tree {
+            session_id,
+            at,
+            total: state.len() as u64,
+            unrestorable: state.unrestorable().count() as u64,
+            entries,
+            next_cursor,
+        })
+    }
+
+    /// One file (or symlink) of a session's workspace as it was right after `at`.
+    pub async fn file_at(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+        path: &[u8],
+    ) -> Result<FileAt> {
+        let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
+        let shown = names::display_bytes(path);
+        let entry = state.get(path).ok_or_else(|| {
+            EngineError::Missing(format!(
+                "no file or symlink '{shown}' in the workspace after event {at} (GET …/tree?at={at} lists them)"
+            ))
+        })?;
+        let bytes = match entry.kind {
+            EntryKind::Symlink => Bytes::from(entry.target.clone().unwrap_or_default()),
+            EntryKind::File => {
+                let sha = entry
+                    .sha256
+                    .as_deref()
+                    .filter(|_| entry.restorable())
+                    .ok_or_else(|| not_recorded(&shown, entry))?;
+                let data = self
+                    .store
+                    .blob(sha)
+                    .await?
+                    .ok_or_else(|| not_recorded(&shown, entry))?;
+                Bytes::from(data)
+            }
+        };
+        Ok(FileAt {
+            at,
+            kind: match entry.kind {
+                EntryKind::File => TreeEntryKind::File,
+                EntryKind::Symlink => TreeEntryKind::Symlink,
+            },
+            sha256: entry.sha256.clone(),
+            mode: entry.mode,
+            seq: entry.seq,
+            bytes,
+        })
+    }
+
+    /// Writes a plan's entries into `ws`, fetching their contents from the store in bounded
+    /// batches. Returns the files whose contents the store did not have.
+    async fn fill(&self, ws: &Arc<Workspace>, plan: &Plan<'_>) -> Result<Vec<Vec<u8>>> {
+        let mut missing = Vec::new();
+        let mut start = 0;
+        while start < plan.write.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < plan.write.len() && (end == start || bytes < FILL_BATCH_BYTES) {
+                bytes += plan.write[end].1.size;
+                end += 1;
+            }
+            let batch: Vec<(Vec<u8>, Entry)> = plan.write[start..end]
+                .iter()
+                .map(|(p, e)| (p.to_vec(), (*e).clone()))
+                .collect();
+            let mut shas: Vec<String> = batch
+                .iter()
+                .filter(|(_, e)| e.kind == EntryKind::File)
+                .filter_map(|(_, e)| e.sha256.clone())
+                .collect();
+            shas.sort_unstable();
+            shas.dedup();
+            let contents: HashMap<String, Bytes> = self
+                .store
+                .blobs(&shas)
+                .await?
+                .into_iter()
+                .map(|b| (b.sha256, b.bytes))
+                .collect();
+            let ws = ws.clone();
+            let written = tokio::task::spawn_blocking(move || {
+                let refs: Vec<(&[u8], &Entry)> =
+                    batch.iter().map(|(p, e)| (p.as_slice(), e)).collect();
+                history::write(&ws, &refs, &contents)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("restoring files: {e}")))?
+            .map_err(|e| EngineError::Internal(format!("restoring files: {e}")))?;
+            missing.extend(written);
+            start = end;
+        }
+        Ok(missing)
+    }
+
+    /// A new session of the same tenant whose workspace starts as `source_id`'s was right after
+    /// `at_seq` (see [`ForkRequest`]).
+    pub async fn fork(&self, tenant_id: Uuid, source_id: Uuid, req: ForkRequest) -> Result<Forked> {
+        let source = self.store.get_session(tenant_id, source_id).await?;
+        // "Now" waits for a mutating call of the source on this node to finish first.
+        let cached = self.cached_runtime(tenant_id, source_id)?;
+        let _turn = match (&cached, req.at_seq) {
+            (Some(rt), None) => Some(rt.schedule.read().await),
+            _ => None,
+        };
+        let source = if _turn.is_some() {
+            self.store.get_session(tenant_id, source_id).await?
+        } else {
+            source
+        };
+        let at = Self::resolve_at(&source, req.at_seq)?;
+        self.check_fork(&source, &req)?;
+        let state = self.fold(&source, at).await?;
+        let unrestorable = unrestorable_names(&state);
+        if !unrestorable.is_empty() && !req.allow_partial {
+            return Err(unrestorable_error(&unrestorable, "fork"));
+        }
+        let new = NewSession {
+            tools: req.tools.clone().or_else(|| source.tools.clone()),
+            policy: Some(req.policy.clone().unwrap_or_else(|| source.policy.clone())),
+            env: Some(source.env.clone()),
+            metadata: Some(
+                req.metadata
+                    .clone()
+                    .unwrap_or_else(|| source.metadata.clone()),
+            ),
+            files: None,
+        };
+        let origin = Origin {
+            kind: OriginKind::Fork,
+            session_id: source.id,
+            seq: at,
+        };
+        let (session, shares_contents) = self
+            .create_from_state(tenant_id, new, origin, &state)
+            .await?;
+        Ok(Forked {
+            session,
+            unrestorable,
+            shares_contents,
+        })
+    }
+
+    /// A fork may only tighten: network, timeouts, output limits, tools.
+    fn check_fork(&self, source: &Session, req: &ForkRequest) -> Result<()> {
+        let not_tighter = |what: String| invalid(ProblemCode::PolicyNotTighter, what);
+        if let Some(p) = &req.policy {
+            if p.network == NetworkPolicy::Allow && source.policy.network == NetworkPolicy::None {
+                return Err(not_tighter(
+                    "policy.network: the source has no network; a fork cannot be given it".into(),
+                ));
+            }
+            if let (Some(t), Some(src)) = (p.default_timeout_ms, source.policy.default_timeout_ms)
+                && t > src
+            {
+                return Err(not_tighter(format!(
+                    "policy.default_timeout_ms: {t} is above the source's {src}"
+                )));
+            }
+            for (tool, chars) in &source.policy.output_limits {
+                match p.output_limits.get(tool) {
+                    Some(c) if c > chars => {
+                        return Err(not_tighter(format!(
+                            "policy.output_limits.{tool}: {c} is above the source's {chars}"
+                        )));
+                    }
+                    None => {
+                        return Err(not_tighter(format!(
+                            "policy.output_limits.{tool}: the source limits it to {chars}; keep a limit at most that"
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let (Some(tools), Some(allowed)) = (&req.tools, &source.tools) {
+            let extra: Vec<&str> = tools
+                .iter()
+                .filter(|t| !allowed.contains(t))
+                .map(String::as_str)
+                .collect();
+            if !extra.is_empty() {
+                return Err(not_tighter(format!(
+                    "tools: {} not allowed in the source session",
+                    extra.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a session (checked like any new one) whose workspace is `state`, recorded as
+    /// coming from `origin`: on the base of that state when forks share contents, else a copy.
+    pub(crate) async fn create_from_state(
+        &self,
+        tenant_id: Uuid,
+        new: NewSession,
+        origin: Origin,
+        state: &State,
+    ) -> Result<(Session, bool)> {
+        self.check_new_session(&new)?;
+        let id = new_id();
+        let name = id.to_string();
+        let session = Session {
+            id,
+            tenant_id,
+            status: SessionStatus::Active,
+            tools: new.tools,
+            policy: new.policy.unwrap_or_default(),
+            env: new.env.unwrap_or_default(),
+            metadata: new.metadata.unwrap_or_else(|| json!({})),
+            created_at: chrono::Utc::now(),
+            closed_at: None,
+            last_seq: 0,
+            origin: Some(origin),
+        };
+        let empty = history::plan(std::iter::empty(), state);
+        let shares = self.workspaces.shares_contents();
+        let workspace = if shares {
+            let key = format!("{}@{}", origin.session_id, origin.seq);
+            if self.workspaces.existing_base(&key).is_none() {
+                let builder = self.workspaces.begin_base(&key).map_err(io_error)?;
+                let ws = builder.workspace();
+                match self.fill(&ws, &empty).await {
+                    Ok(_) => {
+                        drop(ws);
+                        self.workspaces.finish_base(builder).map_err(io_error)?;
+                    }
+                    Err(e) => {
+                        drop(ws);
+                        self.workspaces.abandon_base(builder);
+                        return Err(e);
+                    }
+                }
+            }
+            self.workspaces.create_on(&name, &key).map_err(io_error)?
+        } else {
+            let ws = Arc::new(self.workspaces.create(&name).map_err(io_error)?);
+            if let Err(e) = self.fill(&ws, &empty).await {
+                drop(ws);
+                self.workspaces.remove(&name);
+                return Err(e);
+            }
+            Arc::try_unwrap(ws)
+                .map_err(|_| EngineError::Internal("workspace still shared".into()))?
+        };
+        let rt = Arc::new(SessionRuntime::new(
+            session.clone(),
+            workspace,
+            Vec::new(),
+            self.config.sandbox.as_ref(),
+        ));
+        let event = NewEvent {
+            kind: EventKind::SessionCreated,
+            data: json!({
+                "tools": session.tools,
+                "policy": session.policy,
+                "env_keys": session.env.keys().collect::<Vec<_>>(),
+                "metadata": session.metadata,
+                "node": self.config.node,
+                "origin": origin,
+                "files": state.len(),
+            }),
+        };
+        let cap = self.config.limits.max_open_sessions_per_tenant;
+        match self
+            .store
+            .create_session(&session, vec![event], Vec::new(), cap)
+            .await
+        {
+            Ok(stored) => {
+                self.keep_runtime(rt);
+                Ok((stored, shares))
+            }
+            Err(e) => {
+                drop(rt);
+                self.workspaces.remove(&name);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Puts the live workspace of an active session back to its state right after `to_seq`
+    /// (see [`RewindRequest`]), and records that as a `workspace.rewound` event followed by a
+    /// `file.*` event per change. Waits for the session's calls in flight on this node.
+    pub async fn rewind(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        req: RewindRequest,
+    ) -> Result<RewindResult> {
+        let session = self.store.get_session(tenant_id, session_id).await?;
+        if session.status != SessionStatus::Active {
+            return Err(crate::calls::closed(session_id));
+        }
+        let rt = self.runtime(&session).await?;
+        let _turn = rt.schedule.write().await;
+        // Read again under the lock: calls that ran while it was awaited moved last_seq.
+        let session = self.store.get_session(tenant_id, session_id).await?;
+        if session.status != SessionStatus::Active {
+            return Err(crate::calls::closed(session_id));
+        }
+        let to_seq = Self::resolve_at(&session, Some(req.to_seq))?;
+        let target = self.fold(&session, to_seq).await?;
+        let recorded = self.fold(&session, session.last_seq).await?;
+        let unrestorable = unrestorable_names(&target);
+        if !unrestorable.is_empty() && !req.allow_partial {
+            return Err(unrestorable_error(&unrestorable, "rewind"));
+        }
+
+        // Background processes started after to_seq go first: they could write meanwhile.
+        let stopped = self.stop_processes_after(&rt, &session, to_seq).await?;
+
+        // What is really there now (a command's unrecorded writes included), hashed.
+        let ws = rt.workspace.clone();
+        let budget = crate::scans::budget(&self.config.limits);
+        let live =
+            tokio::task::spawn_blocking(move || Snapshot::capture_within(&ws, None, &budget))
+                .await
+                .map_err(|e| EngineError::Internal(format!("workspace scan: {e}")))?
+                .map_err(|e| {
+                    EngineError::Unavailable(format!("the workspace cannot be scanned: {e}"))
+                })?;
+        let plan = history::plan(live.entries(), &target);
+        let ws = rt.workspace.clone();
+        let removals = Plan {
+            remove: plan.remove.clone(),
+            ..Plan::default()
+        };
+        let removed = tokio::task::spawn_blocking(move || history::remove(&ws, &removals))
+            .await
+            .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?
+            .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?;
+        let missing = self.fill(&rt.workspace, &plan).await?;
+
+        // The record: for every path where the recorded state or the live workspace differed
+        // from the target, what it is now. Folding the log through these events gives the
+        // target (where a file could not be put back, what is really there).
+        let mut changes = Vec::new();
+        let live_map: HashMap<&[u8], SeenEntry<'_>> = live.entries().collect();
+        let mut paths: Vec<&[u8]> = recorded
+            .iter()
+            .map(|(p, _)| p)
+            .chain(target.iter().map(|(p, _)| p))
+            .chain(live_map.keys().copied())
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        let written: std::collections::HashSet<&[u8]> = plan
+            .write
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| !missing.iter().any(|m| m.as_slice() == *p))
+            .collect();
+        let removed_set: std::collections::HashSet<&[u8]> =
+            removed.iter().map(Vec::as_slice).collect();
+        let not_restored: std::collections::HashSet<&[u8]> = plan
+            .unrestorable
+            .iter()
+            .chain(missing.iter())
+            .map(Vec::as_slice)
+            .collect();
+        for path in paths {
+            let before_log = recorded.get(path);
+            let after = target.get(path);
+            let touched = written.contains(path) || removed_set.contains(path);
+            let log_differs = !same_entry(before_log, after);
+            if not_restored.contains(path) {
+                // Left as it is: record what is there (by hash), unless the log already says so.
+                if let Some(change) = left_as_is(path, before_log, live_map.get(path)) {
+                    changes.push(change);
+                }
+                continue;
+            }
+            if !touched && !log_differs {
+                continue;
+            }
+            changes.push(rewind_change(path, before_log, after));
+        }
+        for path in &written {
+            rt.reads.forget(&names::display_bytes(path));
+        }
+        for path in &removed {
+            rt.reads.forget(&names::display_bytes(path));
+        }
+
+        let rewound = Rewound {
+            to_seq,
+            restored: written.len() as u64,
+            removed: removed.len() as u64,
+            unrestorable: not_restored
+                .iter()
+                .map(|p| names::display_bytes(p))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            processes_stopped: stopped
+                .iter()
+                .map(|e| e["process_id"].as_str().unwrap_or_default().to_owned())
+                .collect(),
+        };
+        let mut events = vec![NewEvent {
+            kind: EventKind::WorkspaceRewound,
+            data: serde_json::to_value(&rewound).unwrap_or_default(),
+        }];
+        events.extend(changes.into_iter().map(|c| NewEvent {
+            kind: c.kind.event_kind(),
+            data: serde_json::to_value(&c).unwrap_or_default(),
+        }));
+        events.extend(stopped.into_iter().map(|data| NewEvent {
+            kind: EventKind::ProcessExited,
+            data,
+        }));
+        let (seq, _) = self
+            .store
+            .append_events(tenant_id, session_id, events, Vec::<Blob>::new())
+            .await?;
+        self.streams.notify(session_id);
+        // The next scan compares with the rewound workspace, not with what was there before.
+        {
+            let mut snap = rt.snapshot.lock().await;
+            if snap.is_some() {
+                *snap = None;
+                drop(snap);
+                rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                    .await?;
+            }
+        }
+        Ok(RewindResult {
+            session_id,
+            seq,
+            rewound,
+        })
+    }
+
+    /// Kills the session's background processes started after `seq`; their `process.exited`
+    /// event data.
+    async fn stop_processes_after(
+        &self,
+        rt: &SessionRuntime,
+        session: &Session,
+        seq: i64,
+    ) -> Result<Vec<serde_json::Value>> {
+        let Some(table) = &rt.processes else {
+            return Ok(Vec::new());
+        };
+        let started = self
+            .store
+            .events_of_kinds(
+                session.tenant_id,
+                session.id,
+                &[EventKind::ProcessStarted],
+                seq,
+                session.last_seq,
+                FOLD_PAGE,
+            )
+            .await?;
+        let mut exits = Vec::new();
+        for event in started {
+            let Some(id) = event.data["process_id"].as_str() else {
+                continue;
+            };
+            if !table.knows(id) {
+                continue;
+            }
+            let _ = table.kill(id, rustix::process::Signal::KILL).await;
+            if let Some(info) = table.take_exit(id) {
+                exits.push(json!({
+                    "process_id": info.id,
+                    "command": info.command,
+                    "state": info.state,
+                    "output_bytes": info.output_bytes,
+                    "stopped_by": "rewind",
+                }));
+            }
+        }
+        Ok(exits)
+    }
+}
+
+fn io_error(e: std::io::Error) -> EngineError {
+    EngineError::Internal(format!("workspace: {e}"))
+}
+
+fn not_recorded(shown: &str, entry: &Entry) -> EngineError {
+    EngineError::Conflict {
+        code: ProblemCode::ContentNotRecorded,
+        detail: format!(
+            "'{shown}' was there ({} bytes{}), but the log holds its hash and size only ({})",
+            entry.size,
+            entry
+                .sha256
+                .as_deref()
+                .map(|s| format!(", sha256 {s}"))
+                .unwrap_or_default(),
+            entry
+                .unstored
+                .map(|r| serde_json::to_value(r)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default())
+                .unwrap_or_else(|| "not read when recorded".into())
+        ),
+    }
+}
+
+fn unrestorable_names(state: &State) -> Vec<String> {
+    state
+        .unrestorable()
+        .map(|(p, _)| names::display_bytes(p))
+        .collect()
+}
+
+fn unrestorable_error(files: &[String], what: &str) -> EngineError {
+    let shown: Vec<&str> = files.iter().take(20).map(String::as_str).collect();
+    let more = files.len().saturating_sub(shown.len());
+    EngineError::Conflict {
+        code: ProblemCode::Unrestorable,
+        detail: format!(
+            "the log does not hold the contents of {} file(s) of that state: {}{}. Send \"allow_partial\": true to {what} without them",
+            files.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ),
+    }
+}
+
+fn cursor_after(entries: &[TreeEntry]) -> String {
+    let last = entries.last();
+    let raw = last
+        .and_then(|e| names::raw_bytes(&e.path, e.path_b64.as_deref()))
+        .unwrap_or_default();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn tree_entry(path: &[u8], entry: &Entry) -> TreeEntry {
+    let name = names::RecordedName::new(path);
+    let target = entry.target.as_deref().map(names::RecordedName::new);
+    TreeEntry {
+        path: name.display,
+        path_b64: name.base64,
+        kind: match entry.kind {
+            EntryKind::File => TreeEntryKind::File,
+            EntryKind::Symlink => TreeEntryKind::Symlink,
+        },
+        size: entry.size,
+        sha256: entry.sha256.clone(),
+        mode: entry.mode,
+        symlink_target: target.as_ref().map(|t| t.display.clone()),
+        symlink_target_b64: target.and_then(|t| t.base64),
+        restorable: entry.restorable(),
+        unstored: (!entry.restorable()).then_some(entry.unstored).flatten(),
+        seq: entry.seq,
+    }
+}
+
+/// Whether two states of a path are the same entry.
+fn same_entry(a: Option<&Entry>, b: Option<&Entry>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.kind == b.kind && a.sha256 == b.sha256 && a.mode == b.mode && a.target == b.target
+        }
+        _ => false,
+    }
+}
+
+/// The change a rewind records for a path it put back to `after` (absent: removed).
+fn rewind_change(path: &[u8], before: Option<&Entry>, after: Option<&Entry>) -> FileChange {
+    let name = names::RecordedName::new(path);
+    let kind = match (before, after) {
+        (_, None) => FileChangeKind::Deleted,
+        (None, Some(_)) => FileChangeKind::Created,
+        (Some(_), Some(_)) => FileChangeKind::Modified,
+    };
+    let target = after
+        .and_then(|a| a.target.as_deref())
+        .map(names::RecordedName::new);
+    FileChange {
+        kind,
+        path: name.display,
+        path_b64: name.base64,
+        before_sha256: before.and_then(|b| b.sha256.clone()),
+        after_sha256: after.and_then(|a| a.sha256.clone()),
+        before_size: before.map(|b| b.size),
+        after_size: after.map(|a| a.size),
+        after_stored: after.is_some_and(|a| a.kind == EntryKind::File && a.stored),
+        after_unstored: after.and_then(|a| (!a.restorable()).then_some(a.unstored).flatten()),
+        after_mode: after.filter(|a| a.kind == EntryKind::File).map(|a| a.mode),
+        capability: toolexec_core::Capability::FsWrite,
+        symlink_target: target.as_ref().map(|t| t.display.clone()),
+        symlink_target_b64: target.and_then(|t| t.base64),
+    }
+}
+
+/// A file a rewind could not put back: recorded as what is there now, by hash, if that differs
+/// from what the log says (absent: deleted).
+fn left_as_is(
+    path: &[u8],
+    before: Option<&Entry>,
+    live: Option<&SeenEntry<'_>>,
+) -> Option<FileChange> {
+    let name = names::RecordedName::new(path);
+    let (sha, size, mode) = match live {
+        Some(SeenEntry::File { sha256, size, mode }) => (sha256.clone(), *size, *mode),
+        Some(SeenEntry::Symlink { .. }) | None => {
+            return before.map(|_| rewind_change(path, before, None));
+        }
+    };
+    if before.is_some_and(|b| b.kind == EntryKind::File && b.sha256 == sha && b.mode == mode) {
+        return None;
+    }
+    Some(FileChange {
+        kind: if before.is_some() {
+            FileChangeKind::Modified
+        } else {
+            FileChangeKind::Created
+        },
+        path: name.display,
+        path_b64: name.base64,
+        before_sha256: before.and_then(|b| b.sha256.clone()),
+        after_sha256: sha,
+        before_size: before.map(|b| b.size),
+        after_size: Some(size),
+        after_stored: false,
+        after_unstored: Some(toolexec_core::UnstoredReason::TooLarge),
+        after_mode: Some(mode),
+        capability: toolexec_core::Capability::FsWrite,
+        symlink_target: None,
+        symlink_target_b64: None,
+    })
+}

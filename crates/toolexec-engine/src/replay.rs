@@ -1,0 +1,567 @@
+//! Verify replays: a new session starts from a recorded session's initial state (the state
+//! right before its first call) and re-runs its recorded calls — and its rewinds — in the order
+//! they were recorded, through the same pipeline as any call (validated, sandboxed, recorded in
+//! the replay session's own log). Each call is then compared with its record:
+//!
+//! - **status**: the same status;
+//! - **output**: the full (untruncated) outputs, line by line, after the differences that say
+//!   nothing about the outcome are taken out — the ids the two sessions gave the same things
+//!   (session and invocation ids) and the times a result reports (`after 0.04 s`);
+//! - **side effects**: the file changes (path, kind, contents hash, mode, symlink target) and
+//!   plan updates, in path order; process events by id and kind.
+//!
+//! The report names, per call, whether each aspect matched and, for each that did not, the first
+//! difference: the line of output, the file. Call ids are the recorded ones, so the replay
+//! session's log reads like the source's. A call reading the output of an earlier one
+//! (`read_output`) is given the replay's invocation id for it.
+//!
+//! Observations from outside — the responses of tools that declare the `network` capability —
+//! are to be served from the record, matched by tool, canonical arguments hash and ordinal
+//! among calls with both the same; no built-in tool declares it yet, so every call re-runs.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use toolexec_core::{
+    Aspect, Call, CallResult, Divergence, Event, EventKind, Invocation, NewSession, Origin,
+    OriginKind, Replay, ReplayMode, ReplayStatus, ReplayedCall, RewindRequest, Session, new_id,
+};
+use uuid::Uuid;
+
+use crate::calls::CallBatch;
+use crate::{Engine, EngineError, Result};
+
+/// Longest text of a line (or value) a divergence quotes.
+const QUOTE_CHARS: usize = 500;
+
+/// Calls replayed between two saves of the report (it can be followed while it runs).
+const SAVE_EVERY: usize = 10;
+
+/// One thing the source session did that a replay does again.
+#[derive(Debug, Clone)]
+enum Step {
+    Call(Box<Invocation>),
+    /// A rewind to the source's `to_seq`; `last_seq` is the source's seq after it.
+    Rewind {
+        to_seq: i64,
+        last_seq: i64,
+    },
+}
+
+impl Engine {
+    /// Starts a verify replay of a session of this tenant, waits for it up to the request
+    /// limit, and returns its report as it is then (`running` if it goes on).
+    pub async fn replay(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        source_id: Uuid,
+        mode: ReplayMode,
+    ) -> Result<Replay> {
+        let source = self.store.get_session(tenant_id, source_id).await?;
+        let steps = self.recorded_steps(&source).await?;
+        // The state right before the first step.
+        let initial = steps
+            .first()
+            .map_or(source.last_seq, |s| match s {
+                Step::Call(inv) => inv.started_seq - 1,
+                Step::Rewind { last_seq, .. } => last_seq - 1,
+            })
+            .max(1);
+        let state = self.fold(&source, initial).await?;
+        let mut metadata = source.metadata.clone();
+        if let Value::Object(m) = &mut metadata {
+            m.insert("replay_of".into(), json!(source.id));
+        }
+        let new = NewSession {
+            tools: source.tools.clone(),
+            policy: Some(source.policy.clone()),
+            env: Some(source.env.clone()),
+            metadata: Some(metadata),
+            files: None,
+        };
+        let origin = Origin {
+            kind: OriginKind::Replay,
+            session_id: source.id,
+            seq: initial,
+        };
+        let (session, _) = self
+            .create_from_state(tenant_id, new, origin, &state)
+            .await?;
+        let replay = Replay {
+            id: new_id(),
+            mode,
+            status: ReplayStatus::Running,
+            source_session_id: source.id,
+            session_id: session.id,
+            calls_total: steps.iter().filter(|s| matches!(s, Step::Call(_))).count() as u64,
+            calls_replayed: 0,
+            calls_diverged: 0,
+            calls: Vec::new(),
+            error: None,
+            created_at: chrono::Utc::now(),
+            finished_at: None,
+        };
+        self.store.save_replay(tenant_id, &replay).await?;
+        let engine = self.clone();
+        let id = replay.id;
+        let task = tokio::spawn(async move {
+            engine
+                .run_replay(tenant_id, source, session, initial, steps, replay)
+                .await
+        });
+        let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
+        match tokio::time::timeout(waited, task).await {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(e)) => Err(EngineError::Internal(format!(
+                "the replay's task failed: {e}"
+            ))),
+            Err(_) => Ok(self.store.replay(tenant_id, id).await?),
+        }
+    }
+
+    pub async fn get_replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
+        Ok(self.store.replay(tenant_id, id).await?)
+    }
+
+    /// The source's calls (every recorded invocation) and rewinds, in log order.
+    async fn recorded_steps(&self, source: &Session) -> Result<Vec<Step>> {
+        let mut steps = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .events_of_kinds(
+                    source.tenant_id,
+                    source.id,
+                    &[EventKind::InvocationStarted, EventKind::WorkspaceRewound],
+                    after,
+                    source.last_seq,
+                    1000,
+                )
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            let full = page.len() == 1000;
+            for event in page {
+                steps.push(self.step_of(source, &event).await?);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(steps)
+    }
+
+    async fn step_of(&self, source: &Session, event: &Event) -> Result<Step> {
+        match (event.kind, event.invocation_id) {
+            (EventKind::InvocationStarted, Some(id)) => {
+                let inv = self
+                    .store
+                    .invocation_page(source.tenant_id, id, 0, toolexec_store::SIDE_EFFECTS_PAGE)
+                    .await?;
+                Ok(Step::Call(Box::new(inv)))
+            }
+            _ => {
+                let to_seq = event.data["to_seq"].as_i64().unwrap_or(1);
+                // The rewind's own events follow it; the next step (or the end) says where
+                // they stop: its last seq is found when the map is made.
+                Ok(Step::Rewind {
+                    to_seq,
+                    last_seq: event.seq,
+                })
+            }
+        }
+    }
+
+    async fn run_replay(
+        self: Arc<Self>,
+        tenant_id: Uuid,
+        source: Session,
+        session: Session,
+        initial: i64,
+        steps: Vec<Step>,
+        mut replay: Replay,
+    ) -> Replay {
+        // Source seq → replay seq at each point both logs agree on.
+        let mut seqs: Vec<(i64, i64)> = vec![(initial, session.last_seq.max(1))];
+        let mut ids: HashMap<String, String> = HashMap::new();
+        ids.insert(source.id.to_string(), session.id.to_string());
+        let mut failure = None;
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Call(recorded) => {
+                    let entry = self
+                        .replay_call(tenant_id, &session, &recorded, &mut ids)
+                        .await;
+                    match entry {
+                        Ok((entry, seq)) => {
+                            if let (Some(finished), Some(seq)) = (recorded.finished_seq, seq) {
+                                seqs.push((finished, seq));
+                            }
+                            if !entry.divergences.is_empty() {
+                                replay.calls_diverged += 1;
+                            }
+                            replay.calls_replayed += 1;
+                            replay.calls.push(entry);
+                        }
+                        Err(e) => {
+                            failure = Some(format!("call {}: {e}", recorded.call_id));
+                            break;
+                        }
+                    }
+                }
+                Step::Rewind { to_seq, last_seq } => {
+                    let mapped = seqs
+                        .iter()
+                        .rev()
+                        .find(|(src, _)| *src <= to_seq)
+                        .map_or(1, |(_, dst)| *dst);
+                    match self
+                        .rewind(
+                            tenant_id,
+                            session.id,
+                            RewindRequest {
+                                to_seq: mapped,
+                                allow_partial: true,
+                            },
+                        )
+                        .await
+                    {
+                        Ok(done) => seqs.push((last_seq, done.seq)),
+                        Err(e) => {
+                            failure = Some(format!("rewind to {to_seq}: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            if i % SAVE_EVERY == SAVE_EVERY - 1 {
+                let _ = self.store.save_replay(tenant_id, &replay).await;
+            }
+        }
+        replay.status = if failure.is_some() {
+            ReplayStatus::Failed
+        } else {
+            ReplayStatus::Finished
+        };
+        replay.error = failure;
+        replay.finished_at = Some(chrono::Utc::now());
+        if let Err(e) = self.store.save_replay(tenant_id, &replay).await {
+            tracing::error!(error = %e, replay = %replay.id, "the replay's report could not be saved");
+        }
+        replay
+    }
+
+    /// Re-runs one recorded call in the replay session and compares it with its record; the
+    /// replay's seq of its `invocation.finished`.
+    async fn replay_call(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        session: &Session,
+        recorded: &Invocation,
+        ids: &mut HashMap<String, String>,
+    ) -> Result<(ReplayedCall, Option<i64>)> {
+        let call = Call {
+            id: recorded.call_id.clone(),
+            name: recorded.name.clone(),
+            arguments: map_ids(&recorded.arguments, ids),
+        };
+        let results = self
+            .run_calls(tenant_id, session.id, CallBatch { calls: vec![call] })
+            .await?;
+        let result: CallResult = results
+            .into_iter()
+            .next()
+            .ok_or_else(|| EngineError::Internal("a batch of one gave no result".into()))?;
+        ids.insert(recorded.id.to_string(), result.invocation_id.to_string());
+        let replayed = self
+            .store
+            .invocation_page(
+                tenant_id,
+                result.invocation_id,
+                0,
+                toolexec_store::SIDE_EFFECTS_PAGE,
+            )
+            .await?;
+        let mut divergences = Vec::new();
+        let status_matched = recorded.status == replayed.status;
+        if !status_matched {
+            divergences.push(Divergence {
+                aspect: Aspect::Status,
+                detail: format!(
+                    "recorded {}, replayed {}",
+                    recorded.status.as_str(),
+                    replayed.status.as_str()
+                ),
+                line: None,
+                path: None,
+                recorded: Some(recorded.status.as_str().into()),
+                replayed: Some(replayed.status.as_str().into()),
+            });
+        }
+        let before = self.store.invocation_output(tenant_id, recorded.id).await?;
+        let after = self.store.invocation_output(tenant_id, replayed.id).await?;
+        let output = first_line_difference(
+            &normalize(&before, ids, true),
+            &normalize(&after, ids, false),
+        );
+        let output_matched = output.is_none();
+        divergences.extend(output);
+        let effects = first_effect_difference(&recorded.side_effects, &replayed.side_effects);
+        let side_effects_matched = effects.is_none();
+        divergences.extend(effects);
+        Ok((
+            ReplayedCall {
+                call_id: recorded.call_id.clone(),
+                name: recorded.name.clone(),
+                recorded_invocation_id: recorded.id,
+                replayed_invocation_id: Some(replayed.id),
+                recorded_status: recorded.status,
+                replayed_status: Some(replayed.status),
+                served_from_record: false,
+                status_matched,
+                output_matched,
+                side_effects_matched,
+                divergences,
+            },
+            Some(result.seq),
+        ))
+    }
+}
+
+/// The arguments with the source's ids (an earlier call's invocation id for `read_output`)
+/// replaced by the replay's.
+fn map_ids(args: &Value, ids: &HashMap<String, String>) -> Value {
+    match args {
+        Value::String(s) => Value::String(ids.get(s).cloned().unwrap_or_else(|| s.clone())),
+        Value::Array(items) => Value::Array(items.iter().map(|v| map_ids(v, ids)).collect()),
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(k, v)| (k.clone(), map_ids(v, ids)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// An output with what says nothing of the outcome made equal: each id the two sessions gave
+/// the same thing becomes one token (`recorded`: the source's ids, else the replay's), and a
+/// reported time (`after 0.04 s`, `after 12 ms`) becomes `after … s`.
+fn normalize(text: &str, ids: &HashMap<String, String>, recorded: bool) -> String {
+    let mut out = text.to_owned();
+    for (n, (src, dst)) in ids.iter().enumerate() {
+        let id = if recorded { src } else { dst };
+        if out.contains(id.as_str()) {
+            out = out.replace(id.as_str(), &format!("<id {n}>"));
+        }
+    }
+    times_out(&out)
+}
+
+/// `after 0.04 s` / `after 1.5 ms` → `after … s` / `after … ms`.
+fn times_out(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("after ") {
+        out.push_str(&rest[..i + 6]);
+        rest = &rest[i + 6..];
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let unit = &rest[digits..];
+        if digits > 0 && (unit.starts_with(" s") || unit.starts_with(" ms")) {
+            out.push('…');
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn quote(s: &str) -> String {
+    if s.chars().count() <= QUOTE_CHARS {
+        s.to_owned()
+    } else {
+        let cut: String = s.chars().take(QUOTE_CHARS).collect();
+        format!("{cut}…")
+    }
+}
+
+fn first_line_difference(recorded: &str, replayed: &str) -> Option<Divergence> {
+    if recorded == replayed {
+        return None;
+    }
+    let mut a = recorded.lines();
+    let mut b = replayed.lines();
+    let mut line = 0u64;
+    loop {
+        line += 1;
+        match (a.next(), b.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (None, None) => {
+                // Same lines, different line endings or a final newline.
+                return Some(Divergence {
+                    aspect: Aspect::Output,
+                    detail: "the outputs differ only in their line endings".into(),
+                    line: Some(line),
+                    path: None,
+                    recorded: None,
+                    replayed: None,
+                });
+            }
+            (x, y) => {
+                return Some(Divergence {
+                    aspect: Aspect::Output,
+                    detail: match (x, y) {
+                        (Some(_), Some(_)) => format!("line {line} of the output differs"),
+                        (Some(_), None) => {
+                            format!("the replayed output ends before line {line}")
+                        }
+                        _ => format!("the replayed output has more lines, from line {line}"),
+                    },
+                    line: Some(line),
+                    path: None,
+                    recorded: x.map(quote),
+                    replayed: y.map(quote),
+                });
+            }
+        }
+    }
+}
+
+/// A side effect as compared: what it is and what it left, not when or how long it took.
+fn comparable(event: &Event) -> Option<(String, String)> {
+    let d = &event.data;
+    let key = match event.kind {
+        EventKind::FileCreated | EventKind::FileModified | EventKind::FileDeleted => {
+            d["path_b64"].as_str().map_or_else(
+                || d["path"].as_str().unwrap_or_default().to_owned(),
+                str::to_owned,
+            )
+        }
+        EventKind::ProcessStarted | EventKind::ProcessExited => {
+            format!("process {}", d["process_id"].as_str().unwrap_or_default())
+        }
+        EventKind::PlanUpdated => "plan".to_owned(),
+        EventKind::FilesChanged => "files.changed".to_owned(),
+        _ => return None,
+    };
+    let value = match event.kind {
+        EventKind::FileCreated | EventKind::FileModified | EventKind::FileDeleted => json!({
+            "kind": event.kind.as_str(),
+            "after_sha256": d["after_sha256"],
+            "after_mode": d["after_mode"],
+            "symlink_target": d["symlink_target"],
+        }),
+        EventKind::ProcessStarted => json!({"kind": event.kind.as_str(), "command": d["command"]}),
+        EventKind::ProcessExited => json!({"kind": event.kind.as_str()}),
+        EventKind::FilesChanged => json!({
+            "changes": d["changes"], "created": d["created"], "modified": d["modified"],
+            "deleted": d["deleted"], "after_bytes": d["after_bytes"],
+        }),
+        _ => d.clone(),
+    };
+    Some((key, value.to_string()))
+}
+
+fn first_effect_difference(recorded: &[Event], replayed: &[Event]) -> Option<Divergence> {
+    let sorted = |events: &[Event]| {
+        let mut v: Vec<(String, String)> = events.iter().filter_map(comparable).collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (sorted(recorded), sorted(replayed));
+    if a == b {
+        return None;
+    }
+    let mut ia = a.iter().peekable();
+    let mut ib = b.iter().peekable();
+    loop {
+        match (ia.peek(), ib.peek()) {
+            (Some(x), Some(y)) if x == y => {
+                ia.next();
+                ib.next();
+            }
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                return Some(effect_divergence(&x.0, "differs", Some(&x.1), Some(&y.1)));
+            }
+            (Some(x), Some(y)) if x.0 < y.0 => {
+                return Some(effect_divergence(
+                    &x.0,
+                    "was not changed by the replay",
+                    Some(&x.1),
+                    None,
+                ));
+            }
+            (Some(_), Some(y)) | (None, Some(y)) => {
+                return Some(effect_divergence(
+                    &y.0,
+                    "was changed by the replay only",
+                    None,
+                    Some(&y.1),
+                ));
+            }
+            (Some(x), None) => {
+                return Some(effect_divergence(
+                    &x.0,
+                    "was not changed by the replay",
+                    Some(&x.1),
+                    None,
+                ));
+            }
+            (None, None) => return None,
+        }
+    }
+}
+
+fn effect_divergence(
+    key: &str,
+    how: &str,
+    recorded: Option<&String>,
+    replayed: Option<&String>,
+) -> Divergence {
+    Divergence {
+        aspect: Aspect::SideEffects,
+        detail: format!("{key}: {how}"),
+        line: None,
+        path: Some(key.to_owned()),
+        recorded: recorded.map(|s| quote(s)),
+        replayed: replayed.map(|s| quote(s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_times_and_known_ids_do_not_count_as_differences() {
+        let mut ids = HashMap::new();
+        ids.insert("aaaa".to_owned(), "bbbb".to_owned());
+        let a = normalize("[exit code 0 after 0.04 s]\nsee aaaa\n", &ids, true);
+        let b = normalize("[exit code 0 after 1.5 s]\nsee bbbb\n", &ids, false);
+        assert_eq!(a, b);
+        assert_eq!(times_out("timed out after 250 ms"), "timed out after … ms");
+        assert_eq!(times_out("after all"), "after all");
+    }
+
+    #[test]
+    fn the_first_differing_line_is_named() {
+        let d = first_line_difference("a\nb\nc\n", "a\nB\nc\n").unwrap();
+        assert_eq!(d.line, Some(2));
+        assert_eq!(d.recorded.as_deref(), Some("b"));
+        assert_eq!(d.replayed.as_deref(), Some("B"));
+        assert!(first_line_difference("x\n", "x\n").is_none());
+        let shorter = first_line_difference("a\nb\n", "a\n").unwrap();
+        assert_eq!(shorter.line, Some(2));
+    }
+
+    #[test]
+    fn arguments_get_the_replays_ids() {
+        let mut ids = HashMap::new();
+        ids.insert("old".to_owned(), "new".to_owned());
+        let mapped = map_ids(&json!({"invocation_id": "old", "n": 1}), &ids);
+        assert_eq!(mapped, json!({"invocation_id": "new", "n": 1}));
+    }
+}

@@ -22,4 +22,5 @@ mod shapes;
 mod shell;
 mod store;
 mod tenancy;
+mod time_travel;
 mod tool_deadlines;

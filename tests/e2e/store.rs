@@ -65,6 +65,12 @@ store_suite!(
     a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words,
     the_open_session_cap_counts_only_active_sessions,
     a_process_start_is_found_by_its_id_in_its_own_session_only,
+    events_of_given_kinds_are_read_up_to_a_seq,
+    events_of_no_invocation_are_appended_under_the_session_lock,
+    blobs_are_read_many_at_once_and_missing_ones_left_out,
+    a_session_remembers_where_it_came_from,
+    a_replay_report_is_saved_replaced_and_read_by_its_tenant_only,
+    a_lease_is_held_by_one_node_until_released_or_expired,
 );
 
 // --- helpers ---
@@ -1440,4 +1446,281 @@ async fn a_process_start_is_found_by_its_id_in_its_own_session_only(db: &TestSto
         None,
         "another tenant's session"
     );
+}
+
+// --- time travel ---
+
+async fn events_of_given_kinds_are_read_up_to_a_seq(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let s = session(db, &t).await;
+    let (first, last) = db
+        .store
+        .append_events(
+            t.id,
+            s.id,
+            (0..6)
+                .map(|i| NewEvent {
+                    kind: if i % 2 == 0 {
+                        EventKind::FileCreated
+                    } else {
+                        EventKind::PlanUpdated
+                    },
+                    data: json!({"i": i}),
+                })
+                .collect(),
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!((first, last), (2, 7));
+    let files = db
+        .store
+        .events_of_kinds(
+            t.id,
+            s.id,
+            &[EventKind::FileCreated, EventKind::SessionCreated],
+            0,
+            6,
+            100,
+        )
+        .await
+        .unwrap();
+    let seqs: Vec<i64> = files.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 4, 6]);
+    let page = db
+        .store
+        .events_of_kinds(t.id, s.id, &[EventKind::FileCreated], 2, 7, 1)
+        .await
+        .unwrap();
+    assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), [4]);
+    let other = tenant(db, "other").await;
+    assert!(matches!(
+        db.store
+            .events_of_kinds(other.id, s.id, &[EventKind::FileCreated], 0, 7, 10)
+            .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn events_of_no_invocation_are_appended_under_the_session_lock(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let s = session(db, &t).await;
+    // Appends racing calls of the same session: one gapless log.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = db.store.clone();
+        let (tid, sid) = (t.id, s.id);
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                store
+                    .append_events(
+                        tid,
+                        sid,
+                        vec![
+                            NewEvent {
+                                kind: EventKind::WorkspaceRewound,
+                                data: json!({"to_seq": 1})
+                            };
+                            3
+                        ],
+                        vec![Blob::new(format!("blob {i}").into_bytes())],
+                    )
+                    .await
+                    .map(|_| ())
+            } else {
+                store
+                    .commit(&[Write::Record {
+                        invocation: call(sid, &format!("c{i}")),
+                        outcome: ok("done"),
+                        side_effects: vec![],
+                        blobs: vec![],
+                    }])
+                    .await
+                    .map(|_| ())
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let all = seqs(db, &s).await;
+    assert_eq!(all, (1..=all.len() as i64).collect::<Vec<_>>());
+    assert_eq!(all.len(), 1 + 4 * 3 + 4 * 2);
+    let stored = db.store.get_session(t.id, s.id).await.unwrap();
+    assert_eq!(stored.last_seq, all.len() as i64);
+    assert_eq!(
+        db.store
+            .blob(&sha256_hex(b"blob 0"))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"blob 0"[..])
+    );
+    // Closed: refused, nothing written.
+    db.store.close_session(t.id, s.id, json!({})).await.unwrap();
+    assert!(matches!(
+        db.store
+            .append_events(
+                t.id,
+                s.id,
+                vec![NewEvent {
+                    kind: EventKind::WorkspaceRewound,
+                    data: json!({})
+                }],
+                vec![]
+            )
+            .await,
+        Err(StoreError::Refused { .. })
+    ));
+    let other = tenant(db, "other").await;
+    assert!(matches!(
+        db.store.append_events(other.id, s.id, vec![], vec![]).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn blobs_are_read_many_at_once_and_missing_ones_left_out(db: &TestStore) {
+    let blobs: Vec<Blob> = (0..5)
+        .map(|i| Blob::new(vec![i as u8; 100 * i + 1]))
+        .collect();
+    db.store.put_blobs(blobs.clone()).await.unwrap();
+    let mut wanted: Vec<String> = blobs.iter().map(|b| b.sha256.clone()).collect();
+    wanted.push(sha256_hex(b"never stored"));
+    let mut got = db.store.blobs(&wanted).await.unwrap();
+    got.sort_by(|a, b| a.sha256.cmp(&b.sha256));
+    let mut want = blobs.clone();
+    want.sort_by(|a, b| a.sha256.cmp(&b.sha256));
+    assert_eq!(got, want);
+    assert!(db.store.blobs(&[]).await.unwrap().is_empty());
+}
+
+async fn a_session_remembers_where_it_came_from(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let source = session(db, &t).await;
+    let mut fork = new_session(&t);
+    fork.origin = Some(toolexec_core::Origin {
+        kind: toolexec_core::OriginKind::Fork,
+        session_id: source.id,
+        seq: 1,
+    });
+    let stored = db
+        .store
+        .create_session(
+            &fork,
+            vec![NewEvent {
+                kind: EventKind::SessionCreated,
+                data: json!({}),
+            }],
+            vec![],
+            u64::MAX,
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.origin, fork.origin);
+    assert_eq!(
+        db.store.get_session(t.id, fork.id).await.unwrap().origin,
+        fork.origin
+    );
+    assert_eq!(
+        db.store.get_session(t.id, source.id).await.unwrap().origin,
+        None
+    );
+}
+
+async fn a_replay_report_is_saved_replaced_and_read_by_its_tenant_only(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let source = session(db, &t).await;
+    let target = session(db, &t).await;
+    let mut replay = toolexec_core::Replay {
+        id: new_id(),
+        mode: toolexec_core::ReplayMode::Verify,
+        status: toolexec_core::ReplayStatus::Running,
+        source_session_id: source.id,
+        session_id: target.id,
+        calls_total: 2,
+        calls_replayed: 0,
+        calls_diverged: 0,
+        calls: vec![],
+        error: None,
+        created_at: Utc::now(),
+        finished_at: None,
+    };
+    db.store.save_replay(t.id, &replay).await.unwrap();
+    assert_eq!(
+        db.store.replay(t.id, replay.id).await.unwrap().status,
+        toolexec_core::ReplayStatus::Running
+    );
+    replay.status = toolexec_core::ReplayStatus::Finished;
+    replay.calls_replayed = 2;
+    replay.finished_at = Some(Utc::now());
+    db.store.save_replay(t.id, &replay).await.unwrap();
+    let got = db.store.replay(t.id, replay.id).await.unwrap();
+    assert_eq!(got.status, toolexec_core::ReplayStatus::Finished);
+    assert_eq!(got.calls_replayed, 2);
+    let other = tenant(db, "other").await;
+    assert!(matches!(
+        db.store.replay(other.id, replay.id).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn a_lease_is_held_by_one_node_until_released_or_expired(db: &TestStore) {
+    use std::time::Duration;
+    use toolexec_store::Lease;
+    let held = |previous: Option<&str>| Lease::Held {
+        previous: previous.map(str::to_owned),
+    };
+    let busy = |holder: &str| Lease::Busy {
+        holder: holder.to_owned(),
+    };
+    let t = tenant(db, "acme").await;
+    let s = session(db, &t).await;
+    let long = Duration::from_secs(60);
+    assert_eq!(
+        db.store.acquire_lease(s.id, "a", long).await.unwrap(),
+        held(None)
+    );
+    // Held: another node is told who holds it; the holder takes it again (and renews it).
+    assert_eq!(
+        db.store.acquire_lease(s.id, "b", long).await.unwrap(),
+        busy("a")
+    );
+    assert_eq!(
+        db.store.acquire_lease(s.id, "a", long).await.unwrap(),
+        held(None)
+    );
+    assert_eq!(db.store.renew_leases("a", long).await.unwrap(), 1);
+    // Released: free for the other, which learns who held it last.
+    db.store.release_leases("a", &[s.id]).await.unwrap();
+    assert_eq!(
+        db.store.renew_leases("a", long).await.unwrap(),
+        0,
+        "a released lease is not renewed"
+    );
+    assert_eq!(
+        db.store.acquire_lease(s.id, "b", long).await.unwrap(),
+        held(Some("a"))
+    );
+    // Expired: taken over.
+    db.store.release_leases("b", &[s.id]).await.unwrap();
+    assert_eq!(
+        db.store
+            .acquire_lease(s.id, "b", Duration::from_millis(50))
+            .await
+            .unwrap(),
+        held(None)
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        db.store.acquire_lease(s.id, "a", long).await.unwrap(),
+        held(Some("b"))
+    );
+    // Releasing another node's lease does nothing.
+    db.store.release_leases("b", &[s.id]).await.unwrap();
+    assert_eq!(
+        db.store.acquire_lease(s.id, "b", long).await.unwrap(),
+        busy("a")
+    );
+    // A lease of a session that does not exist is refused.
+    assert!(db.store.acquire_lease(new_id(), "a", long).await.is_err());
 }

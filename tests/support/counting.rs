@@ -194,7 +194,7 @@ impl Store for CountingStore {
         session_id: Uuid,
         node: &str,
         ttl: std::time::Duration,
-    ) -> Result<Option<String>> {
+    ) -> Result<toolexec_store::Lease> {
         self.inner.acquire_lease(session_id, node, ttl).await
     }
     async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {

@@ -30,6 +30,18 @@ pub struct Limits {
     /// (same ids) return their results as they are recorded. Bounds how long one request holds a
     /// connection, whatever its calls do.
     pub request_timeout_ms: u64,
+    // --- which node runs a session's calls (docs/design.md, "One node at a time") ---
+    /// How long a node's lease of a session lasts without its heartbeat renewing it
+    /// (milliseconds): how long the session waits after its node died before another node may
+    /// take it.
+    pub lease_ttl_ms: u64,
+    /// How long a node keeps the lease of a session it no longer uses (milliseconds): calls of
+    /// an agent loop close together pay no round trip for it; another node waits this long for
+    /// an idle session.
+    pub lease_linger_ms: u64,
+    /// How long a call waits for the lease of its session held by another node before it is
+    /// answered 503 (milliseconds).
+    pub lease_wait_ms: u64,
     // --- sessions and descriptors ---
     /// Most open (active) sessions one tenant may hold; creating another is a 409
     /// `too_many_open_sessions` that says to close some. Bounds what one tenant's sessions pin
@@ -104,6 +116,9 @@ impl Default for Limits {
             max_seed_files: 1_000,
             max_cached_sessions: 10_000,
             request_timeout_ms: 900_000,
+            lease_ttl_ms: 10_000,
+            lease_linger_ms: 500,
+            lease_wait_ms: 30_000,
             // --- sessions and descriptors ---
             max_open_sessions_per_tenant: 1_000,
             // --- workspace scans ---

@@ -62,6 +62,12 @@ const FILE_KINDS: [EventKind; 4] = [
 ];
 
 impl Engine {
+    /// Gives up every session lease this node holds (at shutdown, once its batches are done),
+    /// so that another node can take its sessions at once instead of after their TTL.
+    pub async fn release_leases(&self) {
+        self.leases.release_all().await;
+    }
+
     /// The seq `at` stands for in `session` (its last event when absent), checked.
     fn resolve_at(session: &Session, at: Option<i64>) -> Result<i64> {
         let at = at.unwrap_or(session.last_seq);
@@ -301,7 +307,12 @@ impl Engine {
     /// `at_seq` (see [`ForkRequest`]).
     pub async fn fork(&self, tenant_id: Uuid, source_id: Uuid, req: ForkRequest) -> Result<Forked> {
         let source = self.store.get_session(tenant_id, source_id).await?;
-        // "Now" waits for a mutating call of the source on this node to finish first.
+        // "Now" waits for the source's calls in flight, on any node (its lease), and for a
+        // mutating one on this node (its scheduling lock).
+        let _lease = match (req.at_seq, source.status) {
+            (None, SessionStatus::Active) => Some(self.leases.hold(source_id).await?.0),
+            _ => None,
+        };
         let cached = self.cached_runtime(tenant_id, source_id)?;
         let _turn = match (&cached, req.at_seq) {
             (Some(rt), None) => Some(rt.schedule.read().await),
@@ -496,6 +507,10 @@ impl Engine {
         let session = self.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
+        }
+        let (_lease, taken_over) = self.leases.hold(session_id).await?;
+        if taken_over {
+            self.forget_runtime(session_id);
         }
         let rt = self.runtime(&session).await?;
         let _turn = rt.schedule.write().await;

@@ -12,6 +12,7 @@ mod config;
 mod deadlines;
 mod effects;
 mod history;
+mod leases;
 mod log;
 pub mod metrics;
 pub mod recorder;
@@ -112,6 +113,8 @@ pub struct Engine {
     contents: Arc<scans::ContentPool>,
     /// The live streams of sessions' logs followed on this node.
     streams: Arc<stream::StreamHub>,
+    /// The sessions whose calls this node runs now (their leases in the store).
+    leases: Arc<leases::Leases>,
     /// Where this node's session workspaces live, and who owns them.
     workspaces: toolexec_workspace::Workspaces,
 }
@@ -160,6 +163,16 @@ impl Engine {
                 .with_on_commit(Arc::new(move |session| notify.notify(session)));
         let inotify = scans::inotify_pool(&config.limits);
         let contents = scans::ContentPool::new(config.limits.node_content_budget_bytes);
+        let ms = std::time::Duration::from_millis;
+        let leases = leases::Leases::start(
+            store.clone(),
+            config.node.clone(),
+            leases::LeaseTimes {
+                ttl: ms(config.limits.lease_ttl_ms.max(100)),
+                linger: ms(config.limits.lease_linger_ms),
+                wait: ms(config.limits.lease_wait_ms),
+            },
+        );
         Ok(Arc::new(Self {
             store,
             registry,
@@ -173,6 +186,7 @@ impl Engine {
             inotify,
             contents,
             streams,
+            leases,
             workspaces,
         }))
     }

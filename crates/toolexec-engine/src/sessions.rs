@@ -245,6 +245,14 @@ impl Engine {
         Ok(self.keep_runtime(rt))
     }
 
+    /// Drops this node's runtime of a session (another node ran its calls since): the next
+    /// call builds a new one from the store.
+    pub(crate) fn forget_runtime(&self, session_id: Uuid) {
+        if let Ok(mut map) = self.runtimes.lock() {
+            map.remove(&session_id);
+        }
+    }
+
     /// Caches a runtime (or returns the one another task cached first).
     pub(crate) fn keep_runtime(&self, rt: Arc<SessionRuntime>) -> Arc<SessionRuntime> {
         let Ok(mut map) = self.runtimes.lock() else {
@@ -588,6 +596,7 @@ impl Engine {
             )
             .await?;
         self.streams.notify(id);
+        self.leases.release(id).await;
         let rt = self.runtimes.lock().ok().and_then(|mut m| m.remove(&id));
         // Wait for running calls of the session to finish before the workspace goes away.
         if let Some(rt) = rt {

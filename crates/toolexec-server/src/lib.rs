@@ -177,5 +177,6 @@ pub async fn serve(
     // In-flight requests are done; batches whose clients went away may still be finishing
     // their running call (SPEC §7: finish in-flight calls and record the outcome).
     engine.wait_for_batches().await;
+    engine.release_leases().await;
     served
 }

@@ -233,6 +233,17 @@ pub struct CallKey {
     pub invocation_id: Uuid,
 }
 
+/// What [`Store::acquire_lease`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// The node holds the lease now. `previous` is the node that held it last, when another
+    /// one did (or `None`: it was this node's, or never anyone's): a node that takes a session
+    /// over from another must not trust what it remembered of it.
+    Held { previous: Option<String> },
+    /// Another node holds it, until it releases it or it expires.
+    Busy { holder: String },
+}
+
 /// A page of sessions, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionPage {
@@ -413,18 +424,18 @@ pub trait Store: Send + Sync + 'static {
     // --- leases: which node runs a session's calls ---
 
     /// Takes (or renews) the lease of `session_id` for `node` until `ttl` from now, if it is
-    /// free, expired or already `node`'s. `None` when `node` holds it now; otherwise the node
-    /// that does.
+    /// free (released or expired) or already `node`'s; otherwise says who holds it.
     async fn acquire_lease(
         &self,
         session_id: Uuid,
         node: &str,
         ttl: std::time::Duration,
-    ) -> Result<Option<String>>;
+    ) -> Result<Lease>;
 
     /// Extends every lease `node` holds to `ttl` from now (its heartbeat).
     async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64>;
 
-    /// Gives up `node`'s leases of these sessions.
+    /// Gives up `node`'s leases of these sessions (the row stays, expired, so that the next
+    /// holder learns who held it last).
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()>;
 }

@@ -33,7 +33,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+    Assigned, Blob, CallKey, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write,
+    WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -1100,36 +1101,43 @@ impl Store for PgStore {
         session_id: Uuid,
         node: &str,
         ttl: std::time::Duration,
-    ) -> Result<Option<String>> {
+    ) -> Result<Lease> {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        // Taken when free, expired or already ours; otherwise the holder is read back.
-        let holder: Option<String> = sqlx::query_scalar(
-            "WITH taken AS (\
+        // `prev` reads the row as it was before the statement: who held it last.
+        let (taken, previous): (bool, Option<String>) = sqlx::query_as(
+            "WITH prev AS (SELECT node FROM session_leases WHERE session_id = $1), \
+             taken AS (\
                  INSERT INTO session_leases AS l (session_id, node, expires_at) \
                  VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond') \
                  ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = excluded.expires_at \
                  WHERE l.node = $2 OR l.expires_at < clock_timestamp() \
                  RETURNING node) \
-             SELECT CASE WHEN EXISTS (SELECT 1 FROM taken) THEN NULL \
-                    ELSE (SELECT node FROM session_leases WHERE session_id = $1) END",
+             SELECT EXISTS (SELECT 1 FROM taken), (SELECT node FROM prev)",
         )
         .bind(session_id)
         .bind(node)
-        .bind(ttl_ms)
+        .bind(ttl_ms as f64)
         .fetch_one(&self.pool)
         .await
         .map_err(not_found_on_fk)?;
-        Ok(holder)
+        Ok(match (taken, previous) {
+            (true, previous) => Lease::Held {
+                previous: previous.filter(|p| p != node),
+            },
+            (false, holder) => Lease::Busy {
+                holder: holder.unwrap_or_default(),
+            },
+        })
     }
 
     async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         Ok(sqlx::query(
             "UPDATE session_leases SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' \
-             WHERE node = $1",
+             WHERE node = $1 AND expires_at >= clock_timestamp()",
         )
         .bind(node)
-        .bind(ttl_ms)
+        .bind(ttl_ms as f64)
         .execute(&self.pool)
         .await?
         .rows_affected())
@@ -1139,11 +1147,14 @@ impl Store for PgStore {
         if session_ids.is_empty() {
             return Ok(());
         }
-        sqlx::query("DELETE FROM session_leases WHERE node = $1 AND session_id = ANY($2)")
-            .bind(node)
-            .bind(session_ids)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE session_leases SET expires_at = clock_timestamp() - interval '1 millisecond' \
+             WHERE node = $1 AND session_id = ANY($2)",
+        )
+        .bind(node)
+        .bind(session_ids)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 }

@@ -24,7 +24,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+    Assigned, Blob, CallKey, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write,
+    WriteError,
 };
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
@@ -873,34 +874,37 @@ impl Store for SqliteStore {
         rows::replay(&row)
     }
 
-    async fn acquire_lease(
-        &self,
-        session_id: Uuid,
-        node: &str,
-        ttl: Duration,
-    ) -> Result<Option<String>> {
+    async fn acquire_lease(&self, session_id: Uuid, node: &str, ttl: Duration) -> Result<Lease> {
         let now = Utc::now().timestamp_millis();
         let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
         let mut tx = self.begin().await?;
+        let previous: Option<(String, i64)> =
+            sqlx::query_as("SELECT node, expires_at FROM session_leases WHERE session_id = $1")
+                .bind(session_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((holder, expires)) = &previous
+            && holder != node
+            && *expires >= now
+        {
+            return Ok(Lease::Busy {
+                holder: holder.clone(),
+            });
+        }
         sqlx::query(
             "INSERT INTO session_leases (session_id, node, expires_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = $3 \
-             WHERE session_leases.node = $2 OR session_leases.expires_at < $4",
+             ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = $3",
         )
         .bind(session_id)
         .bind(node)
         .bind(until)
-        .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(not_found_on_fk)?;
-        let holder: String =
-            sqlx::query_scalar("SELECT node FROM session_leases WHERE session_id = $1")
-                .bind(session_id)
-                .fetch_one(&mut *tx)
-                .await?;
         tx.commit().await?;
-        Ok((holder != node).then_some(holder))
+        Ok(Lease::Held {
+            previous: previous.map(|(n, _)| n).filter(|n| n != node),
+        })
     }
 
     async fn renew_leases(&self, node: &str, ttl: Duration) -> Result<u64> {
@@ -908,12 +912,15 @@ impl Store for SqliteStore {
             .timestamp_millis()
             .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
         let mut tx = self.begin().await?;
-        let n = sqlx::query("UPDATE session_leases SET expires_at = $2 WHERE node = $1")
-            .bind(node)
-            .bind(until)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+        let n = sqlx::query(
+            "UPDATE session_leases SET expires_at = $2 WHERE node = $1 AND expires_at >= $3",
+        )
+        .bind(node)
+        .bind(until)
+        .bind(Utc::now().timestamp_millis())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         tx.commit().await?;
         Ok(n)
     }
@@ -924,11 +931,14 @@ impl Store for SqliteStore {
         }
         let mut tx = self.begin().await?;
         for id in session_ids {
-            sqlx::query("DELETE FROM session_leases WHERE node = $1 AND session_id = $2")
-                .bind(node)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE session_leases SET expires_at = $3 WHERE node = $1 AND session_id = $2",
+            )
+            .bind(node)
+            .bind(id)
+            .bind(Utc::now().timestamp_millis() - 1)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())

@@ -108,17 +108,18 @@ pub struct FileQuery {
 async fn get_file(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path((id, _)): Path<(String, String)>,
     OriginalUri(uri): OriginalUri,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "session")?;
-    // The raw path, so that bytes that are not UTF-8 (percent-encoded) arrive as they are.
-    let raw = uri
+    // From the URI itself: the file's path may hold percent-encoded bytes that are not UTF-8,
+    // which axum's path extractors refuse.
+    let (id, raw) = uri
         .path()
-        .split_once("/files/")
-        .map(|(_, p)| percent_decode(p))
+        .strip_prefix("/v1/sessions/")
+        .and_then(|rest| rest.split_once("/files/"))
+        .map(|(id, path)| (id.to_owned(), percent_decode(path)))
         .unwrap_or_default();
+    let id = parse_id(&id, "session")?;
     let file = state
         .engine
         .file_at(tenant.id, id, q.at, &raw)
@@ -186,7 +187,7 @@ fn percent_decode(text: &str) -> Vec<u8> {
     responses(
         (status = 200, description = "Rewound: what changed", body = RewindResult),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session is closed (`session_closed`), or the state has files whose contents the log does not hold and `allow_partial` was not set (`unrestorable`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is closed (`session_closed`), or the state has files whose contents the log does not hold and `allow_partial: true` was not sent (`unrestorable`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`to_seq` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn rewind(
@@ -216,7 +217,7 @@ async fn rewind(
     responses(
         (status = 201, description = "The fork", body = Forked),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The state has files whose contents the log does not hold and `allow_partial` was not set (`unrestorable`), or the tenant has too many open sessions (`too_many_open_sessions`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The state has files whose contents the log does not hold and `allow_partial: true` was not sent (`unrestorable`), or the tenant has too many open sessions (`too_many_open_sessions`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`at_seq` is not an event of the source (`seq_out_of_range`); the policy or tools would loosen the source's (`policy_not_tighter`), or break the operator's rules (`policy_above_ceiling`, `unknown_tool`, `invalid_metadata`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn fork(

@@ -42,6 +42,8 @@ pub(super) struct Planned {
     pub plans: Vec<Plan>,
     /// The canonical hash of each call's arguments: its identity for retries.
     pub hashes: Vec<String>,
+    /// This node's lease of the session, held while the batch runs (when something runs).
+    pub _lease: Option<crate::leases::LeaseGuard>,
 }
 
 /// Checks what does not depend on the store: batch size, call id length, NUL in ids and names.
@@ -179,18 +181,35 @@ impl Engine {
                     ),
                 });
             }
-            Some(match cached {
-                Some(rt) => rt,
-                None => self.runtime(&session).await?,
-            })
+            // One node at a time runs the session's calls; one that takes the session over
+            // from another forgets what it remembered of it.
+            let (lease, taken_over) = self.leases.hold(session_id).await?;
+            let cached = if taken_over {
+                self.forget_runtime(session_id);
+                None
+            } else {
+                cached
+            };
+            Some((
+                match cached {
+                    Some(rt) => rt,
+                    None => self.runtime(&session).await?,
+                },
+                lease,
+            ))
         } else {
             None
+        };
+        let (runtime, lease) = match runtime {
+            Some((rt, lease)) => (Some(rt), Some(lease)),
+            None => (None, None),
         };
         Ok(Planned {
             session,
             runtime,
             plans: plans.into_iter().flatten().collect(),
             hashes,
+            _lease: lease,
         })
     }
 }

@@ -1,0 +1,222 @@
+//! One node at a time runs a session's calls: a lease in the store, not only a lock in memory.
+//!
+//! The in-memory scheduling lock of a session ([`crate::SessionRuntime::schedule`]) keeps a
+//! mutating call from overlapping any other call of the session *on one node*. Replicas that
+//! share one store (and the workspaces, on shared storage) each have their own; the lease makes
+//! the rule hold across them. A node takes the lease of a session before it runs a batch of its
+//! calls (or rewinds it), and holds it while it keeps serving the session: a node that holds it
+//! pays no round trip for it. Its heartbeat renews every lease it holds (one statement), and
+//! gives up those of sessions it has not used for `limits.lease_linger_ms`. Another node that
+//! gets a call for a session whose lease is held waits for it (released, or expired after
+//! `limits.lease_ttl_ms` if its holder died), up to `limits.lease_wait_ms`, then answers 503.
+//!
+//! A node that takes a lease another node held last forgets what it remembered of the session
+//! (its runtime: read-before-write state, call index, scan baseline): the other node may have
+//! changed everything since.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use toolexec_store::{Lease, Store};
+use uuid::Uuid;
+
+use crate::{EngineError, Result};
+
+/// How often a waiting node asks again, and how often the heartbeat looks at idle leases.
+const TICK: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTimes {
+    pub ttl: Duration,
+    pub linger: Duration,
+    pub wait: Duration,
+}
+
+struct Held {
+    /// Batches (and rewinds) using it now.
+    in_use: usize,
+    last_used: Instant,
+}
+
+pub(crate) struct Leases {
+    store: Arc<dyn Store>,
+    node: String,
+    times: LeaseTimes,
+    held: Mutex<HashMap<Uuid, Held>>,
+    /// When the store last confirmed this node's leases (taken or renewed); past the TTL without
+    /// a confirmation, none is trusted.
+    confirmed: Mutex<Option<Instant>>,
+}
+
+/// A lease in use; dropping it lets the heartbeat give the lease up once it has lingered.
+pub(crate) struct LeaseGuard {
+    leases: Arc<Leases>,
+    session: Uuid,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.leases.held.lock()
+            && let Some(h) = held.get_mut(&self.session)
+        {
+            h.in_use = h.in_use.saturating_sub(1);
+            h.last_used = Instant::now();
+        }
+    }
+}
+
+impl Leases {
+    pub(crate) fn start(store: Arc<dyn Store>, node: String, times: LeaseTimes) -> Arc<Self> {
+        let leases = Arc::new(Self {
+            store,
+            node,
+            times,
+            held: Mutex::new(HashMap::new()),
+            confirmed: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&leases);
+        tokio::spawn(async move {
+            let mut last_renewal = Instant::now();
+            loop {
+                tokio::time::sleep(TICK).await;
+                let Some(leases) = weak.upgrade() else {
+                    return;
+                };
+                leases.release_idle().await;
+                if last_renewal.elapsed() >= leases.times.ttl / 3 {
+                    last_renewal = Instant::now();
+                    leases.renew().await;
+                }
+            }
+        });
+        leases
+    }
+
+    /// Holds the lease of `session` for this node, waiting while another node holds it. The
+    /// flag says whether another node held it last (what this node remembers is stale).
+    pub(crate) async fn hold(self: &Arc<Self>, session: Uuid) -> Result<(LeaseGuard, bool)> {
+        if self.trusted()
+            && let Ok(mut held) = self.held.lock()
+            && let Some(h) = held.get_mut(&session)
+        {
+            h.in_use += 1;
+            h.last_used = Instant::now();
+            return Ok((self.guard(session), false));
+        }
+        let started = Instant::now();
+        loop {
+            let asked = Instant::now();
+            match self
+                .store
+                .acquire_lease(session, &self.node, self.times.ttl)
+                .await?
+            {
+                Lease::Held { previous } => {
+                    if let Ok(mut held) = self.held.lock() {
+                        let h = held.entry(session).or_insert(Held {
+                            in_use: 0,
+                            last_used: Instant::now(),
+                        });
+                        h.in_use += 1;
+                        h.last_used = Instant::now();
+                    }
+                    self.confirm(asked);
+                    return Ok((self.guard(session), previous.is_some()));
+                }
+                Lease::Busy { holder } => {
+                    if started.elapsed() >= self.times.wait {
+                        return Err(EngineError::Unavailable(format!(
+                            "session {session} is running calls on node {holder} (its lease is held there); route a session's requests to one node, or retry"
+                        )));
+                    }
+                    tokio::time::sleep(TICK).await;
+                }
+            }
+        }
+    }
+
+    /// Gives up the lease of a session at once (it closed).
+    pub(crate) async fn release(&self, session: Uuid) {
+        if let Ok(mut held) = self.held.lock() {
+            held.remove(&session);
+        }
+        if let Err(e) = self.store.release_leases(&self.node, &[session]).await {
+            tracing::warn!(error = %e, %session, "a session's lease could not be released; it expires");
+        }
+    }
+
+    /// Gives up every lease (shutdown).
+    pub(crate) async fn release_all(&self) {
+        let ids: Vec<Uuid> = self
+            .held
+            .lock()
+            .map(|mut h| h.drain().map(|(id, _)| id).collect())
+            .unwrap_or_default();
+        if let Err(e) = self.store.release_leases(&self.node, &ids).await {
+            tracing::warn!(error = %e, "leases could not be released at shutdown; they expire");
+        }
+    }
+
+    fn guard(self: &Arc<Self>, session: Uuid) -> LeaseGuard {
+        LeaseGuard {
+            leases: self.clone(),
+            session,
+        }
+    }
+
+    /// Whether the leases this node remembers are still its own: confirmed by the store within
+    /// the TTL (minus a margin for the clock of the store).
+    fn trusted(&self) -> bool {
+        self.confirmed
+            .lock()
+            .ok()
+            .and_then(|c| *c)
+            .is_some_and(|at| at.elapsed() < self.times.ttl.mul_f64(0.8))
+    }
+
+    fn confirm(&self, at: Instant) {
+        if let Ok(mut c) = self.confirmed.lock() {
+            // Only a renewal of all of them confirms all; one taken confirms itself, which the
+            // next renewal (a third of the TTL away at most) covers.
+            if c.is_none() {
+                *c = Some(at);
+            }
+        }
+    }
+
+    async fn renew(&self) {
+        let asked = Instant::now();
+        match self.store.renew_leases(&self.node, self.times.ttl).await {
+            Ok(_) => {
+                if let Ok(mut c) = self.confirmed.lock() {
+                    *c = Some(asked);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "renewing this node's session leases failed"),
+        }
+    }
+
+    async fn release_idle(&self) {
+        let idle: Vec<Uuid> = match self.held.lock() {
+            Ok(mut held) => {
+                let linger = self.times.linger;
+                let ids: Vec<Uuid> = held
+                    .iter()
+                    .filter(|(_, h)| h.in_use == 0 && h.last_used.elapsed() >= linger)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in &ids {
+                    held.remove(id);
+                }
+                ids
+            }
+            Err(_) => return,
+        };
+        if idle.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.release_leases(&self.node, &idle).await {
+            tracing::warn!(error = %e, "idle session leases could not be released; they expire");
+        }
+    }
+}

@@ -188,7 +188,7 @@ fn percent_decode(text: &str) -> Vec<u8> {
         (status = 200, description = "Rewound: what changed", body = RewindResult),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session is closed (`session_closed`), or the state has files whose contents the log does not hold and `allow_partial: true` was not sent (`unrestorable`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`to_seq` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The to_seq given is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn rewind(
     State(state): State<SharedState>,
@@ -218,7 +218,7 @@ async fn rewind(
         (status = 201, description = "The fork", body = Forked),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The state has files whose contents the log does not hold and `allow_partial: true` was not sent (`unrestorable`), or the tenant has too many open sessions (`too_many_open_sessions`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`at_seq` is not an event of the source (`seq_out_of_range`); the policy or tools would loosen the source's (`policy_not_tighter`), or break the operator's rules (`policy_above_ceiling`, `unknown_tool`, `invalid_metadata`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The at_seq given is not an event of the source (`seq_out_of_range`); the policy or tools would loosen the source's (`policy_not_tighter`), or break the operator's rules (`policy_above_ceiling`, `unknown_tool`, `invalid_metadata`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn fork(
     State(state): State<SharedState>,
@@ -356,13 +356,17 @@ async fn stream_events(
         .await
         .map_err(or_not_found("session"))?;
     let events = stream.map(|item| Ok::<_, Infallible>(sse_event(item)));
-    Ok(Sse::new(events)
+    let mut resp = Sse::new(events)
         .keep_alive(
             KeepAlive::new()
                 .interval(std::time::Duration::from_secs(15))
                 .text("ping"),
         )
-        .into_response())
+        .into_response();
+    // Proxies (nginx) pass the events on as they come instead of buffering them.
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(resp)
 }
 
 fn sse_event(item: toolexec_engine::StreamItem) -> SseEvent {

@@ -1325,6 +1325,50 @@ async fn sandbox_escape_loader_variables_in_a_session_env_are_refused_on_sqlite(
     loader_variables_are_refused(&toolexec_tests::app::spawn_sqlite_app().await).await;
 }
 
+/// Host-side canaries for code that might run outside the sandbox: a loopback listener that
+/// records whatever connects, and a marker path in a host directory the sandbox user could write.
+struct Canaries {
+    port: u16,
+    hits: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    marker: std::path::PathBuf,
+    listener: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Canaries {
+    async fn start() -> Self {
+        use tokio::io::AsyncReadExt;
+        let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = canary.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = hits.clone();
+        let listener = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = canary.accept().await else {
+                    return;
+                };
+                let mut text = String::new();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
+                seen.lock().unwrap().push(text);
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        Self {
+            port,
+            hits,
+            marker: dir.path().join("escaped"),
+            listener,
+            _dir: dir,
+        }
+    }
+}
+
 /// A shared library whose constructor tries everything a hostile tenant wants from code that
 /// runs outside the sandbox: reach a host loopback listener, create a file at a host path, and
 /// note the namespaces it ran in (in `/workspace/canary-ran`, which exists only inside).
@@ -1372,8 +1416,6 @@ unsigned int la_version(unsigned int version) { return version; }
 /// marker file on the host, no trace of the library running anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_escape_a_library_planted_by_another_session_never_runs_outside_the_sandbox() {
-    use tokio::io::AsyncReadExt;
-
     let app = spawn_app().await;
     let a = Sh::new(&app, json!({"files": {"canary.c": CANARY_C}})).await;
     let r = a
@@ -1398,27 +1440,13 @@ async fn sandbox_escape_a_library_planted_by_another_session_never_runs_outside_
     );
 
     // Host-side canaries: a loopback listener and a host directory the sandbox user could write.
-    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = canary.local_addr().unwrap().port();
-    let hits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let seen = hits.clone();
-    let listener = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = canary.accept().await else {
-                return;
-            };
-            let mut text = String::new();
-            let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
-            seen.lock().unwrap().push(text);
-        }
-    });
-    let host_dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        host_dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let marker = host_dir.path().join("escaped");
+    let canaries = Canaries::start().await;
+    let (port, hits, marker) = (
+        canaries.port,
+        canaries.hits.clone(),
+        canaries.marker.clone(),
+    );
+    let listener = &canaries.listener;
     let env = |extra: &[(&str, &str)]| -> Value {
         let mut e = serde_json::Map::new();
         e.insert("CANARY_PORT".into(), json!(port.to_string()));
@@ -1566,8 +1594,6 @@ async fn force_session_env(app: &TestApp, sid: &str, env: &Value) {
 /// so it is loadable both outside and inside: the control that the variables did reach the
 /// command (the library ran there, in the sandbox's namespaces) comes with every attack.
 async fn loader_variables_run_nothing_outside(backend: toolexec_tests::app::Backend) {
-    use tokio::io::AsyncReadExt;
-
     // Not under /tmp, which every sandbox replaces with its own.
     let shared = tempfile::Builder::new()
         .prefix("toolexec-canary-")
@@ -1597,27 +1623,13 @@ async fn loader_variables_run_nothing_outside(backend: toolexec_tests::app::Back
     let bind = shared_dir.clone();
     let app = backend.spawn_with(|c| c.sandbox.ro_binds.push(bind)).await;
 
-    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = canary.local_addr().unwrap().port();
-    let hits = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let seen = hits.clone();
-    let listener = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = canary.accept().await else {
-                return;
-            };
-            let mut text = String::new();
-            let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
-            seen.lock().unwrap().push(text);
-        }
-    });
-    let host_dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        host_dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let marker = host_dir.path().join("escaped");
+    let canaries = Canaries::start().await;
+    let (port, hits, marker) = (
+        canaries.port,
+        canaries.hits.clone(),
+        canaries.marker.clone(),
+    );
+    let listener = &canaries.listener;
 
     let lib_s = lib.display().to_string();
     let dir_s = shared_dir.display().to_string();

@@ -165,6 +165,12 @@ async fn assert_file_is(app: &TestApp, sid: &str, at: i64, path: &[u8], seen: &S
     }
 }
 
+/// The arguments of a `shell` call that has the background process of the script write once
+/// (`tick N` to bg.log) and waits until it has: the write is then this call's, deterministically.
+fn trigger(n: usize) -> Value {
+    json!({"command": format!("echo {n} > go; while [ -f go ]; do sleep 0.02; done")})
+}
+
 /// One call of the script, and whether it is a mutating call whose end is a stable point to
 /// compare at.
 fn script() -> Vec<(&'static str, Value)> {
@@ -199,10 +205,7 @@ fn script() -> Vec<(&'static str, Value)> {
             "shell",
             json!({"command": "while true; do if [ -f go ]; then echo \"tick $(cat go)\" >> bg.log; rm go; fi; sleep 0.02; done", "background": true}),
         ),
-        (
-            "shell",
-            json!({"command": "echo 1 > go; while [ -f go ]; do sleep 0.02; done"}),
-        ),
+        ("shell", trigger(1)),
         ("glob", json!({"pattern": "**/*.py"})),
         ("grep", json!({"pattern": "def "})),
         (
@@ -221,10 +224,7 @@ fn script() -> Vec<(&'static str, Value)> {
             "shell",
             json!({"command": "rm main-link && ln -s src/util.py main-link"}),
         ),
-        (
-            "shell",
-            json!({"command": "echo 2 > go; while [ -f go ]; do sleep 0.02; done"}),
-        ),
+        ("shell", trigger(2)),
         ("read_file", json!({"file_path": "backup/util.py"})),
         ("file_delete", json!({"path": "backup/util.py"})),
         (
@@ -244,10 +244,7 @@ fn script() -> Vec<(&'static str, Value)> {
             json!({"command": "mv src/new.py src/renamed.py && chmod +x src/renamed.py"}),
         ),
         ("list_dir", json!({"path": ".", "depth": 3})),
-        (
-            "shell",
-            json!({"command": "echo 3 > go; while [ -f go ]; do sleep 0.02; done"}),
-        ),
+        ("shell", trigger(3)),
         (
             "shell",
             json!({"command": "printf 'x' > \"$(printf 'bad\\377name')\""}),
@@ -272,7 +269,7 @@ fn script() -> Vec<(&'static str, Value)> {
         ));
         s.push(("shell", json!({"command": format!("echo round {i} >> log.txt; chmod {} gen/file{i}.txt", if i % 2 == 0 { "640" } else { "755" })})));
         if i % 3 == 0 {
-            s.push(("shell", json!({"command": format!("echo {} > go; while [ -f go ]; do sleep 0.02; done", i + 10)})));
+            s.push(("shell", trigger(i + 10)));
         }
         if i % 4 == 1 {
             s.push((
@@ -800,6 +797,19 @@ toolexec_tests::on_both_stores!(
     verify_replay
 );
 
+/// Another replica of `app`'s service: the same database and the same workspaces (shared
+/// storage), its own node name.
+async fn replica(
+    app: &TestApp,
+    node: &str,
+    adjust: impl FnOnce(&mut toolexec_server::Config),
+) -> TestApp {
+    let mut config = app.config.clone();
+    config.node = Some(node.into());
+    adjust(&mut config);
+    TestApp::start(config, app.data.clone(), app.db.clone()).await
+}
+
 /// Reads SSE events (`id`, `event`) from a response until `n` arrived or `within` passed.
 async fn read_sse(
     resp: &mut reqwest::Response,
@@ -839,10 +849,7 @@ async fn read_sse(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_log_streams_across_a_reconnect_and_a_second_replica() {
     let a = Backend::Postgres.spawn().await;
-    // A second replica: the same database and the same workspaces (shared storage).
-    let mut config = a.config.clone();
-    config.node = Some("replica-b".into());
-    let b = TestApp::start(config, a.data.clone(), a.db.clone()).await;
+    let b = replica(&a, "replica-b", |_| {}).await;
     let s = a.session(json!({})).await;
     let sid = s["id"].as_str().unwrap().to_owned();
     for i in 0..5 {
@@ -1021,9 +1028,7 @@ async fn a_stream_reader_that_falls_behind_is_disconnected_with_a_final_event() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_never_interleave_a_sessions_calls() {
     let a = Backend::Postgres.spawn().await;
-    let mut config = a.config.clone();
-    config.node = Some("replica-b".into());
-    let b = TestApp::start(config, a.data.clone(), a.db.clone()).await;
+    let b = replica(&a, "replica-b", |_| {}).await;
     let s = a.session(json!({})).await;
     let sid = s["id"].as_str().unwrap().to_owned();
     let slow = {
@@ -1064,10 +1069,7 @@ async fn replicas_never_interleave_a_sessions_calls() {
     assert!(seq_of("invocation.started", "other") > seq_of("invocation.finished", "slow"));
 
     // A replica that waits for the lease longer than it may answers 503, naming the holder.
-    let mut config = a.config.clone();
-    config.node = Some("replica-c".into());
-    config.limits.lease_wait_ms = 300;
-    let c = TestApp::start(config, a.data.clone(), a.db.clone()).await;
+    let c = replica(&a, "replica-c", |c| c.limits.lease_wait_ms = 300).await;
     let slow = {
         let (url, http) = (a.url(&format!("/v1/sessions/{sid}/calls")), a.http.clone());
         tokio::spawn(async move {

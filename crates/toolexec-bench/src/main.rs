@@ -5,10 +5,14 @@
 //! - `shell`: sandboxed `shell` calls (`true`) over HTTP, recorded, next to a raw spawn of
 //!   `/bin/bash -c true` from the bench process; plus the sandbox alone (no HTTP, no recording).
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`; Postgres on 127.0.0.1:5432,
+//! - `history`: rebuilding a session at a seq (next to `cp -a` of its workspace), forks (latency
+//!   and disk), and the log streamed to 100 subscribers (next to the events the calls wrote).
+//!
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
+mod history;
 mod shell;
 
 use std::str::FromStr;
@@ -67,6 +71,19 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
     },
+    /// Time travel: rebuild at a seq, forks, the live log to 100 subscribers.
+    History {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds of rebuilds, and of writes while streaming.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -97,6 +114,9 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             clients,
         } => shell::run(&admin_url, Duration::from_secs(seconds), &clients).await,
+        Command::History { admin_url, seconds } => {
+            history::run(&admin_url, Duration::from_secs(seconds)).await
+        }
     }
 }
 

@@ -274,13 +274,7 @@ impl Engine {
                 .iter()
                 .map(|(p, e)| (p.to_vec(), (*e).clone()))
                 .collect();
-            let mut shas: Vec<String> = batch
-                .iter()
-                .filter(|(_, e)| e.kind == EntryKind::File)
-                .filter_map(|(_, e)| e.sha256.clone())
-                .collect();
-            shas.sort_unstable();
-            shas.dedup();
+            let shas = history::blobs_of(batch.iter().map(|(_, e)| e));
             let contents: HashMap<String, Bytes> = self
                 .store
                 .blobs(&shas)
@@ -465,18 +459,7 @@ impl Engine {
             Vec::new(),
             self.config.sandbox.as_ref(),
         ));
-        let event = NewEvent {
-            kind: EventKind::SessionCreated,
-            data: json!({
-                "tools": session.tools,
-                "policy": session.policy,
-                "env_keys": session.env.keys().collect::<Vec<_>>(),
-                "metadata": session.metadata,
-                "node": self.config.node,
-                "origin": origin,
-                "files": state.len(),
-            }),
-        };
+        let event = self.session_created(&session, Some(state.len()));
         let cap = self.config.limits.max_open_sessions_per_tenant;
         match self
             .store

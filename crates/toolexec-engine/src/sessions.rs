@@ -446,16 +446,7 @@ impl Engine {
             self.config.sandbox.as_ref(),
         ));
 
-        let mut events = vec![NewEvent {
-            kind: EventKind::SessionCreated,
-            data: json!({
-                "tools": session.tools,
-                "policy": session.policy,
-                "env_keys": session.env.keys().collect::<Vec<_>>(),
-                "metadata": session.metadata,
-                "node": self.config.node,
-            }),
-        }];
+        let mut events = vec![self.session_created(&session, None)];
         let mut blobs = Vec::new();
         let seeded = self
             .seed_files(&session, &rt, new.files.unwrap_or_default())
@@ -486,6 +477,28 @@ impl Engine {
                 self.workspaces.remove(&name);
                 Err(e.into())
             }
+        }
+    }
+
+    /// The `session.created` event of a session (with where it came from, and how many files
+    /// it started with, for a fork or a replay).
+    pub(crate) fn session_created(&self, session: &Session, from: Option<usize>) -> NewEvent {
+        let mut data = json!({
+            "tools": session.tools,
+            "policy": session.policy,
+            "env_keys": session.env.keys().collect::<Vec<_>>(),
+            "metadata": session.metadata,
+            "node": self.config.node,
+        });
+        if let (Some(origin), Some(files), serde_json::Value::Object(map)) =
+            (session.origin, from, &mut data)
+        {
+            map.insert("origin".into(), json!(origin));
+            map.insert("files".into(), json!(files));
+        }
+        NewEvent {
+            kind: EventKind::SessionCreated,
+            data,
         }
     }
 

@@ -223,24 +223,13 @@ async fn next_item(mut sub: Subscriber) -> Option<(StreamItem, Subscriber)> {
                     }
                     return Some((StreamItem::Event(Arc::new(event)), sub));
                 }
-                match sub
-                    .store
-                    .events(sub.tenant_id, sub.session_id, sub.last, PAGE)
-                    .await
-                {
-                    Ok(page) if page.is_empty() => {
+                match refill(&mut sub).await {
+                    Ok(0) => {
                         sub.phase = Phase::Live;
                         sub.caught_up = true;
                     }
-                    Ok(page) => sub.buffered.extend(page),
-                    Err(e) => {
-                        sub.phase = Phase::Done;
-                        let item = StreamItem::Failed {
-                            last_seq: sub.last,
-                            detail: store_detail(&e),
-                        };
-                        return Some((item, sub));
-                    }
+                    Ok(_) => {}
+                    Err(item) => return Some((item, sub)),
                 }
             }
             Phase::Live => match sub.rx.recv().await {
@@ -269,24 +258,36 @@ async fn next_item(mut sub: Subscriber) -> Option<(StreamItem, Subscriber)> {
                     // The feed ended (the session closed, or nobody else followed it and a new
                     // one will start): whatever is left is in the store.
                     sub.phase = Phase::CatchUp;
-                    match sub
-                        .store
-                        .events(sub.tenant_id, sub.session_id, sub.last, PAGE)
-                        .await
-                    {
-                        Ok(page) if page.is_empty() => return None,
-                        Ok(page) => sub.buffered.extend(page),
-                        Err(e) => {
-                            sub.phase = Phase::Done;
-                            let item = StreamItem::Failed {
-                                last_seq: sub.last,
-                                detail: store_detail(&e),
-                            };
-                            return Some((item, sub));
-                        }
+                    match refill(&mut sub).await {
+                        Ok(0) => return None,
+                        Ok(_) => {}
+                        Err(item) => return Some((item, sub)),
                     }
                 }
             },
+        }
+    }
+}
+
+/// Reads the next page after what was sent into the buffer: how many events it held, or the
+/// final item when the store failed (the subscriber is then done).
+async fn refill(sub: &mut Subscriber) -> Result<usize, StreamItem> {
+    match sub
+        .store
+        .events(sub.tenant_id, sub.session_id, sub.last, PAGE)
+        .await
+    {
+        Ok(page) => {
+            let n = page.len();
+            sub.buffered.extend(page);
+            Ok(n)
+        }
+        Err(e) => {
+            sub.phase = Phase::Done;
+            Err(StreamItem::Failed {
+                last_seq: sub.last,
+                detail: store_detail(&e),
+            })
         }
     }
 }

@@ -147,16 +147,20 @@ impl State {
     /// The hashes of the contents needed to put this state into a directory (files only;
     /// unrestorable ones left out), each once.
     pub fn needed_blobs(&self) -> Vec<String> {
-        let mut shas: Vec<String> = self
-            .entries
-            .values()
-            .filter(|e| e.kind == EntryKind::File && e.restorable())
-            .filter_map(|e| e.sha256.clone())
-            .collect();
-        shas.sort_unstable();
-        shas.dedup();
-        shas
+        blobs_of(self.entries.values().filter(|e| e.restorable()))
     }
+}
+
+/// The hashes of the contents of these entries' files, each once, sorted.
+pub fn blobs_of<'e>(entries: impl IntoIterator<Item = &'e Entry>) -> Vec<String> {
+    let mut shas: Vec<String> = entries
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::File)
+        .filter_map(|e| e.sha256.clone())
+        .collect();
+    shas.sort_unstable();
+    shas.dedup();
+    shas
 }
 
 /// What putting a state into a workspace did.
@@ -194,15 +198,7 @@ pub struct Plan<'s> {
 impl Plan<'_> {
     /// The hashes of the contents the writes need, each once.
     pub fn needed_blobs(&self) -> Vec<String> {
-        let mut shas: Vec<String> = self
-            .write
-            .iter()
-            .filter(|(_, e)| e.kind == EntryKind::File)
-            .filter_map(|(_, e)| e.sha256.clone())
-            .collect();
-        shas.sort_unstable();
-        shas.dedup();
-        shas
+        blobs_of(self.write.iter().map(|(_, e)| *e))
     }
 
     pub fn is_empty(&self) -> bool {

@@ -794,7 +794,8 @@ toolexec_tests::on_both_stores!(
     time_travel,
     hundred_forks,
     what_cannot_be_restored,
-    verify_replay
+    verify_replay,
+    rewind_stops_later_processes
 );
 
 /// Another replica of `app`'s service: the same database and the same workspaces (shared
@@ -1109,4 +1110,64 @@ async fn replicas_never_interleave_a_sessions_calls() {
         .call(&sid, "c", "read_file", json!({"file_path": "a.txt"}))
         .await;
     assert_eq!(r["status"], "ok", "{r}");
+}
+
+/// A rewind stops the background processes started after the point it goes back to, records
+/// their exits, and leaves the ones started before running.
+async fn rewind_stops_later_processes(backend: Backend) {
+    let app = backend.spawn().await;
+    let s = app.session(json!({})).await;
+    let sid = s["id"].as_str().unwrap().to_owned();
+    let early = app
+        .call(
+            &sid,
+            "early",
+            "shell",
+            json!({"command": "sleep 300", "background": true}),
+        )
+        .await;
+    assert_eq!(early["status"], "ok", "{early}");
+    let point = app
+        .call(
+            &sid,
+            "w",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "a\n"}),
+        )
+        .await["seq"]
+        .as_i64()
+        .unwrap();
+    let late = app
+        .call(&sid, "late", "shell", json!({"command": "while true; do date >> late.log; sleep 0.05; done", "background": true}))
+        .await;
+    assert_eq!(late["status"], "ok", "{late}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/rewind"),
+            &json!({"to_seq": point}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rewound: Value = resp.json().await.unwrap();
+    assert_eq!(rewound["processes_stopped"], json!(["p2"]), "{rewound}");
+    // late.log is gone and stays gone: its writer was stopped before the files were put back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!host_dir(&app, &sid).join("late.log").exists());
+    let events = app.events(&sid).await;
+    let exited: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "process.exited" && e["seq"].as_i64() > rewound["seq"].as_i64())
+        .collect();
+    assert_eq!(exited.len(), 1, "{events:?}");
+    assert_eq!(exited[0]["data"]["process_id"], "p2");
+    let r = app
+        .call(
+            &sid,
+            "read-early",
+            "process_read",
+            json!({"process_id": "p1"}),
+        )
+        .await;
+    assert!(r["content"].as_str().unwrap().contains("running"), "{r}");
 }

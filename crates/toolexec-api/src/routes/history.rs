@@ -301,6 +301,19 @@ async fn get_replay(
     ))
 }
 
+/// One Server-Sent Event of `GET /v1/sessions/{id}/events/stream`, as its fields arrive.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamEvent {
+    /// The event's `seq` (absent on `stream.overflow` and `stream.error`): send it back as
+    /// `Last-Event-ID` to resume after it.
+    pub id: Option<String>,
+    /// The event's kind (`session.created`, `invocation.started`, …), or `stream.overflow` /
+    /// `stream.error` (`{"reason", "resume_after"}`).
+    pub event: String,
+    /// The event as JSON (an `Event`, as `GET …/events` returns them).
+    pub data: String,
+}
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct StreamQuery {
@@ -324,7 +337,7 @@ pub struct StreamQuery {
         StreamQuery,
     ),
     responses(
-        (status = 200, description = "An event stream", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: one `StreamEvent` per log event (and `stream.overflow` or `stream.error` last, when a reader is cut off)", content_type = "text/event-stream", body = StreamEvent),
         (status = 400, description = "`Last-Event-ID` is not a seq (`invalid_query`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
     ))]

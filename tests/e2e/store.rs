@@ -1689,12 +1689,12 @@ async fn a_lease_is_held_by_one_node_until_released_or_expired(db: &TestStore) {
         db.store.acquire_lease(s.id, "a", long).await.unwrap(),
         held(None)
     );
-    assert_eq!(db.store.renew_leases("a", long).await.unwrap(), 1);
+    assert_eq!(db.store.renew_leases("a", long).await.unwrap(), vec![s.id]);
     // Released: free for the other, which learns who held it last.
     db.store.release_leases("a", &[s.id]).await.unwrap();
     assert_eq!(
         db.store.renew_leases("a", long).await.unwrap(),
-        0,
+        Vec::<Uuid>::new(),
         "a released lease is not renewed"
     );
     assert_eq!(

@@ -197,7 +197,7 @@ impl Store for CountingStore {
     ) -> Result<toolexec_store::Lease> {
         self.inner.acquire_lease(session_id, node, ttl).await
     }
-    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<Vec<Uuid>> {
         self.inner.renew_leases(node, ttl).await
     }
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {

@@ -36,6 +36,9 @@ struct Held {
     /// Batches (and rewinds) using it now.
     in_use: usize,
     last_used: Instant,
+    /// When the store last confirmed this lease (taken or renewed): past 80 % of the TTL
+    /// without a confirmation it is not trusted, and the store is asked again.
+    confirmed: Instant,
 }
 
 pub(crate) struct Leases {
@@ -43,9 +46,10 @@ pub(crate) struct Leases {
     node: String,
     times: LeaseTimes,
     held: Mutex<HashMap<Uuid, Held>>,
-    /// When the store last confirmed this node's leases (taken or renewed); past the TTL without
-    /// a confirmation, none is trusted.
-    confirmed: Mutex<Option<Instant>>,
+    /// Taking, renewing and releasing leases in the store, one at a time: a release of an idle
+    /// lease never lands after this node took the same lease again, and a renewal's answer is
+    /// about the leases `held` has when it is applied.
+    store_turn: tokio::sync::Mutex<()>,
 }
 
 /// A lease in use; dropping it lets the heartbeat give the lease up once it has lingered.
@@ -72,7 +76,7 @@ impl Leases {
             node,
             times,
             held: Mutex::new(HashMap::new()),
-            confirmed: Mutex::new(None),
+            store_turn: tokio::sync::Mutex::new(()),
         });
         let weak = Arc::downgrade(&leases);
         tokio::spawn(async move {
@@ -92,35 +96,57 @@ impl Leases {
         leases
     }
 
+    /// Uses the lease of `session` if this node holds it and the store confirmed it recently.
+    fn use_held(&self, session: Uuid) -> bool {
+        let trusted_for = self.times.ttl.mul_f64(0.8);
+        let Ok(mut held) = self.held.lock() else {
+            return false;
+        };
+        match held.get_mut(&session) {
+            Some(h) if h.confirmed.elapsed() < trusted_for => {
+                h.in_use += 1;
+                h.last_used = Instant::now();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Holds the lease of `session` for this node, waiting while another node holds it. The
     /// flag says whether another node held it last (what this node remembers is stale).
     pub(crate) async fn hold(self: &Arc<Self>, session: Uuid) -> Result<(LeaseGuard, bool)> {
-        if self.trusted()
-            && let Ok(mut held) = self.held.lock()
-            && let Some(h) = held.get_mut(&session)
-        {
-            h.in_use += 1;
-            h.last_used = Instant::now();
+        if self.use_held(session) {
             return Ok((self.guard(session), false));
         }
         let started = Instant::now();
         loop {
-            let asked = Instant::now();
-            match self
-                .store
-                .acquire_lease(session, &self.node, self.times.ttl)
-                .await?
-            {
+            let outcome = {
+                let _turn = self.store_turn.lock().await;
+                // Another task of this node may have taken it while this one waited.
+                if self.use_held(session) {
+                    return Ok((self.guard(session), false));
+                }
+                let asked = Instant::now();
+                let outcome = self
+                    .store
+                    .acquire_lease(session, &self.node, self.times.ttl)
+                    .await?;
+                if let Lease::Held { .. } = outcome
+                    && let Ok(mut held) = self.held.lock()
+                {
+                    let h = held.entry(session).or_insert(Held {
+                        in_use: 0,
+                        last_used: asked,
+                        confirmed: asked,
+                    });
+                    h.in_use += 1;
+                    h.last_used = Instant::now();
+                    h.confirmed = asked;
+                }
+                outcome
+            };
+            match outcome {
                 Lease::Held { previous } => {
-                    if let Ok(mut held) = self.held.lock() {
-                        let h = held.entry(session).or_insert(Held {
-                            in_use: 0,
-                            last_used: Instant::now(),
-                        });
-                        h.in_use += 1;
-                        h.last_used = Instant::now();
-                    }
-                    self.confirm(asked);
                     return Ok((self.guard(session), previous.is_some()));
                 }
                 Lease::Busy { holder } => {
@@ -137,6 +163,7 @@ impl Leases {
 
     /// Gives up the lease of a session at once (it closed).
     pub(crate) async fn release(&self, session: Uuid) {
+        let _turn = self.store_turn.lock().await;
         if let Ok(mut held) = self.held.lock() {
             held.remove(&session);
         }
@@ -147,6 +174,7 @@ impl Leases {
 
     /// Gives up every lease (shutdown).
     pub(crate) async fn release_all(&self) {
+        let _turn = self.store_turn.lock().await;
         let ids: Vec<Uuid> = self
             .held
             .lock()
@@ -164,32 +192,24 @@ impl Leases {
         }
     }
 
-    /// Whether the leases this node remembers are still its own: confirmed by the store within
-    /// the TTL (minus a margin for the clock of the store).
-    fn trusted(&self) -> bool {
-        self.confirmed
-            .lock()
-            .ok()
-            .and_then(|c| *c)
-            .is_some_and(|at| at.elapsed() < self.times.ttl.mul_f64(0.8))
-    }
-
-    fn confirm(&self, at: Instant) {
-        if let Ok(mut c) = self.confirmed.lock() {
-            // Only a renewal of all of them confirms all; one taken confirms itself, which the
-            // next renewal (a third of the TTL away at most) covers.
-            if c.is_none() {
-                *c = Some(at);
-            }
-        }
-    }
-
+    /// Extends this node's leases; a lease the store did not extend (it expired meanwhile, and
+    /// may be another node's now) is forgotten, so that the next call asks for it again.
     async fn renew(&self) {
+        let _turn = self.store_turn.lock().await;
         let asked = Instant::now();
         match self.store.renew_leases(&self.node, self.times.ttl).await {
-            Ok(_) => {
-                if let Ok(mut c) = self.confirmed.lock() {
-                    *c = Some(asked);
+            Ok(renewed) => {
+                let renewed: std::collections::HashSet<Uuid> = renewed.into_iter().collect();
+                if let Ok(mut held) = self.held.lock() {
+                    held.retain(|id, h| {
+                        if renewed.contains(id) {
+                            h.confirmed = asked;
+                            true
+                        } else {
+                            tracing::warn!(session = %id, "a session lease expired before its renewal; it is asked for again");
+                            false
+                        }
+                    });
                 }
             }
             Err(e) => tracing::warn!(error = %e, "renewing this node's session leases failed"),
@@ -197,12 +217,21 @@ impl Leases {
     }
 
     async fn release_idle(&self) {
+        let linger = self.times.linger;
+        let is_idle = |h: &Held| h.in_use == 0 && h.last_used.elapsed() >= linger;
+        if !self
+            .held
+            .lock()
+            .is_ok_and(|held| held.values().any(is_idle))
+        {
+            return;
+        }
+        let _turn = self.store_turn.lock().await;
         let idle: Vec<Uuid> = match self.held.lock() {
             Ok(mut held) => {
-                let linger = self.times.linger;
                 let ids: Vec<Uuid> = held
                     .iter()
-                    .filter(|(_, h)| h.in_use == 0 && h.last_used.elapsed() >= linger)
+                    .filter(|(_, h)| is_idle(h))
                     .map(|(id, _)| *id)
                     .collect();
                 for id in &ids {

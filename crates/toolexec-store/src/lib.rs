@@ -432,8 +432,10 @@ pub trait Store: Send + Sync + 'static {
         ttl: std::time::Duration,
     ) -> Result<Lease>;
 
-    /// Extends every lease `node` holds to `ttl` from now (its heartbeat).
-    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64>;
+    /// Extends every lease `node` holds (and that has not expired) to `ttl` from now (its
+    /// heartbeat); the sessions whose leases it extended. A lease missing from the answer is
+    /// no longer the node's.
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<Vec<Uuid>>;
 
     /// Gives up `node`'s leases of these sessions (the row stays, expired, so that the next
     /// holder learns who held it last).

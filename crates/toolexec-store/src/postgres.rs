@@ -1130,17 +1130,16 @@ impl Store for PgStore {
         })
     }
 
-    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<u64> {
+    async fn renew_leases(&self, node: &str, ttl: std::time::Duration) -> Result<Vec<Uuid>> {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        Ok(sqlx::query(
+        Ok(sqlx::query_scalar(
             "UPDATE session_leases SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' \
-             WHERE node = $1 AND expires_at >= clock_timestamp()",
+             WHERE node = $1 AND expires_at >= clock_timestamp() RETURNING session_id",
         )
         .bind(node)
         .bind(ttl_ms as f64)
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {

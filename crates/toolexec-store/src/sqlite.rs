@@ -907,22 +907,22 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn renew_leases(&self, node: &str, ttl: Duration) -> Result<u64> {
+    async fn renew_leases(&self, node: &str, ttl: Duration) -> Result<Vec<Uuid>> {
         let until = Utc::now()
             .timestamp_millis()
             .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
         let mut tx = self.begin().await?;
-        let n = sqlx::query(
-            "UPDATE session_leases SET expires_at = $2 WHERE node = $1 AND expires_at >= $3",
+        let renewed: Vec<Uuid> = sqlx::query_scalar(
+            "UPDATE session_leases SET expires_at = $2 WHERE node = $1 AND expires_at >= $3 \
+             RETURNING session_id",
         )
         .bind(node)
         .bind(until)
         .bind(Utc::now().timestamp_millis())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
         tx.commit().await?;
-        Ok(n)
+        Ok(renewed)
     }
 
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {

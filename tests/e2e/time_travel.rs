@@ -576,6 +576,50 @@ async fn hundred_forks(backend: Backend) {
         assert_eq!(p["code"], "policy_not_tighter", "{p}");
         assert!(p["detail"].as_str().unwrap().contains(field), "{p}");
     }
+    // A fork's policy that leaves the timeout out keeps the source's, never the service's
+    // larger default.
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{strict_id}/fork"),
+            &json!({"policy": {"network": "none"}}),
+        )
+        .await;
+    assert_eq!(resp.status(), 201);
+    let kept: Value = resp.json().await.unwrap();
+    assert_eq!(kept["policy"]["default_timeout_ms"], 1000, "{kept}");
+    app.delete(&format!("/v1/sessions/{}", kept["id"].as_str().unwrap()))
+        .await;
+    // A chain of forks stops where a rebuild would no longer follow it.
+    let mut tip = strict_id.to_owned();
+    for depth in 1..=64 {
+        let resp = app
+            .post(&format!("/v1/sessions/{tip}/fork"), &json!({}))
+            .await;
+        assert_eq!(resp.status(), 201, "fork {depth} of the chain");
+        let next: Value = resp.json().await.unwrap();
+        if depth > 1 {
+            app.delete(&format!("/v1/sessions/{tip}")).await;
+        }
+        tip = next["id"].as_str().unwrap().to_owned();
+    }
+    let resp = app
+        .post(&format!("/v1/sessions/{tip}/fork"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 422);
+    let p: Value = resp.json().await.unwrap();
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("fork an earlier session"),
+        "{p}"
+    );
+    assert_eq!(
+        tree(&app, &tip, 1).await.len(),
+        0,
+        "the deepest fork still rebuilds"
+    );
+    app.delete(&format!("/v1/sessions/{tip}")).await;
     // Closing every fork takes the base with the last one.
     for i in 0..100 {
         assert_eq!(
@@ -795,7 +839,9 @@ toolexec_tests::on_both_stores!(
     hundred_forks,
     what_cannot_be_restored,
     verify_replay,
-    rewind_stops_later_processes
+    rewind_stops_later_processes,
+    a_rewind_raced_by_a_writer_records_what_is_on_disk,
+    what_a_rebuild_may_cost_is_bounded
 );
 
 /// Another replica of `app`'s service: the same database and the same workspaces (shared
@@ -1170,4 +1216,194 @@ async fn rewind_stops_later_processes(backend: Backend) {
         )
         .await;
     assert!(r["content"].as_str().unwrap().contains("running"), "{r}");
+}
+
+/// A background process started before the point a rewind goes back to keeps running, and
+/// keeps writing while the rewind puts files back: the rewind records what it found right
+/// after, and that is the next scan's baseline, so the log still explains every byte on disk.
+async fn a_rewind_raced_by_a_writer_records_what_is_on_disk(backend: Backend) {
+    let app = backend.spawn().await;
+    let s = app.session(json!({})).await;
+    let sid = s["id"].as_str().unwrap().to_owned();
+    let writer = app
+        .call(
+            &sid,
+            "writer",
+            "shell",
+            json!({"command": "i=0; while true; do i=$((i+1)); echo $i > racer.txt; echo $i >> grow.log; done", "background": true}),
+        )
+        .await;
+    assert_eq!(writer["status"], "ok", "{writer}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let point = app
+        .call(
+            &sid,
+            "w",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "a\n"}),
+        )
+        .await["seq"]
+        .as_i64()
+        .unwrap();
+    for k in 0..5 {
+        app.call(
+            &sid,
+            &format!("later{k}"),
+            "write_file",
+            json!({"file_path": format!("later{k}.txt"), "content": "later\n"}),
+        )
+        .await;
+    }
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/rewind"),
+            &json!({"to_seq": point}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let rewound: Value = resp.json().await.unwrap();
+    assert_eq!(rewound["processes_stopped"], json!([]), "{rewound}");
+    // What the writer changed meanwhile (if it was scheduled in that moment) is named, not
+    // claimed restored; nothing else is.
+    let named: Vec<&str> = rewound["unrestorable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        named.iter().all(|n| ["grow.log", "racer.txt"].contains(n)),
+        "{rewound}"
+    );
+    let kill = app
+        .call(&sid, "kill", "process_kill", json!({"process_id": "p1"}))
+        .await;
+    assert_eq!(kill["status"], "ok", "{kill}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let last = app
+        .call(&sid, "settle", "shell", json!({"command": "true"}))
+        .await["seq"]
+        .as_i64()
+        .unwrap();
+    let on_disk = snapshot(&host_dir(&app, &sid));
+    assert!(!on_disk.contains_key(b"later0.txt".as_slice()));
+    assert_tree_is(
+        &tree(&app, &sid, last).await,
+        &on_disk,
+        "after a raced rewind",
+    );
+    // And no step of the way is skipped: every file change recorded after the rewind starts
+    // from what the log said the file was (a write the record missed would show here).
+    let rewind_seq = rewound["seq"].as_i64().unwrap();
+    let mut checked = 0;
+    for event in app.events(&sid).await {
+        let seq = event["seq"].as_i64().unwrap();
+        let kind = event["kind"].as_str().unwrap();
+        if seq <= rewind_seq || !kind.starts_with("file.") {
+            continue;
+        }
+        let path = event["data"]["path"].as_str().unwrap();
+        let before = tree(&app, &sid, seq - 1).await;
+        let was = before.iter().find(|e| e["path"] == path);
+        match kind {
+            "file.created" => assert!(was.is_none(), "{event} but the log had {was:?}"),
+            _ => assert_eq!(
+                was.map(|e| &e["sha256"]),
+                Some(&event["data"]["before_sha256"]),
+                "{event} does not start where the log was"
+            ),
+        }
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "the writer's last changes are recorded after the rewind"
+    );
+}
+
+/// A state too large to rebuild is refused with its own code, and a tenant's event streams are
+/// capped on a node (the slot coming back when a client goes away).
+async fn what_a_rebuild_may_cost_is_bounded(backend: Backend) {
+    let app = backend
+        .spawn_with(|c| {
+            c.limits.max_state_entries = 5;
+            c.limits.max_streams_per_tenant = 1;
+        })
+        .await;
+    let s = app.session(json!({})).await;
+    let sid = s["id"].as_str().unwrap().to_owned();
+    let small = app
+        .call(&sid, "few", "shell", json!({"command": "touch a b c"}))
+        .await["seq"]
+        .as_i64()
+        .unwrap();
+    let many = app
+        .call(
+            &sid,
+            "many",
+            "shell",
+            json!({"command": "touch d e f g h i"}),
+        )
+        .await["seq"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(tree(&app, &sid, small).await.len(), 3);
+    let resp = app.get(&format!("/v1/sessions/{sid}/tree?at={many}")).await;
+    assert_eq!(resp.status(), 409);
+    let p: Value = resp.json().await.unwrap();
+    assert_eq!(p["code"], "state_too_large", "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_state_entries"),
+        "{p}"
+    );
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/fork"),
+            &json!({"at_seq": many}),
+        )
+        .await;
+    assert_eq!(resp.status(), 409);
+
+    let stream = |app: &TestApp| {
+        app.http
+            .get(app.url(&format!("/v1/sessions/{sid}/events/stream")))
+            .send()
+    };
+    let mut first = stream(&app).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(
+        !read_sse(&mut first, 1, Duration::from_secs(5))
+            .await
+            .is_empty()
+    );
+    let second = stream(&app).await.unwrap();
+    assert_eq!(second.status(), 429);
+    let p: Value = second.json().await.unwrap();
+    assert_eq!(p["code"], "too_many_concurrent", "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_streams_per_tenant"),
+        "{p}"
+    );
+    drop(first);
+    // The slot comes back once the server sees the client gone (its next write fails).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for poke in 0.. {
+        app.call(&sid, &format!("poke{poke}"), "list_dir", json!({}))
+            .await;
+        let again = stream(&app).await.unwrap();
+        if again.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

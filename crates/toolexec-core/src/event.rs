@@ -210,6 +210,9 @@ pub enum UnstoredReason {
     Unreadable,
     /// The call's budget of stored blob bytes (`limits.max_blob_bytes_per_call`) was used up.
     CallBudget,
+    /// A rewind could not put the file back as the log had it (it could not be written, or a
+    /// process changed it while the rewind ran): recorded as found right after the rewind.
+    NotRestored,
 }
 
 /// The payload of a `workspace.rewound` event.
@@ -220,8 +223,10 @@ pub struct Rewound {
     /// Files and symlinks the rewind wrote (restored or put back), removed, in all.
     pub restored: u64,
     pub removed: u64,
-    /// Files it could not put back because the log has no contents for them (over
-    /// `limits.max_blob_bytes`, or past a scan budget): left as they were, or absent.
+    /// Files and symlinks that are not as they were at `to_seq` after the rewind: the log has
+    /// no contents for them (over `limits.max_blob_bytes`, past a scan budget), or they could
+    /// not be written or removed, or a process changed them meanwhile. The `file.*` events
+    /// after this one record each as it really is.
     pub unrestorable: Vec<String>,
     /// Background processes started after `to_seq`, stopped by the rewind.
     pub processes_stopped: Vec<String>,

@@ -104,6 +104,17 @@ pub struct Limits {
     /// result is partial and how to narrow it. Bounds the time and memory of a walk over a
     /// workspace full of generated files.
     pub max_walk_entries: usize,
+    // --- time travel ---
+    /// Files and symlinks a state rebuilt from the log may hold (a tree, a file, a fork, a
+    /// rewind, a replay); a larger one is refused (409 `state_too_large`). Bounds the memory of
+    /// one rebuild (~250 bytes an entry).
+    pub max_state_entries: usize,
+    /// States this node rebuilds from logs at once; more wait (up to `lease_wait_ms`, then 503).
+    pub max_concurrent_folds: usize,
+    /// Event streams one tenant may follow on this node at once (429 `too_many_concurrent`).
+    pub max_streams_per_tenant: usize,
+    /// Replays one tenant may run on this node at once (429 `too_many_concurrent`).
+    pub max_replays_per_tenant: usize,
 }
 
 impl Default for Limits {
@@ -145,6 +156,13 @@ impl Default for Limits {
             // that a call stuck on a costly pattern or a huge tree answers within a minute.
             tool_timeout_ms: DEFAULT_TOOL_TIMEOUT_MS,
             max_walk_entries: toolexec_tools::DEFAULT_MAX_WALK_ENTRIES,
+            // --- time travel ---
+            // Twice the Linux kernel's files; ~50 MB of memory for the largest state.
+            max_state_entries: 200_000,
+            // Four of the largest states at once: ~200 MB.
+            max_concurrent_folds: 4,
+            max_streams_per_tenant: 64,
+            max_replays_per_tenant: 4,
         }
     }
 }

@@ -8,7 +8,7 @@
 //! origin's state was, so its fold starts with its origin's (recursively, at most
 //! [`MAX_ORIGIN_DEPTH`] deep).
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -37,6 +37,9 @@ const FOLD_PAGE: u32 = 10_000;
 /// Most entries in one page of a tree (and the default).
 pub const MAX_TREE_PAGE: u32 = 10_000;
 pub const DEFAULT_TREE_PAGE: u32 = 1_000;
+
+/// Most bytes a `files.changed` manifest decompresses to (~210 bytes a change: 5 million).
+const MAX_MANIFEST_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// Contents fetched from the store in one round trip while a state is put into a workspace.
 const FILL_BATCH_BYTES: u64 = 32 * 1024 * 1024;
@@ -97,6 +100,22 @@ impl Engine {
         Ok((session, at, state))
     }
 
+    /// Room for `folds` states rebuilt at once on this node (`limits.max_concurrent_folds`),
+    /// waited for up to `limits.lease_wait_ms`.
+    pub(crate) async fn fold_permit(
+        &self,
+        folds: u32,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        let cap = self.config.limits.max_concurrent_folds.max(1) as u32;
+        let wait = std::time::Duration::from_millis(self.config.limits.lease_wait_ms);
+        match tokio::time::timeout(wait, self.folds.clone().acquire_many_owned(folds.min(cap))).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(EngineError::Unavailable(
+                "this node is rebuilding as many workspace states from logs as it may at once (limits.max_concurrent_folds); retry shortly".into(),
+            )),
+        }
+    }
+
     /// Folds the file events of `session` (after its origin's state) up to `at`.
     pub(crate) async fn fold(&self, session: &Session, at: i64) -> Result<State> {
         let mut chain = vec![(session.id, at)];
@@ -128,6 +147,7 @@ impl Engine {
                 let full = page.len() as u32 == FOLD_PAGE;
                 for event in &page {
                     self.apply_event(&mut state, event).await?;
+                    self.check_state_size(&state, session)?;
                 }
                 if !full {
                     break;
@@ -135,6 +155,20 @@ impl Engine {
             }
         }
         Ok(state)
+    }
+
+    fn check_state_size(&self, state: &State, session: &Session) -> Result<()> {
+        let max = self.config.limits.max_state_entries;
+        if state.len() > max {
+            return Err(EngineError::Conflict {
+                code: ProblemCode::StateTooLarge,
+                detail: format!(
+                    "the workspace of session {} holds more than {max} files and symlinks at that point, more than this service rebuilds from a log (limits.max_state_entries)",
+                    session.id
+                ),
+            });
+        }
+        Ok(())
     }
 
     async fn apply_event(&self, state: &mut State, event: &Event) -> Result<()> {
@@ -147,16 +181,41 @@ impl Engine {
                     "the manifest of files.changed is not stored".into(),
                 ));
             };
-            let mut text = String::new();
-            flate2::read::GzDecoder::new(&manifest[..])
-                .read_to_string(&mut text)
-                .map_err(|e| corrupt(format!("manifest: {e}")))?;
-            for line in text.lines().filter(|l| !l.is_empty()) {
+            // Line by line: a manifest of a million changes is never held decompressed.
+            let mut lines = std::io::BufReader::new(
+                flate2::read::GzDecoder::new(&manifest[..]).take(MAX_MANIFEST_BYTES),
+            );
+            let mut line = Vec::new();
+            let mut read = 0u64;
+            let mut applied = 0usize;
+            loop {
+                line.clear();
+                let n = lines
+                    .read_until(b'\n', &mut line)
+                    .map_err(|e| corrupt(format!("manifest: {e}")))?;
+                if n == 0 {
+                    break;
+                }
+                read += n as u64;
+                if read >= MAX_MANIFEST_BYTES {
+                    return Err(corrupt(format!(
+                        "the manifest of files.changed is larger than {MAX_MANIFEST_BYTES} bytes"
+                    )));
+                }
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
                 let change: FileChange =
-                    serde_json::from_str(line).map_err(|e| corrupt(e.to_string()))?;
+                    serde_json::from_slice(&line).map_err(|e| corrupt(e.to_string()))?;
                 state
                     .apply(event.seq, &change)
                     .map_err(|e| corrupt(e.to_string()))?;
+                applied += 1;
+                if applied.is_multiple_of(1024)
+                    && state.len() > self.config.limits.max_state_entries
+                {
+                    return Ok(());
+                }
             }
             return Ok(());
         }
@@ -176,6 +235,7 @@ impl Engine {
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<Tree> {
+        let _permit = self.fold_permit(1).await?;
         let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
         let after = match cursor {
             Some(c) => base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -222,6 +282,7 @@ impl Engine {
         at: Option<i64>,
         path: &[u8],
     ) -> Result<FileAt> {
+        let _permit = self.fold_permit(1).await?;
         let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
         let shown = names::display_bytes(path);
         let entry = state.get(path).ok_or_else(|| {
@@ -259,9 +320,15 @@ impl Engine {
     }
 
     /// Writes a plan's entries into `ws`, fetching their contents from the store in bounded
-    /// batches. Returns the files whose contents the store did not have.
-    async fn fill(&self, ws: &Arc<Workspace>, plan: &Plan<'_>) -> Result<Vec<Vec<u8>>> {
+    /// batches. Returns the files whose contents the store did not have, and the entries that
+    /// could not be written (the others are).
+    async fn fill(
+        &self,
+        ws: &Arc<Workspace>,
+        plan: &Plan<'_>,
+    ) -> Result<(Vec<Vec<u8>>, history::Failed)> {
         let mut missing = Vec::new();
+        let mut failed = history::Failed::new();
         let mut start = 0;
         while start < plan.write.len() {
             let mut end = start;
@@ -283,18 +350,49 @@ impl Engine {
                 .map(|b| (b.sha256, b.bytes))
                 .collect();
             let ws = ws.clone();
-            let written = tokio::task::spawn_blocking(move || {
+            let (absent, not_written) = tokio::task::spawn_blocking(move || {
                 let refs: Vec<(&[u8], &Entry)> =
                     batch.iter().map(|(p, e)| (p.as_slice(), e)).collect();
-                history::write(&ws, &refs, &contents)
+                let mut failed = history::Failed::new();
+                let absent = history::write(&ws, &refs, &contents, &mut failed);
+                (absent, failed)
             })
             .await
-            .map_err(|e| EngineError::Internal(format!("restoring files: {e}")))?
             .map_err(|e| EngineError::Internal(format!("restoring files: {e}")))?;
-            missing.extend(written);
+            missing.extend(absent);
+            failed.extend(not_written);
             start = end;
         }
-        Ok(missing)
+        Ok((missing, failed))
+    }
+
+    /// Writes a whole state into a fresh workspace. Contents the log names but the store does
+    /// not have fail it (with their names), as does any other failure: a fork's or replay's
+    /// workspace is what the log says or is not made.
+    async fn fill_fresh(&self, ws: &Arc<Workspace>, plan: &Plan<'_>) -> Result<()> {
+        let (missing, failed) = self.fill(ws, plan).await?;
+        if !missing.is_empty() {
+            let shown: Vec<String> = missing
+                .iter()
+                .take(20)
+                .map(|p| names::display_bytes(p))
+                .collect();
+            return Err(EngineError::Conflict {
+                code: ProblemCode::ContentNotRecorded,
+                detail: format!(
+                    "the log names contents the store does not have for {} file(s): {}",
+                    missing.len(),
+                    shown.join(", ")
+                ),
+            });
+        }
+        match failed.into_iter().next() {
+            Some((path, e)) => Err(EngineError::Internal(format!(
+                "restoring '{}': {e}",
+                names::display_bytes(&path)
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// A new session of the same tenant whose workspace starts as `source_id`'s was right after
@@ -304,7 +402,13 @@ impl Engine {
         // "Now" waits for the source's calls in flight, on any node (its lease), and for a
         // mutating one on this node (its scheduling lock).
         let _lease = match (req.at_seq, source.status) {
-            (None, SessionStatus::Active) => Some(self.leases.hold(source_id).await?.0),
+            (None, SessionStatus::Active) => {
+                let (lease, taken_over) = self.leases.hold(source_id).await?;
+                if taken_over {
+                    self.forget_runtime(source_id);
+                }
+                Some(lease)
+            }
             _ => None,
         };
         let cached = self.cached_runtime(tenant_id, source_id)?;
@@ -319,6 +423,7 @@ impl Engine {
         };
         let at = Self::resolve_at(&source, req.at_seq)?;
         self.check_fork(&source, &req)?;
+        let _permit = self.fold_permit(1).await?;
         let state = self.fold(&source, at).await?;
         let unrestorable = unrestorable_names(&state);
         if !unrestorable.is_empty() && !req.allow_partial {
@@ -326,7 +431,15 @@ impl Engine {
         }
         let new = NewSession {
             tools: req.tools.clone().or_else(|| source.tools.clone()),
-            policy: Some(req.policy.clone().unwrap_or_else(|| source.policy.clone())),
+            policy: Some(match req.policy.clone() {
+                // What the fork's policy leaves out, it keeps from the source.
+                Some(mut p) => {
+                    p.default_timeout_ms =
+                        p.default_timeout_ms.or(source.policy.default_timeout_ms);
+                    p
+                }
+                None => source.policy.clone(),
+            }),
             env: Some(source.env.clone()),
             metadata: Some(
                 req.metadata
@@ -408,6 +521,8 @@ impl Engine {
         state: &State,
     ) -> Result<(Session, bool)> {
         self.check_new_session(&new)?;
+        self.check_origin_depth(tenant_id, origin.session_id)
+            .await?;
         let id = new_id();
         let name = id.to_string();
         let session = Session {
@@ -430,8 +545,8 @@ impl Engine {
             if self.workspaces.existing_base(&key).is_none() {
                 let builder = self.workspaces.begin_base(&key).map_err(io_error)?;
                 let ws = builder.workspace();
-                match self.fill(&ws, &empty).await {
-                    Ok(_) => {
+                match self.fill_fresh(&ws, &empty).await {
+                    Ok(()) => {
                         drop(ws);
                         self.workspaces.finish_base(builder).map_err(io_error)?;
                     }
@@ -445,7 +560,7 @@ impl Engine {
             self.workspaces.create_on(&name, &key).map_err(io_error)?
         } else {
             let ws = Arc::new(self.workspaces.create(&name).map_err(io_error)?);
-            if let Err(e) = self.fill(&ws, &empty).await {
+            if let Err(e) = self.fill_fresh(&ws, &empty).await {
                 drop(ws);
                 self.workspaces.remove(&name);
                 return Err(e);
@@ -478,6 +593,30 @@ impl Engine {
         }
     }
 
+    /// A session made from `source` would have one origin more than `source`: refused when
+    /// that is more than a fold follows.
+    async fn check_origin_depth(&self, tenant_id: Uuid, source: Uuid) -> Result<()> {
+        let mut depth = 1;
+        let mut origin = self.store.get_session(tenant_id, source).await?.origin;
+        while let Some(o) = origin {
+            depth += 1;
+            if depth > MAX_ORIGIN_DEPTH {
+                return Err(invalid(
+                    ProblemCode::InvalidRequest,
+                    format!(
+                        "session {source} is already {MAX_ORIGIN_DEPTH} forks or replays away from its first session; fork an earlier session of the chain instead"
+                    ),
+                ));
+            }
+            origin = self
+                .store
+                .get_session(tenant_id, o.session_id)
+                .await?
+                .origin;
+        }
+        Ok(())
+    }
+
     /// Puts the live workspace of an active session back to its state right after `to_seq`
     /// (see [`RewindRequest`]), and records that as a `workspace.rewound` event followed by a
     /// `file.*` event per change. Waits for the session's calls in flight on this node.
@@ -503,6 +642,7 @@ impl Engine {
             return Err(crate::calls::closed(session_id));
         }
         let to_seq = Self::resolve_at(&session, Some(req.to_seq))?;
+        let _permit = self.fold_permit(2).await?;
         let target = self.fold(&session, to_seq).await?;
         let recorded = self.fold(&session, session.last_seq).await?;
         let unrestorable = unrestorable_names(&target);
@@ -529,73 +669,77 @@ impl Engine {
             remove: plan.remove.clone(),
             ..Plan::default()
         };
-        let removed = tokio::task::spawn_blocking(move || history::remove(&ws, &removals))
-            .await
-            .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?
-            .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?;
-        let missing = self.fill(&rt.workspace, &plan).await?;
+        let (removed, mut failed) = tokio::task::spawn_blocking(move || {
+            let mut failed = history::Failed::new();
+            let removed = history::remove(&ws, &removals, &mut failed);
+            (removed, failed)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?;
+        let (_, not_written) = self.fill(&rt.workspace, &plan).await?;
+        failed.extend(not_written);
+        for (path, e) in &failed {
+            tracing::warn!(session = %session_id, path = %names::display_bytes(path), error = %e, "a rewind could not put an entry back");
+        }
 
-        // The record: for every path where the recorded state or the live workspace differed
-        // from the target, what it is now. Folding the log through these events gives the
-        // target (where a file could not be put back, what is really there).
-        let mut changes = Vec::new();
-        let live_map: HashMap<&[u8], SeenEntry<'_>> = live.entries().collect();
+        // What is there now, whatever got in the way (a failed write, an earlier background
+        // process writing meanwhile): the record says exactly that, so that folding the log
+        // gives the workspace on disk. It is also the next scan's baseline.
+        let ws = rt.workspace.clone();
+        let inotify = self.inotify.clone();
+        let budget = crate::scans::budget(&self.config.limits);
+        let after = tokio::task::spawn_blocking(move || {
+            Snapshot::capture_within(&ws, Some(&inotify), &budget)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("workspace scan: {e}")))?
+        .map_err(|e| EngineError::Unavailable(format!("the workspace cannot be scanned: {e}")))?;
+        let now: HashMap<&[u8], SeenEntry<'_>> = after.entries().collect();
         let mut paths: Vec<&[u8]> = recorded
             .iter()
             .map(|(p, _)| p)
-            .chain(target.iter().map(|(p, _)| p))
-            .chain(live_map.keys().copied())
+            .chain(now.keys().copied())
             .collect();
         paths.sort_unstable();
         paths.dedup();
-        let written: std::collections::HashSet<&[u8]> = plan
-            .write
-            .iter()
-            .map(|(p, _)| *p)
-            .filter(|p| !missing.iter().any(|m| m.as_slice() == *p))
-            .collect();
-        let removed_set: std::collections::HashSet<&[u8]> =
-            removed.iter().map(Vec::as_slice).collect();
-        let not_restored: std::collections::HashSet<&[u8]> = plan
-            .unrestorable
-            .iter()
-            .chain(missing.iter())
-            .map(Vec::as_slice)
-            .collect();
-        for path in paths {
-            let before_log = recorded.get(path);
-            let after = target.get(path);
-            let touched = written.contains(path) || removed_set.contains(path);
-            let log_differs = !same_entry(before_log, after);
-            if not_restored.contains(path) {
-                // Left as it is: record what is there (by hash), unless the log already says so.
-                if let Some(change) = left_as_is(path, before_log, live_map.get(path)) {
-                    changes.push(change);
-                }
-                continue;
+        let mut changes = Vec::new();
+        for &path in &paths {
+            let before = recorded.get(path);
+            let is = now
+                .get(path)
+                .map(|seen| as_recorded(seen, target.get(path), before));
+            if !same_entry(before, is.as_ref()) {
+                changes.push(rewind_change(path, before, is.as_ref()));
             }
-            if !touched && !log_differs {
-                continue;
-            }
-            changes.push(rewind_change(path, before_log, after));
         }
-        for path in &written {
+        let as_target = |path: &[u8]| match (now.get(path), target.get(path)) {
+            (None, None) => true,
+            (Some(seen), Some(t)) => history::same(Some(seen), t),
+            _ => false,
+        };
+        let unrestorable: std::collections::BTreeSet<String> = paths
+            .iter()
+            .chain(target.iter().map(|(p, _)| p).collect::<Vec<_>>().iter())
+            .filter(|p| !as_target(p))
+            .map(|p| names::display_bytes(p))
+            .collect();
+        let restored = plan.write.iter().filter(|(p, _)| as_target(p)).count();
+        for change in &changes {
+            rt.reads.forget(&change.path);
+        }
+        for (path, _) in &plan.write {
             rt.reads.forget(&names::display_bytes(path));
         }
         for path in &removed {
             rt.reads.forget(&names::display_bytes(path));
         }
+        drop(now);
 
         let rewound = Rewound {
             to_seq,
-            restored: written.len() as u64,
+            restored: restored as u64,
             removed: removed.len() as u64,
-            unrestorable: not_restored
-                .iter()
-                .map(|p| names::display_bytes(p))
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect(),
+            unrestorable: unrestorable.into_iter().collect(),
             processes_stopped: stopped
                 .iter()
                 .map(|e| e["process_id"].as_str().unwrap_or_default().to_owned())
@@ -618,16 +762,8 @@ impl Engine {
             .append_events(tenant_id, session_id, events, Vec::<Blob>::new())
             .await?;
         self.streams.notify(session_id);
-        // The next scan compares with the rewound workspace, not with what was there before.
-        {
-            let mut snap = rt.snapshot.lock().await;
-            if snap.is_some() {
-                *snap = None;
-                drop(snap);
-                rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
-                    .await?;
-            }
-        }
+        // The next scan compares with the rewound workspace, as recorded.
+        *rt.snapshot.lock().await = Some(after);
         Ok(RewindResult {
             session_id,
             seq,
@@ -799,40 +935,36 @@ fn rewind_change(path: &[u8], before: Option<&Entry>, after: Option<&Entry>) -> 
     }
 }
 
-/// A file a rewind could not put back: recorded as what is there now, by hash, if that differs
-/// from what the log says (absent: deleted).
-fn left_as_is(
-    path: &[u8],
-    before: Option<&Entry>,
-    live: Option<&SeenEntry<'_>>,
-) -> Option<FileChange> {
-    let name = names::RecordedName::new(path);
-    let (sha, size, mode) = match live {
-        Some(SeenEntry::File { sha256, size, mode }) => (sha256.clone(), *size, *mode),
-        Some(SeenEntry::Symlink { .. }) | None => {
-            return before.map(|_| rewind_change(path, before, None));
-        }
-    };
-    if before.is_some_and(|b| b.kind == EntryKind::File && b.sha256 == sha && b.mode == mode) {
-        return None;
+/// How the log records an entry found right after a rewind: as the target state has it when it
+/// is that (its contents stored), as the log already had it when it is that, else as seen — by
+/// hash and size, its contents not stored.
+fn as_recorded(seen: &SeenEntry<'_>, target: Option<&Entry>, before: Option<&Entry>) -> Entry {
+    if let Some(t) = target.filter(|t| history::same(Some(seen), t)) {
+        return t.clone();
     }
-    Some(FileChange {
-        kind: if before.is_some() {
-            FileChangeKind::Modified
-        } else {
-            FileChangeKind::Created
+    if let Some(b) = before.filter(|b| history::same(Some(seen), b)) {
+        return b.clone();
+    }
+    match seen {
+        SeenEntry::Symlink { target } => Entry {
+            kind: EntryKind::Symlink,
+            sha256: Some(toolexec_core::sha256_hex(target)),
+            size: target.len() as u64,
+            mode: 0o777,
+            target: Some(target.to_vec()),
+            stored: true,
+            unstored: None,
+            seq: 0,
         },
-        path: name.display,
-        path_b64: name.base64,
-        before_sha256: before.and_then(|b| b.sha256.clone()),
-        after_sha256: sha,
-        before_size: before.map(|b| b.size),
-        after_size: Some(size),
-        after_stored: false,
-        after_unstored: Some(toolexec_core::UnstoredReason::TooLarge),
-        after_mode: Some(mode),
-        capability: toolexec_core::Capability::FsWrite,
-        symlink_target: None,
-        symlink_target_b64: None,
-    })
+        SeenEntry::File { sha256, size, mode } => Entry {
+            kind: EntryKind::File,
+            sha256: sha256.clone(),
+            size: *size,
+            mode: *mode,
+            target: None,
+            stored: false,
+            unstored: Some(toolexec_core::UnstoredReason::NotRestored),
+            seq: 0,
+        },
+    }
 }

@@ -19,6 +19,7 @@ pub mod recorder;
 mod replay;
 mod scans;
 mod sessions;
+mod slots;
 mod storable;
 mod stream;
 
@@ -117,6 +118,11 @@ pub struct Engine {
     leases: Arc<leases::Leases>,
     /// Where this node's session workspaces live, and who owns them.
     workspaces: toolexec_workspace::Workspaces,
+    /// States being rebuilt from logs on this node (`limits.max_concurrent_folds`).
+    folds: Arc<tokio::sync::Semaphore>,
+    /// Each tenant's event streams and replays on this node.
+    stream_slots: Arc<slots::TenantSlots>,
+    replay_slots: Arc<slots::TenantSlots>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -173,6 +179,19 @@ impl Engine {
                 wait: ms(config.limits.lease_wait_ms),
             },
         );
+        let folds = Arc::new(tokio::sync::Semaphore::new(
+            config.limits.max_concurrent_folds.max(1),
+        ));
+        let stream_slots = slots::TenantSlots::new(
+            "event streams open",
+            "limits.max_streams_per_tenant",
+            config.limits.max_streams_per_tenant,
+        );
+        let replay_slots = slots::TenantSlots::new(
+            "replays running",
+            "limits.max_replays_per_tenant",
+            config.limits.max_replays_per_tenant,
+        );
         Ok(Arc::new(Self {
             store,
             registry,
@@ -188,6 +207,9 @@ impl Engine {
             streams,
             leases,
             workspaces,
+            folds,
+            stream_slots,
+            replay_slots,
         }))
     }
 

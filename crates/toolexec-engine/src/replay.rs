@@ -58,6 +58,7 @@ impl Engine {
         mode: ReplayMode,
     ) -> Result<Replay> {
         let source = self.store.get_session(tenant_id, source_id).await?;
+        let slot = self.replay_slots.take(tenant_id)?;
         let steps = self.recorded_steps(&source).await?;
         // The state right before the first step.
         let initial = steps
@@ -67,6 +68,7 @@ impl Engine {
                 Step::Rewind { last_seq, .. } => last_seq - 1,
             })
             .max(1);
+        let permit = self.fold_permit(1).await?;
         let state = self.fold(&source, initial).await?;
         let mut metadata = source.metadata.clone();
         if let Value::Object(m) = &mut metadata {
@@ -87,6 +89,8 @@ impl Engine {
         let (session, _) = self
             .create_from_state(tenant_id, new, origin, &state)
             .await?;
+        drop(state);
+        drop(permit);
         let replay = Replay {
             id: new_id(),
             mode,
@@ -105,6 +109,7 @@ impl Engine {
         let engine = self.clone();
         let id = replay.id;
         let task = tokio::spawn(async move {
+            let _slot = slot;
             engine
                 .run_replay(tenant_id, source, session, initial, steps, replay)
                 .await
@@ -184,7 +189,7 @@ impl Engine {
     ) -> Replay {
         // Source seq → replay seq at each point both logs agree on.
         let mut seqs: Vec<(i64, i64)> = vec![(initial, session.last_seq.max(1))];
-        let mut ids: HashMap<String, String> = HashMap::new();
+        let mut ids = Ids::default();
         ids.insert(source.id.to_string(), session.id.to_string());
         let mut failure = None;
         for (i, step) in steps.into_iter().enumerate() {
@@ -259,12 +264,12 @@ impl Engine {
         tenant_id: Uuid,
         session: &Session,
         recorded: &Invocation,
-        ids: &mut HashMap<String, String>,
+        ids: &mut Ids,
     ) -> Result<(ReplayedCall, Option<i64>)> {
         let call = Call {
             id: recorded.call_id.clone(),
             name: recorded.name.clone(),
-            arguments: map_ids(&recorded.arguments, ids),
+            arguments: map_ids(&recorded.arguments, &ids.to_replay),
         };
         let results = self
             .run_calls(tenant_id, session.id, CallBatch { calls: vec![call] })
@@ -302,8 +307,8 @@ impl Engine {
         let before = self.store.invocation_output(tenant_id, recorded.id).await?;
         let after = self.store.invocation_output(tenant_id, replayed.id).await?;
         let output = first_line_difference(
-            &normalize(&before, ids, true),
-            &normalize(&after, ids, false),
+            &normalize(&before, &ids.recorded),
+            &normalize(&after, &ids.replayed),
         );
         let output_matched = output.is_none();
         divergences.extend(output);
@@ -345,17 +350,58 @@ fn map_ids(args: &Value, ids: &HashMap<String, String>) -> Value {
     }
 }
 
-/// An output with what says nothing of the outcome made equal: each id the two sessions gave
-/// the same thing becomes one token (`recorded`: the source's ids, else the replay's), and a
-/// reported time (`after 0.04 s`, `after 12 ms`) becomes `after … s`.
-fn normalize(text: &str, ids: &HashMap<String, String>, recorded: bool) -> String {
-    let mut out = text.to_owned();
-    for (n, (src, dst)) in ids.iter().enumerate() {
-        let id = if recorded { src } else { dst };
-        if out.contains(id.as_str()) {
-            out = out.replace(id.as_str(), &format!("<id {n}>"));
-        }
+/// The ids the source and the replay gave the same things (the sessions, each call's
+/// invocation), and the token each stands for in a compared output.
+#[derive(Debug, Default)]
+struct Ids {
+    to_replay: HashMap<String, String>,
+    recorded: HashMap<String, usize>,
+    replayed: HashMap<String, usize>,
+}
+
+impl Ids {
+    fn insert(&mut self, source: String, replay: String) {
+        let n = self.recorded.len();
+        self.recorded.insert(source.clone(), n);
+        self.replayed.insert(replay.clone(), n);
+        self.to_replay.insert(source, replay);
     }
+}
+
+/// Length of a hyphenated UUID, the form every id of the service takes.
+const UUID_LEN: usize = 36;
+
+fn is_uuid(b: &[u8]) -> bool {
+    b.len() == UUID_LEN
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// An output with what says nothing of the outcome made equal: each id of `tokens` (the
+/// source's or the replay's) becomes the token of the thing it names, in one pass over the
+/// text, and a reported time (`after 0.04 s`, `after 12 ms`) becomes `after … s`.
+fn normalize(text: &str, tokens: &HashMap<String, usize>) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut copied) = (0, 0);
+    while i + UUID_LEN <= b.len() {
+        // An id starts at a hex digit, and a UUID's bytes are all ASCII: `i` and `i + 36`
+        // are character boundaries.
+        if b[i + 8] == b'-'
+            && is_uuid(&b[i..i + UUID_LEN])
+            && let Some(n) = tokens.get(&text[i..i + UUID_LEN])
+        {
+            out.push_str(&text[copied..i]);
+            out.push_str(&format!("<id {n}>"));
+            i += UUID_LEN;
+            copied = i;
+            continue;
+        }
+        i += 1;
+    }
+    out.push_str(&text[copied..]);
     times_out(&out)
 }
 
@@ -537,11 +583,26 @@ mod tests {
 
     #[test]
     fn reported_times_and_known_ids_do_not_count_as_differences() {
-        let mut ids = HashMap::new();
-        ids.insert("aaaa".to_owned(), "bbbb".to_owned());
-        let a = normalize("[exit code 0 after 0.04 s]\nsee aaaa\n", &ids, true);
-        let b = normalize("[exit code 0 after 1.5 s]\nsee bbbb\n", &ids, false);
+        let mut ids = Ids::default();
+        let (src, dst) = (
+            Uuid::from_u128(7).to_string(),
+            Uuid::from_u128(9).to_string(),
+        );
+        ids.insert(src.clone(), dst.clone());
+        let a = normalize(
+            &format!("[exit code 0 after 0.04 s]\nsee {src}, é{src}\n"),
+            &ids.recorded,
+        );
+        let b = normalize(
+            &format!("[exit code 0 after 1.5 s]\nsee {dst}, é{dst}\n"),
+            &ids.replayed,
+        );
         assert_eq!(a, b);
+        assert!(a.contains("see <id 0>, é<id 0>"), "{a}");
+        // An id of the other session, or one nobody mapped, stays as it is.
+        assert!(normalize(&dst, &ids.recorded).contains(&dst));
+        let other = Uuid::from_u128(11).to_string();
+        assert_eq!(normalize(&other, &ids.replayed), other);
         assert_eq!(times_out("timed out after 250 ms"), "timed out after … ms");
         assert_eq!(times_out("after all"), "after all");
     }

@@ -32,7 +32,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 pub const BUFFER: usize = 1024;
 
 /// Events read from the store per page (catching up, or fetching).
-const PAGE: u32 = 1000;
+const PAGE: u32 = 100;
 
 /// One item of a stream.
 #[derive(Debug, Clone)]
@@ -181,6 +181,8 @@ struct Subscriber {
     /// Just caught up from the store: a lag now means the catch-up was long, not that the
     /// client is slow, and the store has what was missed.
     caught_up: bool,
+    /// The tenant's stream slot, given back when the stream ends or its client goes away.
+    _slot: crate::slots::Slot,
 }
 
 impl Engine {
@@ -192,6 +194,7 @@ impl Engine {
         after: i64,
     ) -> Result<impl Stream<Item = StreamItem> + Send + 'static> {
         let session = self.store.get_session(tenant_id, session_id).await?;
+        let slot = self.stream_slots.take(tenant_id)?;
         // Join the broadcast before catching up: whatever is committed after this point comes
         // through it, whatever before is read from the store.
         let rx = self
@@ -206,6 +209,7 @@ impl Engine {
             rx,
             phase: Phase::CatchUp,
             caught_up: false,
+            _slot: slot,
         };
         Ok(futures::stream::unfold(sub, next_item))
     }

@@ -234,40 +234,56 @@ pub fn plan<'a, 's>(
     plan
 }
 
-/// Removes the plan's entries; the ones that were there.
-pub fn remove(ws: &Workspace, plan: &Plan<'_>) -> Result<Vec<Vec<u8>>, JailError> {
+/// Entries an operation could not change, with why: a rewind goes on past them and records
+/// what is really there; a fresh workspace fails on the first.
+pub type Failed = Vec<(Vec<u8>, JailError)>;
+
+/// Removes the plan's entries; the ones that were there. An entry that cannot be removed is
+/// added to `failed` and the others are still removed.
+pub fn remove(ws: &Workspace, plan: &Plan<'_>, failed: &mut Failed) -> Vec<Vec<u8>> {
     let mut removed = Vec::new();
     for path in &plan.remove {
-        if ws.remove_entry(path)? {
-            removed.push(path.clone());
+        match ws.remove_entry(path) {
+            Ok(true) => removed.push(path.clone()),
+            Ok(false) => {}
+            Err(e) => failed.push((path.clone(), e)),
         }
     }
-    Ok(removed)
+    removed
 }
 
 /// Writes entries of a plan (all, or one batch of them whose contents are at hand). A file
-/// whose contents `contents` does not have is left out and returned.
+/// whose contents `contents` does not have is left out and returned; one that cannot be
+/// written is added to `failed` and the others are still written.
 pub fn write(
     ws: &Workspace,
     entries: &[(&[u8], &Entry)],
     contents: &impl Contents,
-) -> Result<Vec<Vec<u8>>, JailError> {
+    failed: &mut Failed,
+) -> Vec<Vec<u8>> {
     let mut missing = Vec::new();
     for (path, entry) in entries {
-        match entry.kind {
+        let done = match entry.kind {
             EntryKind::Symlink => {
-                ws.restore_symlink(path, entry.target.as_deref().unwrap_or_default())?;
+                ws.restore_symlink(path, entry.target.as_deref().unwrap_or_default())
             }
             EntryKind::File => match entry.sha256.as_deref().and_then(|sha| contents.get(sha)) {
-                Some(bytes) => ws.restore_file(path, bytes, entry.mode)?,
-                None => missing.push(path.to_vec()),
+                Some(bytes) => ws.restore_file(path, bytes, entry.mode),
+                None => {
+                    missing.push(path.to_vec());
+                    Ok(())
+                }
             },
+        };
+        if let Err(e) = done {
+            failed.push((path.to_vec(), e));
         }
     }
-    Ok(missing)
+    missing
 }
 
-/// [`plan`], [`remove`] and [`write`] in one step, with every content at hand.
+/// [`plan`], [`remove`] and [`write`] in one step, with every content at hand; fails on the
+/// first entry it cannot change.
 pub fn apply<'a>(
     ws: &Workspace,
     live: impl IntoIterator<Item = (&'a [u8], SeenEntry<'a>)>,
@@ -275,8 +291,12 @@ pub fn apply<'a>(
     contents: &impl Contents,
 ) -> Result<Applied, JailError> {
     let plan = plan(live, target);
-    let removed = remove(ws, &plan)?;
-    let missing = write(ws, &plan.write, contents)?;
+    let mut failed = Failed::new();
+    let removed = remove(ws, &plan, &mut failed);
+    let missing = write(ws, &plan.write, contents, &mut failed);
+    if let Some((_, e)) = failed.into_iter().next() {
+        return Err(e);
+    }
     let written = plan
         .write
         .iter()
@@ -292,8 +312,8 @@ pub fn apply<'a>(
     })
 }
 
-/// Whether a live entry already is what the state says.
-fn same(live: Option<&SeenEntry<'_>>, entry: &Entry) -> bool {
+/// Whether a live entry already is what the state says (a file not read when scanned never is).
+pub fn same(live: Option<&SeenEntry<'_>>, entry: &Entry) -> bool {
     match (live, entry.kind) {
         (Some(SeenEntry::File { sha256, mode, .. }), EntryKind::File) => {
             sha256.is_some() && *sha256 == entry.sha256 && *mode == entry.mode
@@ -413,5 +433,43 @@ mod tests {
         let snap = Snapshot::capture(&ws).unwrap();
         let again = apply(&ws, snap.entries(), &target, &contents).unwrap();
         assert_eq!(again, Applied::default());
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_changed_does_not_stop_the_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        let ws = Workspace::create(&root).unwrap();
+        fs::write(root.join("plain"), b"p").unwrap();
+        // A name longer than a directory entry can be fails wherever it comes; the rest goes on.
+        let long = "n".repeat(300);
+        let plan = Plan {
+            remove: vec![long.as_bytes().to_vec(), b"plain".to_vec()],
+            ..Plan::default()
+        };
+        let mut failed = Failed::new();
+        let removed = remove(&ws, &plan, &mut failed);
+        assert_eq!(removed, vec![b"plain".to_vec()]);
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].0, long.as_bytes());
+        let mut target = State::new();
+        let mut contents = HashMap::new();
+        for path in [long.as_str(), "z"] {
+            target
+                .apply(1, &change(FileChangeKind::Created, path, Some(b"new")))
+                .unwrap();
+        }
+        contents.insert(sha256_hex(b"new"), bytes::Bytes::from_static(b"new"));
+        let entries: Vec<(&[u8], &Entry)> = target.iter().collect();
+        let mut failed = Failed::new();
+        let missing = write(&ws, &entries, &contents, &mut failed);
+        assert!(missing.is_empty());
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].0, long.as_bytes());
+        assert_eq!(fs::read(root.join("z")).unwrap(), b"new");
+        // As one step on a fresh workspace, the first failure fails it.
+        fs::remove_file(root.join("z")).unwrap();
+        let snap = Snapshot::capture(&ws).unwrap();
+        assert!(apply(&ws, snap.entries(), &target, &contents).is_err());
     }
 }

@@ -39,6 +39,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// How old a half-built or unused base must be before a start-up removes it.
+const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 use crate::Workspace;
 
 /// The filesystem magic of overlayfs (`statfs`' `f_type`).
@@ -272,18 +275,34 @@ impl Workspaces {
     }
 
     /// At start-up: bases no fork uses and half-made ones go.
+    /// Removes what a crashed service left in the layers: half-built bases and bases no fork
+    /// uses, once they are [`LEFTOVER_AGE`] old.
     fn sweep(&self) {
         let Ok(entries) = std::fs::read_dir(&self.layers.dir) else {
             return;
+        };
+        // Another replica on the same storage may be building a base, or about to mount one it
+        // just made: only what has been left for an hour is taken for a leftover.
+        let stale = |entry: &std::fs::DirEntry| {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= LEFTOVER_AGE)
         };
         let mut used = HashSet::new();
         let mut bases = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("tmp-") {
-                remove_tree(&entry.path());
+                if stale(&entry) {
+                    remove_tree(&entry.path());
+                }
             } else if let Some(key) = name.strip_prefix("base-") {
-                bases.push(key.to_owned());
+                if stale(&entry) {
+                    bases.push(key.to_owned());
+                }
             } else if name.ends_with(".base")
                 && let Ok(key) = std::fs::read_to_string(entry.path())
             {

@@ -4,16 +4,19 @@
 //! `HTTP_PROXY`/`HTTPS_PROXY` point there). The proxy resolves every destination itself and
 //! refuses any address that is not public — loopback (the service's own Postgres), private,
 //! link-local and cloud metadata, CGNAT, multicast, reserved, IPv4-mapped and NAT64 forms of them
-//! — unless the operator allow-lists it (`sandbox.egress_allow_cidrs`).
+//! — unless the operator allow-lists it (`sandbox.egress_allow_cidrs`). What is public, and the
+//! checked dial, are `toolexec-net`'s: this module only speaks the proxy protocol.
 //!
 //! Supported: `CONNECT host:port` (HTTPS and any TLS) and absolute-form plain HTTP requests.
 //! Programs that ignore the proxy variables get no network at all.
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
+pub use toolexec_net::{Cidr, NetPolicy};
+use toolexec_net::{ConnectError, Refusal, SystemResolver, connect_checked};
 
 /// Where the relay listens inside the sandbox, and where the proxy socket is bound there (the
 /// init sets both up).
@@ -25,128 +28,8 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections one session's proxy serves at once.
 const MAX_CONNECTIONS: usize = 64;
 
-/// A network in CIDR form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    addr: IpAddr,
-    prefix: u8,
-}
-
-impl Cidr {
-    /// `10.0.0.0/8`, `fd00::/8`, or a bare address (a /32 or /128).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
-        let addr: IpAddr = addr
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not an IP address or CIDR"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            Some(p) => p
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("'{s}': prefix must be 0 to {max}"))?,
-            None => max,
-        };
-        Ok(Self { addr, prefix })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
-    }
-}
-
-/// IPv4-mapped and IPv4-compatible IPv6 addresses as the IPv4 address they carry.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
-/// Special-purpose ranges (IANA registries) no sandbox may reach unless allow-listed.
-const DENIED: [&str; 30] = [
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.0.2.0/24",
-    "192.88.99.0/24",
-    "192.168.0.0/16",
-    "198.18.0.0/15",
-    "198.51.100.0/24",
-    "203.0.113.0/24",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-    "::/128",
-    "::1/128",
-    "::/96",
-    "::ffff:0:0:0/96",
-    "64:ff9b::/96",
-    "64:ff9b:1::/48",
-    "100::/64",
-    "2001::/23",
-    "2001:db8::/32",
-    "2002::/16",
-    "3fff::/20",
-    "fc00::/7",
-    "fe80::/10",
-    "fec0::/10",
-    "ff00::/8",
-];
-
-/// Who a session's commands may reach through the proxy.
-#[derive(Debug, Clone, Default)]
-pub struct EgressPolicy {
-    allow: Vec<Cidr>,
-    deny: Vec<Cidr>,
-}
-
-impl EgressPolicy {
-    /// Public addresses, plus the operator's allow-list.
-    pub fn new(allow: &[String]) -> Result<Self, String> {
-        Ok(Self {
-            allow: allow
-                .iter()
-                .map(|s| Cidr::parse(s))
-                .collect::<Result<_, _>>()?,
-            deny: DENIED.iter().filter_map(|s| Cidr::parse(s).ok()).collect(),
-        })
-    }
-
-    pub fn permits(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
-        if self.allow.iter().any(|c| c.contains(ip)) {
-            return true;
-        }
-        !self.deny.iter().any(|c| c.contains(ip))
-    }
-}
+/// The proxy's policy is the service's one network policy (shared with the web tools).
+pub type EgressPolicy = NetPolicy;
 
 /// Serves one session's proxy until the listener is dropped (its task aborted).
 pub async fn serve(listener: UnixListener, policy: Arc<EgressPolicy>) {
@@ -228,40 +111,28 @@ fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> 
 }
 
 /// Resolves and checks every address; the connection goes to a checked one (never a second
-/// lookup that could answer differently).
-async fn dial(host: &str, port: u16, policy: &EgressPolicy) -> Result<TcpStream, (u16, String)> {
-    if host.is_empty() || host.len() > 253 {
-        return Err((400, "no valid host".into()));
-    }
-    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
-            .await
-            .map_err(|_| (502, format!("resolving {host} timed out")))?
-            .map_err(|e| (502, format!("cannot resolve {host}: {e}")))?
-            .collect(),
-    };
-    if addrs.is_empty() {
-        return Err((502, format!("{host} has no address")));
-    }
-    if let Some(bad) = addrs.iter().find(|a| !policy.permits(a.ip())) {
-        return Err((
-            403,
-            format!(
-                "{host} resolves to {} — a loopback, private, link-local or otherwise non-public address that this service does not let sandboxes reach",
-                bad.ip()
-            ),
-        ));
-    }
-    let mut last = String::new();
-    for addr in addrs {
-        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => return Ok(s),
-            Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
-            Err(_) => last = format!("connecting to {addr} timed out"),
+/// lookup that could answer differently). The client is told why in words that never name the
+/// address; the log gets the category and the address.
+async fn dial(host: &str, port: u16, policy: &NetPolicy) -> Result<TcpStream, (u16, String)> {
+    match connect_checked(policy, &SystemResolver, host, port, CONNECT_TIMEOUT).await {
+        Ok(stream) => Ok(stream),
+        Err(ConnectError::Refused(refusal)) => {
+            tracing::info!(
+                host,
+                port,
+                reason = refusal.reason(),
+                address = ?refusal.address(),
+                "egress refused"
+            );
+            let code = match refusal {
+                Refusal::InvalidHost | Refusal::NoHost | Refusal::Port => 400,
+                Refusal::NoAddress => 502,
+                _ => 403,
+            };
+            Err((code, format!("{host}: {refusal}")))
         }
+        Err(e) => Err((502, format!("{host}: {e}"))),
     }
-    Err((502, last))
 }
 
 async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), String> {
@@ -349,19 +220,9 @@ async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), Str
     Ok(())
 }
 
-/// Which addresses the host itself has are not known here; loopback is denied by range. Kept as
-/// a helper for tests of the classifier.
+/// Whether the default policy (no allow-list) refuses `ip`.
 pub fn is_denied_by_default(ip: IpAddr) -> bool {
-    !EgressPolicy::default_public().permits(ip)
-}
-
-impl EgressPolicy {
-    fn default_public() -> Self {
-        Self {
-            allow: Vec::new(),
-            deny: DENIED.iter().filter_map(|s| Cidr::parse(s).ok()).collect(),
-        }
-    }
+    !NetPolicy::public_only().permits(ip)
 }
 
 #[cfg(test)]
@@ -369,53 +230,66 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
+    use tokio::net::TcpListener;
+
+    // The classifier and its range-by-range tests live in toolexec-net; these check that the
+    // proxy's names are that policy and that its dial answers the client as documented.
 
     #[test]
-    fn non_public_addresses_are_refused_and_public_ones_allowed() {
+    fn the_proxy_policy_is_the_shared_network_policy() {
         for ip in [
             "127.0.0.1",
-            "127.1.2.3",
-            "0.0.0.0",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
             "169.254.169.254",
-            "100.100.100.200",
-            "224.0.0.1",
-            "255.255.255.255",
-            "::1",
-            "::",
             "::ffff:127.0.0.1",
-            "::ffff:169.254.169.254",
             "64:ff9b::7f00:1",
-            "fd00:ec2::254",
-            "fe80::1",
-            "2002:7f00:1::",
         ] {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert!(is_denied_by_default(ip), "{ip} must be refused");
+            assert!(is_denied_by_default(ip.parse().unwrap()), "{ip}");
         }
-        for ip in [
-            "1.1.1.1",
-            "8.8.8.8",
-            "2606:4700:4700::1111",
-            "::ffff:1.1.1.1",
-        ] {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert!(!is_denied_by_default(ip), "{ip} is public");
-        }
+        assert!(!is_denied_by_default("1.1.1.1".parse().unwrap()));
+        let p = EgressPolicy::new(&[String::from("127.0.0.1/32")]).unwrap();
+        assert!(p.permits(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(!p.permits(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        assert!(EgressPolicy::new(&[String::from("10.0.0.0/33")]).is_err());
+        assert_eq!(Cidr::parse("10.0.0.0/8").unwrap().to_string(), "10.0.0.0/8");
     }
 
-    #[test]
-    fn the_allow_list_opens_exactly_what_it_names() {
-        let p = EgressPolicy::new(&["127.0.0.1/32".into(), "10.0.0.0/8".into()]).unwrap();
-        assert!(p.permits(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        assert!(p.permits("::ffff:127.0.0.1".parse().unwrap()));
-        assert!(!p.permits("127.0.0.2".parse().unwrap()));
-        assert!(p.permits("10.9.9.9".parse().unwrap()));
-        assert!(!p.permits(IpAddr::V6(Ipv6Addr::LOCALHOST)));
-        assert!(EgressPolicy::new(&["nonsense".into()]).is_err());
-        assert!(EgressPolicy::new(&["10.0.0.0/33".into()]).is_err());
+    #[tokio::test]
+    async fn a_refused_destination_is_a_403_that_does_not_name_the_address() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let policy = NetPolicy::public_only();
+        for host in [
+            "127.0.0.1",
+            "0x7f000001",
+            "::ffff:127.0.0.1",
+            "localhost",
+            "169.254.169.254",
+        ] {
+            let (code, why) = dial(host, port, &policy).await.unwrap_err();
+            assert_eq!(code, 403, "{host}: {why}");
+            assert!(
+                !why.contains("127.0.0.1") || host.contains("127.0.0.1"),
+                "{why}"
+            );
+            assert!(
+                !why.contains("loopback") && !why.contains("metadata"),
+                "{why}"
+            );
+        }
+        let (code, _) = dial("", port, &policy).await.unwrap_err();
+        assert_eq!(code, 400);
+        let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        assert!(accepted.is_err(), "a refused dial connected");
+    }
+
+    #[tokio::test]
+    async fn an_allow_listed_destination_is_dialled() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let policy = NetPolicy::new(&["127.0.0.1/32"]).unwrap();
+        let stream = dial("127.0.0.1", port, &policy).await.unwrap();
+        assert_eq!(stream.peer_addr().unwrap().port(), port);
+        listener.accept().await.unwrap();
     }
 
     #[test]

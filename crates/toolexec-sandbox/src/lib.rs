@@ -270,7 +270,9 @@ impl Sandbox {
             init: image::InitImage::load(config.init.as_deref()),
             root: workspace_dir,
             workspace_root: workspace_root.to_path_buf(),
-            egress_policy: egress::EgressPolicy::new(&config.egress_allow_cidrs).map(Arc::new),
+            egress_policy: egress::EgressPolicy::new(&config.egress_allow_cidrs)
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
             egress_dir: workspace_root.join(".egress"),
             cgroups,
             passthrough,

@@ -1,0 +1,159 @@
+//! The policy: the public internet, plus what the operator's allow-list names.
+use std::net::IpAddr;
+
+use crate::cidr::{Cidr, CidrError, canonical};
+use crate::classify::classify;
+use crate::refusal::Refusal;
+
+/// Which addresses may be reached: every public address, and the non-public networks the
+/// operator allow-lists (`sandbox.egress_allow_cidrs`, e.g. an internal package mirror, or a test
+/// server on loopback). The default is the public internet only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetPolicy {
+    allow: Vec<Cidr>,
+}
+
+impl NetPolicy {
+    /// The public internet plus the operator's allow-list (CIDRs or bare addresses).
+    pub fn new<S: AsRef<str>>(allow: &[S]) -> Result<Self, CidrError> {
+        Ok(Self {
+            allow: allow
+                .iter()
+                .map(|s| Cidr::parse(s.as_ref()))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The public internet only.
+    pub fn public_only() -> Self {
+        Self::default()
+    }
+
+    /// The operator's allow-list.
+    pub fn allowed(&self) -> &[Cidr] {
+        &self.allow
+    }
+
+    /// Refuses `ip` unless it is public or allow-listed. The refusal names the address class
+    /// (for the log).
+    pub fn check(&self, ip: IpAddr) -> Result<(), Refusal> {
+        let ip = canonical(ip);
+        if self.allow.iter().any(|c| c.contains(ip)) {
+            return Ok(());
+        }
+        match classify(ip) {
+            None => Ok(()),
+            Some(class) => Err(Refusal::Address { class, ip }),
+        }
+    }
+
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        self.check(ip).is_ok()
+    }
+
+    /// Checks a whole resolution answer: refused if any address in it is refused (a name that
+    /// answers with a public and a private address is refused, whichever comes first), and if
+    /// it is empty.
+    pub fn check_all(&self, ips: &[IpAddr]) -> Result<(), Refusal> {
+        if ips.is_empty() {
+            return Err(Refusal::NoAddress);
+        }
+        ips.iter().try_for_each(|ip| self.check(*ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::AddressClass;
+    use proptest::prelude::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_default_policy_refuses_non_public_addresses_and_permits_public_ones() {
+        let p = NetPolicy::public_only();
+        for refused in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "169.254.169.254",
+            "::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+        ] {
+            assert!(!p.permits(ip(refused)), "{refused}");
+        }
+        for public in ["1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"] {
+            assert!(p.permits(ip(public)), "{public}");
+        }
+        assert_eq!(
+            p.check(ip("169.254.169.254")).unwrap_err().reason(),
+            "metadata"
+        );
+    }
+
+    #[test]
+    fn the_allow_list_opens_exactly_what_it_names() {
+        let p = NetPolicy::new(&["127.0.0.1/32", "10.0.0.0/8"]).unwrap();
+        assert!(p.permits(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(p.permits(ip("::ffff:127.0.0.1")));
+        assert!(!p.permits(ip("127.0.0.2")));
+        assert!(p.permits(ip("10.9.9.9")));
+        assert!(!p.permits(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        assert!(!p.permits(ip("192.168.0.1")));
+        // Public addresses stay reachable with an allow-list.
+        assert!(p.permits(ip("1.1.1.1")));
+        assert!(NetPolicy::new(&["nonsense"]).is_err());
+        assert!(NetPolicy::new(&["10.0.0.0/33".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn an_answer_mixing_public_and_private_addresses_is_refused_whole() {
+        let p = NetPolicy::public_only();
+        assert_eq!(p.check_all(&[ip("8.8.8.8"), ip("1.1.1.1")]), Ok(()));
+        for answer in [
+            vec![ip("8.8.8.8"), ip("127.0.0.1")],
+            vec![ip("127.0.0.1"), ip("8.8.8.8")],
+            vec![ip("2606:4700:4700::1111"), ip("fd00:ec2::254")],
+        ] {
+            let refusal = p.check_all(&answer).unwrap_err();
+            assert!(refusal.is_non_public(), "{answer:?}");
+        }
+        let refusal = p
+            .check_all(&[ip("8.8.8.8"), ip("169.254.169.254")])
+            .unwrap_err();
+        assert_eq!(
+            refusal,
+            Refusal::Address {
+                class: AddressClass::Metadata,
+                ip: ip("169.254.169.254")
+            }
+        );
+        assert_eq!(p.check_all(&[]), Err(Refusal::NoAddress));
+    }
+
+    #[test]
+    fn the_text_for_the_model_never_names_the_address() {
+        let p = NetPolicy::public_only();
+        for refused in ["127.0.0.1", "169.254.169.254", "fd00:ec2::254", "10.0.0.7"] {
+            let refusal = p.check(ip(refused)).unwrap_err();
+            let text = refusal.to_string();
+            assert!(!text.contains(refused), "{text}");
+            assert!(!text.contains(refusal.reason()), "{text}");
+            assert_eq!(refusal.address(), Some(ip(refused)));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn an_answer_is_permitted_exactly_when_each_of_its_addresses_is(
+            answer in proptest::collection::vec(any::<u32>().prop_map(|b| IpAddr::V4(Ipv4Addr::from(b))), 1..6)
+        ) {
+            let p = NetPolicy::new(&["10.0.0.0/8"]).unwrap();
+            prop_assert_eq!(p.check_all(&answer).is_ok(), answer.iter().all(|a| p.permits(*a)));
+        }
+    }
+}

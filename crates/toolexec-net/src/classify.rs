@@ -57,6 +57,9 @@ pub enum AddressClass {
     /// `240/4`, and IPv6 outside the global unicast `2000::/3` that no entry above names: space no
     /// registry has handed out, so no public host lives there.
     Reserved,
+    /// An address of one of this host's own interfaces (a public address the service itself
+    /// may listen on): not in any table, found with `getifaddrs`.
+    ThisHost,
 }
 
 impl AddressClass {
@@ -78,6 +81,7 @@ impl AddressClass {
             Self::IetfProtocol => "ietf-protocol",
             Self::Relay6to4 => "6to4-relay",
             Self::Discard => "discard",
+            Self::ThisHost => "this-host",
             Self::Ipv4Compatible => "ipv4-compatible",
             Self::Ipv4Translated => "ipv4-translated",
             Self::Nat64 => "nat64",

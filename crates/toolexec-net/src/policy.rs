@@ -1,16 +1,72 @@
 //! The policy: the public internet, plus what the operator's allow-list names.
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::cidr::{Cidr, CidrError, canonical};
-use crate::classify::classify;
+use crate::classify::{AddressClass, classify};
 use crate::refusal::Refusal;
 
 /// Which addresses may be reached: every public address, and the non-public networks the
 /// operator allow-lists (`sandbox.egress_allow_cidrs`, e.g. an internal package mirror, or a test
-/// server on loopback). The default is the public internet only.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// server on loopback). The default is the public internet only. With
+/// [`NetPolicy::refusing_this_host`], the addresses of this host's own interfaces are refused
+/// too (a public address the service listens on is not the internet).
+#[derive(Debug, Clone, Default)]
 pub struct NetPolicy {
     allow: Vec<Cidr>,
+    this_host: Option<Arc<ThisHost>>,
+}
+
+impl PartialEq for NetPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.allow == other.allow && self.this_host.is_some() == other.this_host.is_some()
+    }
+}
+
+impl Eq for NetPolicy {}
+
+/// How long the host's interface addresses are trusted before they are read again.
+const THIS_HOST_REFRESH: Duration = Duration::from_secs(30);
+
+/// This host's interface addresses, read with `getifaddrs` and read again when older than
+/// [`THIS_HOST_REFRESH`] (an interface may come up later: a new TAP, a DHCP lease).
+#[derive(Debug)]
+struct ThisHost {
+    read: Mutex<(Option<Instant>, Arc<Vec<IpAddr>>)>,
+}
+
+impl ThisHost {
+    fn addresses(&self) -> Arc<Vec<IpAddr>> {
+        let Ok(mut read) = self.read.lock() else {
+            return Arc::new(Vec::new());
+        };
+        if read.0.is_none_or(|at| at.elapsed() >= THIS_HOST_REFRESH) {
+            // A failed read keeps what was read last, and is tried again at the next check.
+            if let Ok(addrs) = interface_addresses() {
+                *read = (Some(Instant::now()), Arc::new(addrs));
+            }
+        }
+        read.1.clone()
+    }
+}
+
+/// The addresses of this host's interfaces, as the classifier sees them.
+fn interface_addresses() -> Result<Vec<IpAddr>, nix::Error> {
+    let mut out: Vec<IpAddr> = nix::ifaddrs::getifaddrs()?
+        .filter_map(|ifa| ifa.address)
+        .filter_map(|a| {
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .map(canonical)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 impl NetPolicy {
@@ -21,7 +77,17 @@ impl NetPolicy {
                 .iter()
                 .map(|s| Cidr::parse(s.as_ref()))
                 .collect::<Result<_, _>>()?,
+            this_host: None,
         })
+    }
+
+    /// The same policy, also refusing this host's own interface addresses (unless the
+    /// allow-list names them). What the service uses; tests of the tables leave it out.
+    pub fn refusing_this_host(mut self) -> Self {
+        self.this_host = Some(Arc::new(ThisHost {
+            read: Mutex::new((None, Arc::new(Vec::new()))),
+        }));
+        self
     }
 
     /// The public internet only.
@@ -42,9 +108,18 @@ impl NetPolicy {
             return Ok(());
         }
         match classify(ip) {
-            None => Ok(()),
-            Some(class) => Err(Refusal::Address { class, ip }),
+            None => {}
+            Some(class) => return Err(Refusal::Address { class, ip }),
         }
+        if let Some(this_host) = &self.this_host
+            && this_host.addresses().contains(&ip)
+        {
+            return Err(Refusal::Address {
+                class: AddressClass::ThisHost,
+                ip,
+            });
+        }
+        Ok(())
     }
 
     pub fn permits(&self, ip: IpAddr) -> bool {
@@ -65,7 +140,6 @@ impl NetPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::AddressClass;
     use proptest::prelude::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -93,6 +167,38 @@ mod tests {
             p.check(ip("169.254.169.254")).unwrap_err().reason(),
             "metadata"
         );
+    }
+
+    #[test]
+    fn this_hosts_own_addresses_are_refused_unless_allow_listed() {
+        let addrs = interface_addresses().unwrap();
+        assert!(addrs.contains(&ip("127.0.0.1")), "{addrs:?}");
+        // Every address of this host is refused by the service's policy, whatever its class
+        // (a public address on an interface included)...
+        let p = NetPolicy::public_only().refusing_this_host();
+        for a in &addrs {
+            assert!(!p.permits(*a), "{a} is this host's");
+        }
+        // ...a public address elsewhere is not, and the allow-list still opens a host address.
+        assert!(p.permits(ip("1.1.1.1")) || addrs.contains(&ip("1.1.1.1")));
+        let allowed = NetPolicy::new(&["127.0.0.1/32"])
+            .unwrap()
+            .refusing_this_host();
+        assert!(allowed.permits(ip("127.0.0.1")));
+        // A public interface address is refused as this host's, not by any table (this test
+        // machine has none, so one is given).
+        let given = NetPolicy {
+            allow: Vec::new(),
+            this_host: Some(Arc::new(ThisHost {
+                read: Mutex::new((Some(Instant::now()), Arc::new(vec![ip("203.0.114.7")]))),
+            })),
+        };
+        assert_eq!(classify(ip("203.0.114.7")), None);
+        assert_eq!(
+            given.check(ip("203.0.114.7")).unwrap_err().reason(),
+            "this-host"
+        );
+        assert!(given.permits(ip("203.0.114.8")));
     }
 
     #[test]

@@ -271,7 +271,7 @@ impl Sandbox {
             root: workspace_dir,
             workspace_root: workspace_root.to_path_buf(),
             egress_policy: egress::EgressPolicy::new(&config.egress_allow_cidrs)
-                .map(Arc::new)
+                .map(|p| Arc::new(p.refusing_this_host()))
                 .map_err(|e| e.to_string()),
             egress_dir: workspace_root.join(".egress"),
             cgroups,

@@ -615,6 +615,42 @@ async fn with_network_allowed_egress_goes_through_the_filtering_proxy() {
             assert!(!out.contains("hello from the host"), "{out}");
         }
     }
+    // The log says what commands reached and what they were refused, never an address's class.
+    let requests: Vec<Value> = app
+        .events(sid)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "network.request")
+        .map(|e| e["data"].clone())
+        .collect();
+    let web_host = web.ip().to_string();
+    let allowed: Vec<&Value> = requests.iter().filter(|r| r["allowed"] == true).collect();
+    assert!(allowed.len() >= 3, "{requests:?}");
+    for r in &allowed {
+        assert_eq!(r["host"], web_host.as_str(), "{r}");
+        assert_eq!(r["port"], web.port(), "{r}");
+        assert!(r["bytes_received"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["refused"].is_null(), "{r}");
+    }
+    assert!(
+        allowed.iter().any(|r| r["method"] == "CONNECT"),
+        "{allowed:?}"
+    );
+    assert!(allowed.iter().any(|r| r["method"] == "GET"), "{allowed:?}");
+    let refused: Vec<&Value> = requests.iter().filter(|r| r["allowed"] == false).collect();
+    assert_eq!(refused.len(), 16, "{refused:?}");
+    for r in &refused {
+        assert_eq!(r["refused"], "not_reachable", "{r}");
+        assert_eq!(r["bytes_received"], 0, "{r}");
+    }
+    assert!(
+        refused.iter().any(|r| r["host"] == "169.254.169.254"),
+        "{refused:?}"
+    );
+    assert!(
+        refused.iter().any(|r| r["host"] == "localhost"),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,10 +44,15 @@ pub enum EventKind {
     /// changed.
     #[serde(rename = "workspace.rewound")]
     WorkspaceRewound,
+    /// A connection a command made through the session's egress proxy, allowed or refused
+    /// (recorded by the `shell` call that ran the command, or by the next one for a background
+    /// process's).
+    #[serde(rename = "network.request")]
+    NetworkRequest,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -60,6 +65,7 @@ impl EventKind {
         EventKind::ProcessExited,
         EventKind::FilesChanged,
         EventKind::WorkspaceRewound,
+        EventKind::NetworkRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -76,6 +82,7 @@ impl EventKind {
             EventKind::ProcessExited => "process.exited",
             EventKind::FilesChanged => "files.changed",
             EventKind::WorkspaceRewound => "workspace.rewound",
+            EventKind::NetworkRequest => "network.request",
         }
     }
 
@@ -94,6 +101,7 @@ impl EventKind {
                 | EventKind::ProcessStarted
                 | EventKind::ProcessExited
                 | EventKind::FilesChanged
+                | EventKind::NetworkRequest
         )
     }
 

@@ -175,6 +175,15 @@ impl ProcessTable {
         &self.sandbox
     }
 
+    /// The connections the session's commands made through its egress proxy since the last
+    /// call of this (at most 1,000), and how many more there were.
+    pub fn drain_egress(&self) -> (Vec<crate::egress::EgressRecord>, u64) {
+        match self.egress.lock() {
+            Ok(egress) => egress.as_ref().map(|e| e.log.drain()).unwrap_or_default(),
+            Err(_) => (Vec::new(), 0),
+        }
+    }
+
     fn group(&self) -> Result<Option<Arc<SessionGroup>>, SandboxError> {
         if let Some(g) = self.group.get() {
             return Ok(g.clone());

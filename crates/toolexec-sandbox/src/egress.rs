@@ -31,8 +31,72 @@ const MAX_CONNECTIONS: usize = 64;
 /// The proxy's policy is the service's one network policy (shared with the web tools).
 pub type EgressPolicy = NetPolicy;
 
+/// Records of connections kept for the session's next `shell` call to record.
+const MAX_RECORDS: usize = 1000;
+
+/// Longest host name kept in a record.
+const MAX_HOST_CHARS: usize = 255;
+
+/// One connection a command made through the proxy, as the log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressRecord {
+    /// `CONNECT`, or the method of a plain HTTP request (as sent, cut to 16 characters).
+    pub method: String,
+    /// The host asked for, as the command spelled it (control characters replaced).
+    pub host: String,
+    pub port: u16,
+    /// Whether the proxy connected it.
+    pub allowed: bool,
+    /// Why not, in the words the command was told (never the address or its class):
+    /// `not_reachable` (refused by the network policy), `bad_request`, `unresolvable`,
+    /// `connect_failed`.
+    pub refused: Option<&'static str>,
+    /// Bytes relayed from the command to the destination, and back.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub duration_ms: u64,
+}
+
+/// The connections of one session's proxy that ended and are not recorded yet: at most
+/// [`MAX_RECORDS`], then counted only.
+#[derive(Debug, Default)]
+pub struct EgressLog {
+    inner: std::sync::Mutex<(std::collections::VecDeque<EgressRecord>, u64)>,
+}
+
+impl EgressLog {
+    fn push(&self, record: EgressRecord) {
+        if let Ok(mut inner) = self.inner.lock() {
+            if inner.0.len() < MAX_RECORDS {
+                inner.0.push_back(record);
+            } else {
+                inner.1 += 1;
+            }
+        }
+    }
+
+    /// The records kept so far, and how many more connections ended beyond the cap.
+    pub fn drain(&self) -> (Vec<EgressRecord>, u64) {
+        match self.inner.lock() {
+            Ok(mut inner) => {
+                let records = inner.0.drain(..).collect();
+                (records, std::mem::take(&mut inner.1))
+            }
+            Err(_) => (Vec::new(), 0),
+        }
+    }
+}
+
+/// A name from a request, fit for the log: control characters (a NUL) replaced, cut short.
+fn shown(text: &str, max: usize) -> String {
+    text.chars()
+        .take(max)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// Serves one session's proxy until the listener is dropped (its task aborted).
-pub async fn serve(listener: UnixListener, policy: Arc<EgressPolicy>) {
+pub async fn serve(listener: UnixListener, policy: Arc<EgressPolicy>, log: Arc<EgressLog>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -46,10 +110,17 @@ pub async fn serve(listener: UnixListener, policy: Arc<EgressPolicy>) {
             continue;
         };
         let policy = policy.clone();
+        let log = log.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = handle(stream, &policy).await {
+            let started = std::time::Instant::now();
+            let mut record = None;
+            if let Err(e) = handle(stream, &policy, &mut record).await {
                 tracing::debug!(error = %e, "egress connection ended");
+            }
+            if let Some(mut r) = record {
+                r.duration_ms = started.elapsed().as_millis() as u64;
+                log.push(r);
             }
         });
     }
@@ -135,7 +206,23 @@ async fn dial(host: &str, port: u16, policy: &NetPolicy) -> Result<TcpStream, (u
     }
 }
 
-async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), String> {
+/// The record's word for a refusal the client was told with `code`.
+fn refused_as(code: u16, why: &str) -> &'static str {
+    match code {
+        403 => "not_reachable",
+        400 => "bad_request",
+        _ if why.contains("resolve") || why.contains("no address") => "unresolvable",
+        _ => "connect_failed",
+    }
+}
+
+/// Serves one connection; `record` says what it was once a request arrived (a connection that
+/// never sends one is not recorded).
+async fn handle(
+    mut client: UnixStream,
+    policy: &EgressPolicy,
+    record: &mut Option<EgressRecord>,
+) -> Result<(), String> {
     let (head, end) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client))
         .await
         .map_err(|_| "no request within 30 s".to_owned())??;
@@ -147,20 +234,34 @@ async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), Str
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or("HTTP/1.1"),
     );
+    let rec = record.insert(EgressRecord {
+        method: shown(method, 16),
+        host: String::new(),
+        port: 0,
+        allowed: false,
+        refused: Some("bad_request"),
+        bytes_sent: 0,
+        bytes_received: 0,
+        duration_ms: 0,
+    });
     if method.eq_ignore_ascii_case("CONNECT") {
         let Some((host, port)) = split_host_port(target, 443) else {
+            rec.host = shown(target, MAX_HOST_CHARS);
             let _ = client
                 .write_all(&reply(400, "CONNECT needs host:port"))
                 .await;
             return Ok(());
         };
+        (rec.host, rec.port) = (shown(&host, MAX_HOST_CHARS), port);
         let mut upstream = match dial(&host, port, policy).await {
             Ok(s) => s,
             Err((code, why)) => {
+                rec.refused = Some(refused_as(code, &why));
                 let _ = client.write_all(&reply(code, &why)).await;
                 return Ok(());
             }
         };
+        (rec.allowed, rec.refused) = (true, None);
         client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await
@@ -170,7 +271,8 @@ async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), Str
             .write_all(&head[end..])
             .await
             .map_err(|e| e.to_string())?;
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        rec.bytes_sent = (head.len() - end) as u64;
+        relay(&mut client, &mut upstream, rec).await;
         return Ok(());
     }
     // Plain HTTP in absolute form: http://host[:port]/path
@@ -192,18 +294,22 @@ async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), Str
     };
     let authority = authority.rsplit('@').next().unwrap_or(authority);
     let Some((host, port)) = split_host_port(authority, 80) else {
+        rec.host = shown(authority, MAX_HOST_CHARS);
         let _ = client
             .write_all(&reply(400, "bad host in the request"))
             .await;
         return Ok(());
     };
+    (rec.host, rec.port) = (shown(&host, MAX_HOST_CHARS), port);
     let mut upstream = match dial(&host, port, policy).await {
         Ok(s) => s,
         Err((code, why)) => {
+            rec.refused = Some(refused_as(code, &why));
             let _ = client.write_all(&reply(code, &why)).await;
             return Ok(());
         }
     };
+    (rec.allowed, rec.refused) = (true, None);
     let mut out = format!("{method} {path} {version}\r\n").into_bytes();
     for line in text.lines().skip(1) {
         let lower = line.to_ascii_lowercase();
@@ -216,8 +322,17 @@ async fn handle(mut client: UnixStream, policy: &EgressPolicy) -> Result<(), Str
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&head[end..]);
     upstream.write_all(&out).await.map_err(|e| e.to_string())?;
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    rec.bytes_sent = out.len() as u64;
+    relay(&mut client, &mut upstream, rec).await;
     Ok(())
+}
+
+/// Relays both ways until either side closes, counting the bytes into `rec`.
+async fn relay(client: &mut UnixStream, upstream: &mut TcpStream, rec: &mut EgressRecord) {
+    if let Ok((sent, received)) = tokio::io::copy_bidirectional(client, upstream).await {
+        rec.bytes_sent += sent;
+        rec.bytes_received += received;
+    }
 }
 
 /// Whether the default policy (no allow-list) refuses `ip`.
@@ -290,6 +405,33 @@ mod tests {
         let stream = dial("127.0.0.1", port, &policy).await.unwrap();
         assert_eq!(stream.peer_addr().unwrap().port(), port);
         listener.accept().await.unwrap();
+    }
+
+    #[test]
+    fn the_log_keeps_a_bounded_number_of_records_and_counts_the_rest() {
+        let log = EgressLog::default();
+        let record = |n: u16| EgressRecord {
+            method: "CONNECT".into(),
+            host: shown("exa\0mple.com", MAX_HOST_CHARS),
+            port: n,
+            allowed: true,
+            refused: None,
+            bytes_sent: 1,
+            bytes_received: 2,
+            duration_ms: 3,
+        };
+        for n in 0..(MAX_RECORDS as u16 + 5) {
+            log.push(record(n));
+        }
+        let (records, more) = log.drain();
+        assert_eq!((records.len(), more), (MAX_RECORDS, 5));
+        assert_eq!(records[0].host, "exa?mple.com");
+        assert_eq!(records.last().unwrap().port, MAX_RECORDS as u16 - 1);
+        assert_eq!(log.drain(), (Vec::new(), 0));
+        assert_eq!(
+            shown(&"h".repeat(300), MAX_HOST_CHARS).len(),
+            MAX_HOST_CHARS
+        );
     }
 
     #[test]

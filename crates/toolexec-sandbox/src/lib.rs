@@ -206,6 +206,8 @@ pub struct Launch {
 #[derive(Debug)]
 pub struct EgressHandle {
     pub path: PathBuf,
+    /// The connections it served that are not recorded yet.
+    pub log: Arc<egress::EgressLog>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -335,8 +337,9 @@ impl Sandbox {
         if let Some((uid, gid)) = self.workspace_owner() {
             std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| setup("chown", e))?;
         }
-        let task = tokio::spawn(egress::serve(listener, policy));
-        Ok(EgressHandle { path, task })
+        let log = Arc::new(egress::EgressLog::default());
+        let task = tokio::spawn(egress::serve(listener, policy, log.clone()));
+        Ok(EgressHandle { path, log, task })
     }
 
     /// The cgroups of a new session (its limits), if cgroups are in use.

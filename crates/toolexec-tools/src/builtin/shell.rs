@@ -201,6 +201,7 @@ impl Tool for Shell {
                         id = info.id,
                         secs = lifetime.as_secs(),
                     ));
+                    out.events.extend(network_events(&table));
                     out.events.push(ToolEvent {
                         kind: EventKind::ProcessStarted,
                         data: json!({
@@ -226,9 +227,43 @@ impl Tool for Shell {
             .await
         {
             Err(e) => sandbox_failure(&e),
-            Ok(f) => render(&f, unsandboxed, table.sandbox().config().memory_bytes),
+            Ok(f) => {
+                let mut out = render(&f, unsandboxed, table.sandbox().config().memory_bytes);
+                out.events.extend(network_events(&table));
+                out
+            }
         }
     }
+}
+
+/// The session's connections through its egress proxy that ended since the last `shell` call
+/// (this command's, and a background process's): one `network.request` event each, and a last
+/// one counting those past the proxy's 1,000 kept records.
+fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
+    let (records, more) = table.drain_egress();
+    let mut events: Vec<ToolEvent> = records
+        .into_iter()
+        .map(|r| ToolEvent {
+            kind: EventKind::NetworkRequest,
+            data: json!({
+                "method": r.method,
+                "host": r.host,
+                "port": r.port,
+                "allowed": r.allowed,
+                "refused": r.refused,
+                "bytes_sent": r.bytes_sent,
+                "bytes_received": r.bytes_received,
+                "duration_ms": r.duration_ms,
+            }),
+        })
+        .collect();
+    if more > 0 {
+        events.push(ToolEvent {
+            kind: EventKind::NetworkRequest,
+            data: json!({"not_recorded": more}),
+        });
+    }
+    events
 }
 
 const UNSANDBOXED_NOTE: &str =

@@ -31,6 +31,7 @@ pub mod deadline;
 pub mod patch;
 pub mod reads;
 pub mod registry;
+pub mod search;
 pub(crate) mod text;
 pub(crate) mod walk;
 

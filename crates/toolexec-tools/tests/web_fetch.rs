@@ -280,14 +280,35 @@ async fn a_long_page_is_read_in_parts_with_start_index() {
 }
 
 #[tokio::test]
-async fn json_passes_through_as_it_is() {
+async fn json_passes_through_as_it_is_and_an_error_status_is_an_error() {
     let json_body = r#"{"name": "toolexec", "tags": ["a", "b"], "n": 3}"#;
-    let server = Server::start(move |_, _| page("application/json", json_body)).await;
+    let server = Server::start(move |path, _| match path {
+        "/api" => page("application/json", json_body),
+        _ => Reply::Page {
+            status: 404,
+            headers: vec![("Content-Type", "application/problem+json".to_owned())],
+            body: br#"{"title": "not found"}"#.to_vec(),
+        },
+    })
+    .await;
     let s = session(test_access());
     let out = fetch(&s, json!({"url": server.url("/api")})).await;
     assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
     assert!(out.content.ends_with(json_body), "{}", out.content);
     assert!(out.content.contains("Content: JSON"), "{}", out.content);
+    // An error status is shown with its body, as an error.
+    let missing = fetch(&s, json!({"url": server.url("/gone")})).await;
+    assert_eq!(missing.status, CallStatus::Error, "{}", missing.content);
+    assert!(
+        missing.content.contains("Status: 404"),
+        "{}",
+        missing.content
+    );
+    assert!(
+        missing.content.ends_with(r#"{"title": "not found"}"#),
+        "{}",
+        missing.content
+    );
 }
 
 #[tokio::test]

@@ -38,7 +38,8 @@ Only public internet addresses can be reached (plus networks the operator allow-
 private and cloud-metadata addresses are refused, on every redirect too. Redirects are followed up \
 to 5 times; `Refresh` headers and meta refreshes are not followed. The session needs network \
 access (`policy.network: \"allow\"`) unless the operator lets web tools reach the internet without \
-it. Bodies are read up to 5 MiB.
+it. Bodies are read up to 5 MiB. An HTTP error status (4xx, 5xx) makes the call an error that \
+still shows the page.
 
 Example: {\"url\": \"https://docs.rs/serde/latest/serde/\", \"max_length\": 20000} returns the first \
 20,000 characters of the page as Markdown; call it again with {\"url\": \"…\", \"start_index\": 20000} \
@@ -168,6 +169,8 @@ impl Tool for WebFetch {
                         )),
                     }
                 }
+                // An error page is still shown (it often says what went wrong), as an error.
+                (None, Ok(window)) if fetched.status >= 400 => ToolOutput::error(window.render()),
                 (None, Ok(window)) => ToolOutput::ok(window.render()),
                 (_, Err(output)) => output,
             })

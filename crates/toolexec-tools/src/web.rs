@@ -372,10 +372,14 @@ fn request_failed(error: reqwest::Error) -> FetchError {
     } else {
         "the request failed"
     };
-    let detail = error
-        .source()
-        .map(|s| s.to_string())
-        .unwrap_or_else(|| error.to_string());
+    // The innermost cause says what happened ("Connection refused", a TLS alert); the outer
+    // layers only say where (hyper's "client error (Connect)").
+    let mut detail = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        detail = cause.to_string();
+        source = cause.source();
+    }
     FetchError::Http(format!("{what} ({detail})"))
 }
 

@@ -659,3 +659,54 @@ async fn a_failing_summarizer_is_reported_without_its_key() {
     assert!(out.content.contains("HTTP 401: bad key"), "{}", out.content);
     assert!(!out.content.contains("sk-secret"));
 }
+
+#[tokio::test]
+async fn https_goes_through_tls_and_a_failed_handshake_is_an_error_not_a_crash() {
+    // A server that answers a TLS ClientHello in plain HTTP: the handshake fails, and says so.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hello = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 5\r\n\r\nplain")
+            .await
+            .unwrap();
+        // 0x16: a TLS handshake record.
+        first[0]
+    });
+    let s = session(test_access());
+    let out = fetch(
+        &s,
+        json!({"url": format!("https://web.test:{port}/"), "timeout_ms": 5000}),
+    )
+    .await;
+    assert_eq!(out.status, CallStatus::Error, "{}", out.content);
+    assert!(out.content.contains("Cannot fetch"), "{}", out.content);
+    assert!(!out.content.contains("plain"), "{}", out.content);
+    assert_eq!(hello.await.unwrap(), 0x16, "the client spoke TLS");
+    // What went wrong, not only where.
+    assert!(
+        out.content
+            .contains("could not connect to the server (received corrupt message"),
+        "{}",
+        out.content
+    );
+}
+
+#[tokio::test]
+async fn a_closed_port_is_an_error_that_says_the_connection_was_refused() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let s = session(test_access());
+    let out = fetch(&s, json!({"url": format!("http://web.test:{port}/")})).await;
+    assert_eq!(out.status, CallStatus::Error, "{}", out.content);
+    assert!(
+        out.content.contains("Connection refused"),
+        "{}",
+        out.content
+    );
+}

@@ -710,3 +710,82 @@ async fn a_closed_port_is_an_error_that_says_the_connection_was_refused() {
         out.content
     );
 }
+
+/// Destinations that must stay refused with only 127.0.0.1 allow-listed, each given directly and
+/// as a redirect target.
+const HOSTILE: &[&str] = &[
+    "http://127.0.0.2/",
+    "http://2130706434/",
+    "http://0x7f000002/",
+    "http://0x7f.2/",
+    "http://017700000002/",
+    "http://127.2/",
+    "http://127.0.0.2./",
+    "http://%31%32%37%2e%30%2e%30%2e%32/",
+    "http://[::1]/",
+    "http://[::ffff:127.0.0.2]/",
+    "http://[::ffff:7f00:2]/",
+    "http://[64:ff9b::7f00:1]/",
+    "http://[2002:7f00:1::]/",
+    "http://[::127.0.0.1]/",
+    "http://0.0.0.0/",
+    "http://0/",
+    "http://[::]/",
+    "http://localhost/",
+    "http://api.localhost/",
+    "http://LOCALHOST./",
+    "http://10.0.0.1/",
+    "http://172.16.0.1/",
+    "http://192.168.1.1/",
+    "http://100.64.0.1/",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://169.254.170.2/v2/credentials",
+    "http://[fd00:ec2::254]/",
+    "http://100.100.100.200/",
+    "http://[fe80::1]/",
+    "http://[fc00::1]/",
+    "http://224.0.0.1/",
+    "http://255.255.255.255/",
+    "http://192.0.2.1/",
+    "http://198.18.0.1/",
+    "http://internal.test/",
+    // (mixed.test, public plus the allow-listed 127.0.0.1, is permitted here: the default
+    // policy's refusal of it is its own test.)
+    "http://mixed-private.test/",
+    "http://user:pw@example.com/",
+    "file:///etc/passwd",
+    "gopher://example.com/",
+    "ftp://example.com/",
+    "http://example.com:0/",
+];
+
+#[tokio::test]
+async fn the_ssrf_catalogue_is_refused_directly_and_through_redirects() {
+    let server = Server::start(|path, _| {
+        let n: usize = path.trim_start_matches("/to/").parse().unwrap();
+        redirect(HOSTILE[n])
+    })
+    .await;
+    let s = session(test_access());
+    for (n, url) in HOSTILE.iter().enumerate() {
+        let direct = fetch(&s, json!({"url": url})).await;
+        assert_eq!(
+            direct.status,
+            CallStatus::Denied,
+            "{url}: {}",
+            direct.content
+        );
+        let via = fetch(&s, json!({"url": server.url(&format!("/to/{n}"))})).await;
+        assert_eq!(
+            via.status,
+            CallStatus::Denied,
+            "via redirect to {url}: {}",
+            via.content
+        );
+    }
+    assert_eq!(
+        server.hits(),
+        HOSTILE.len(),
+        "only the redirecting pages were reached"
+    );
+}

@@ -24,3 +24,4 @@ mod store;
 mod tenancy;
 mod time_travel;
 mod tool_deadlines;
+mod web_fetch;

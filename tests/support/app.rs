@@ -129,7 +129,10 @@ impl TestApp {
         }));
         TestApp {
             base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
+            http: {
+                toolexec_tools::web::install_tls_provider();
+                reqwest::Client::new()
+            },
             config,
             data,
             db,

@@ -62,6 +62,8 @@ pub enum Started {
 /// Spawns `cmd` (a `toolexec … serve` command) with JSON logs and waits until it logs that it
 /// listens (or exits).
 pub fn start(mut cmd: Command) -> Started {
+    // The tests' HTTP clients need a rustls provider (see `install_tls_provider`).
+    toolexec_tools::web::install_tls_provider();
     cmd.env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

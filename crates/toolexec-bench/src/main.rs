@@ -94,6 +94,8 @@ enum SessionMode {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // reqwest clients need a rustls provider since web_fetch unified `rustls-no-provider` in.
+    toolexec_tools::web::install_tls_provider();
     match Cli::parse().command {
         Command::Calls {
             admin_url,

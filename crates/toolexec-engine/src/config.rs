@@ -185,6 +185,9 @@ pub struct EngineConfig {
     /// Where `shell` and the process tools run commands; `None`: they answer that commands
     /// cannot run here.
     pub sandbox: Option<std::sync::Arc<toolexec_sandbox::Sandbox>>,
+    /// What the web tools may reach (the network policy, the resolver) and `web_fetch`'s
+    /// summarizer. Tests put a `StaticResolver` here: the rest of the path is production's.
+    pub web: std::sync::Arc<toolexec_tools::web::WebAccess>,
 }
 
 impl EngineConfig {
@@ -196,6 +199,7 @@ impl EngineConfig {
             recorder_writers: 2,
             durable_start_for_read_only: false,
             sandbox: None,
+            web: std::sync::Arc::new(toolexec_tools::web::WebAccess::default()),
         }
     }
 }

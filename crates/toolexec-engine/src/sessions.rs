@@ -318,6 +318,7 @@ impl Engine {
             deadline: toolexec_tools::Deadline::none(),
             // Set when a call runs, from its batch (`calls::cancel`).
             cancel: tokio_util::sync::CancellationToken::new(),
+            web: self.config.web.clone(),
         }
     }
 

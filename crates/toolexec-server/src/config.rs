@@ -53,6 +53,9 @@ pub struct Config {
     pub limits: toolexec_engine::Limits,
     /// How `shell` commands are isolated (see docs/operator.md, "Sandbox").
     pub sandbox: toolexec_sandbox::SandboxConfig,
+    /// What the web tools may do (see docs/operator.md, "Web tools"); the networks they may
+    /// reach beyond the public internet are `sandbox.egress_allow_cidrs`.
+    pub web: toolexec_tools::web::WebConfig,
 }
 
 impl Default for Config {
@@ -79,6 +82,7 @@ impl Default for Config {
             write_stall_timeout_ms: millis(toolexec_api::DEFAULT_WRITE_STALL_TIMEOUT),
             limits: toolexec_engine::Limits::default(),
             sandbox: toolexec_sandbox::SandboxConfig::default(),
+            web: toolexec_tools::web::WebConfig::default(),
         }
     }
 }
@@ -117,6 +121,7 @@ impl std::fmt::Debug for Config {
             .field("write_stall_timeout_ms", &self.write_stall_timeout_ms)
             .field("limits", &self.limits)
             .field("sandbox", &self.sandbox)
+            .field("web", &self.web)
             .finish()
     }
 }
@@ -503,6 +508,9 @@ impl Config {
             {
                 value = serde_json::Value::String(redact_url(url));
             }
+            if key == "web.summarizer_api_key" && !value.is_null() {
+                value = serde_json::Value::String("***".to_owned());
+            }
             let shown = match &value {
                 serde_json::Value::Null => "(unset)".to_owned(),
                 v => v.to_string(),
@@ -654,6 +662,9 @@ mod tests {
             "limits.max_inotify_instances" => ("64", json!(64)),
             "limits.max_inotify_watches" => ("5000", json!(5000)),
             "sandbox.init" => ("/usr/libexec/init", json!("/usr/libexec/init")),
+            "web.summarizer_url" => ("http://llm:8000/v1", json!("http://llm:8000/v1")),
+            "web.summarizer_model" => ("qwen3", json!("qwen3")),
+            "web.summarizer_api_key" => ("sk-test", json!("sk-test")),
             _ => return None,
         })
     }
@@ -717,6 +728,27 @@ mod tests {
             ("sqlite:.toolexec/db.sqlite", "sqlite:.toolexec/db.sqlite"),
         ] {
             assert_eq!(redact_url(url), shown);
+        }
+    }
+
+    #[test]
+    fn the_summarizer_api_key_is_never_shown() {
+        let loaded = Config::load_from(
+            None,
+            env(&[("TOOLEXEC_WEB__SUMMARIZER_API_KEY", "sk-secret-1")]),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.config.web.summarizer_api_key.as_deref(),
+            Some("sk-secret-1")
+        );
+        let described = Config::describe(&loaded);
+        assert!(
+            described.contains("web.summarizer_api_key = \"***\""),
+            "{described}"
+        );
+        for shown in [described, format!("{:?}", loaded.config)] {
+            assert!(!shown.contains("sk-secret-1"), "{shown}");
         }
     }
 

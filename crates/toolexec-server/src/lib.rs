@@ -137,6 +137,13 @@ pub async fn build_state_with(
         );
     }
     engine_config.sandbox = Some(sandbox);
+    engine_config.web = Arc::new(
+        toolexec_tools::web::WebAccess::from_config(
+            &config.web,
+            &config.sandbox.egress_allow_cidrs,
+        )
+        .map_err(|e| anyhow::anyhow!("web tools: {e}"))?,
+    );
     let engine = Engine::start(store, registry, engine_config)
         .await
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;

@@ -13,6 +13,7 @@
 //! `walk` (the jailed tree walk of grep and glob, with `.gitignore` rules, bounded in entries
 //! and time), `text` (decoding files for editing, line endings, near-match hints) and
 //! [`deadline`] (a call's time limit, which long loops check and mutations commit against).
+//! [`web`] is the fetch of the web tools, through the network policy of toolexec-net.
 //!
 //! A tool failure is data for the model ([`ToolOutput`] with an error status), never a Rust error
 //! that could turn into an HTTP error.
@@ -34,6 +35,7 @@ pub mod registry;
 pub mod search;
 pub(crate) mod text;
 pub(crate) mod walk;
+pub mod web;
 
 pub use deadline::Deadline;
 pub use reads::ReadTracker;
@@ -69,6 +71,9 @@ pub struct ToolContext {
     /// without one (commands) watch it themselves: `shell` kills its command, `process_read`
     /// stops waiting.
     pub cancel: CancellationToken,
+    /// What the web tools may reach (the operator's network policy and resolver) and the
+    /// summarizer of `web_fetch`'s `prompt`.
+    pub web: Arc<web::WebAccess>,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
@@ -97,6 +102,7 @@ impl ToolContext {
             max_walk_entries: DEFAULT_MAX_WALK_ENTRIES,
             deadline: Deadline::none(),
             cancel: CancellationToken::new(),
+            web: Arc::new(web::WebAccess::default()),
         }
     }
 }

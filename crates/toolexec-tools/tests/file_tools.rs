@@ -58,9 +58,9 @@ impl Session {
 #[test]
 fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
-    use Capability::{ContentFromSource, FsRead, FsWrite, Process};
-    use TruncationMode::{HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 16] = [
+    use Capability::{ContentFromSource, FsRead, FsWrite, Network, Process};
+    use TruncationMode::{Head, HeadTail, Tail};
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 17] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -89,6 +89,7 @@ fn the_catalog_describes_every_tool_truthfully() {
         ("process_kill", false, &[Process], 1_000, Tail),
         ("update_plan", false, &[], 50_000, HeadTail),
         ("read_output", true, &[], 50_000, HeadTail),
+        ("web_fetch", true, &[Network], 101_000, Head),
     ];
     assert_eq!(
         registry.names().collect::<Vec<_>>().len(),

@@ -25,6 +25,7 @@ pub mod read_many_files;
 pub mod read_output;
 pub mod shell;
 pub mod update_plan;
+pub mod web_fetch;
 pub mod write_file;
 
 /// Every built-in tool, in catalog order.
@@ -46,6 +47,7 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(process_kill::ProcessKill::new()),
         Arc::new(update_plan::UpdatePlan::new()),
         Arc::new(read_output::ReadOutput::new()),
+        Arc::new(web_fetch::WebFetch::new()),
     ]
 }
 

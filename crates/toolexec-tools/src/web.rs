@@ -1,0 +1,447 @@
+//! What the web tools reach and how: the operator's [`WebConfig`], the [`WebAccess`] a
+//! [`crate::ToolContext`] carries (the network policy, the resolver, the summarizer), and
+//! [`fetch`], the one HTTP GET of `web_fetch`.
+//!
+//! Every connection goes through toolexec-net: the URL layer on the URL and on every redirect
+//! target ([`NetPolicy::check_parsed_url`]), the dial layer in reqwest's resolver
+//! ([`resolve_checked`]: one resolution per connection, every address checked, an answer with
+//! one refused address refused whole). reqwest follows no redirect (we do, at most
+//! [`MAX_REDIRECTS`]), uses no proxy from the environment, and its decoded body is read up to
+//! [`MAX_BODY_BYTES`]. It must not record anything or decide what the model is shown of a page:
+//! that is the tool's (`builtin/web_fetch.rs`).
+use std::error::Error as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use toolexec_net::{ConnectError, NetPolicy, Refusal, Resolver, SystemResolver, resolve_checked};
+use url::Url;
+
+/// Redirects followed before a fetch gives up: enough for http→https plus a canonical-host hop
+/// and a login-free CDN hop, few enough that a loop ends at once.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// Decoded bytes of one response body read before the rest is dropped: 5 MiB is far more text
+/// than a page's 100,000 shown characters need, and bounds the memory of an endless or
+/// decompression-bomb body (the cap counts bytes after gzip is undone).
+pub const MAX_BODY_BYTES: usize = 5 * 1024 * 1024;
+
+/// The operator's settings for the web tools (`[web]` in the config file). Which non-public
+/// networks they may reach is `sandbox.egress_allow_cidrs`: one allow-list for the shell's
+/// egress proxy and the web tools.
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    /// Whether web tools may fetch from the public internet (and the allow-listed networks) in a
+    /// session whose `policy.network` is `none`. Off: such a session's fetches are refused.
+    pub public_when_network_none: bool,
+    /// Base URL of an OpenAI-compatible API (`…/v1`) that answers `web_fetch`'s `prompt`
+    /// (`POST {summarizer_url}/chat/completions`). Operator-chosen, so not subject to the
+    /// network policy.
+    pub summarizer_url: Option<String>,
+    /// The model the summarizer is asked for.
+    pub summarizer_model: Option<String>,
+    /// Bearer token for the summarizer; never logged or shown.
+    pub summarizer_api_key: Option<String>,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("public_when_network_none", &self.public_when_network_none)
+            .field("summarizer_url", &self.summarizer_url)
+            .field("summarizer_model", &self.summarizer_model)
+            .field(
+                "summarizer_api_key",
+                &self.summarizer_api_key.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
+}
+
+/// An OpenAI-compatible chat endpoint that answers a prompt about a page.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Summarizer {
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Summarizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Summarizer")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// What the web tools of one service may reach and with what.
+#[derive(Clone)]
+pub struct WebAccess {
+    /// The public internet plus the operator's allow-list.
+    pub policy: NetPolicy,
+    /// Names to addresses: [`SystemResolver`] in production, a `StaticResolver` in tests (on the
+    /// same code path).
+    pub resolver: Arc<dyn Resolver>,
+    /// See [`WebConfig::public_when_network_none`].
+    pub public_when_network_none: bool,
+    pub summarizer: Option<Summarizer>,
+}
+
+impl Default for WebAccess {
+    /// The public internet only, the system resolver, nothing for `network: none` sessions, no
+    /// summarizer.
+    fn default() -> Self {
+        Self {
+            policy: NetPolicy::public_only().refusing_this_host(),
+            resolver: Arc::new(SystemResolver),
+            public_when_network_none: false,
+            summarizer: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for WebAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebAccess")
+            .field("policy", &self.policy)
+            .field("public_when_network_none", &self.public_when_network_none)
+            .field("summarizer", &self.summarizer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebAccess {
+    /// From the operator's settings: `allow` is `sandbox.egress_allow_cidrs`. A summarizer needs
+    /// both its URL and its model.
+    pub fn from_config(config: &WebConfig, allow: &[String]) -> Result<Self, String> {
+        let policy = NetPolicy::new(allow)
+            .map_err(|e| format!("sandbox.egress_allow_cidrs: {e}"))?
+            .refusing_this_host();
+        let summarizer = match (&config.summarizer_url, &config.summarizer_model) {
+            (Some(url), Some(model)) => {
+                Url::parse(url).map_err(|e| format!("web.summarizer_url: {e}"))?;
+                Some(Summarizer {
+                    base_url: url.trim_end_matches('/').to_owned(),
+                    model: model.clone(),
+                    api_key: config.summarizer_api_key.clone(),
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "web.summarizer_url and web.summarizer_model go together: set both or neither"
+                        .to_owned(),
+                );
+            }
+        };
+        Ok(Self {
+            policy,
+            resolver: Arc::new(SystemResolver),
+            public_when_network_none: config.public_when_network_none,
+            summarizer,
+        })
+    }
+}
+
+/// A response as fetched: where it ended up, and at most [`MAX_BODY_BYTES`] of its decoded body.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// The URL of the response (after redirects).
+    pub url: Url,
+    pub status: u16,
+    pub content_type: Option<String>,
+    /// Redirects followed to get here.
+    pub redirects: usize,
+    pub body: Vec<u8>,
+    /// The body went on past [`MAX_BODY_BYTES`] (the rest was not read).
+    pub truncated: bool,
+}
+
+/// Why a fetch did not give a response. `Display` is the text for the model: it never names a
+/// refused address.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The network policy refused the URL, a redirect target or an address.
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("the page redirected more than {MAX_REDIRECTS} times (a redirect loop?); stopped")]
+    TooManyRedirects,
+    #[error("the page redirected to an invalid location")]
+    BadRedirect,
+    #[error("{0}")]
+    Dial(String),
+    #[error("the request failed: {0}")]
+    Http(String),
+}
+
+impl FetchError {
+    /// A guardrail refusal (`denied`), as opposed to a failure of the fetch.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Refused(_))
+    }
+}
+
+/// How long one name may take to resolve, within the fetch's own timeout.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// reqwest's resolver: [`resolve_checked`], so that every connection reqwest opens to a name
+/// goes to addresses the policy checked. (IP-literal hosts never reach a resolver: the URL
+/// layer checked them.)
+struct CheckedResolve {
+    policy: NetPolicy,
+    resolver: Arc<dyn Resolver>,
+}
+
+/// The port given to [`resolve_checked`], which refuses port 0. The resolver does not know the
+/// URL's port; the addresses go back with port 0, which hyper replaces with the URL's.
+const ANY_PORT: u16 = 1;
+
+impl reqwest::dns::Resolve for CheckedResolve {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.policy.clone();
+        let resolver = self.resolver.clone();
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs =
+                resolve_checked(&policy, resolver.as_ref(), &host, ANY_PORT, RESOLVE_TIMEOUT)
+                    .await
+                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let addrs: reqwest::dns::Addrs = Box::new(
+                addrs
+                    .into_iter()
+                    .map(|a| SocketAddr::new(a.ip(), 0))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            );
+            Ok(addrs)
+        })
+    }
+}
+
+/// The TLS configuration of every fetch: rustls with the ring provider and the Mozilla roots
+/// (webpki-roots), built once.
+fn tls_config() -> Result<rustls::ClientConfig, FetchError> {
+    static CONFIG: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let roots = rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            };
+            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Ok(config)
+        })
+        .clone()
+        .map_err(|e| FetchError::Http(format!("TLS is not available: {e}")))
+}
+
+/// Makes ring the process's default rustls provider, for `reqwest::Client::new()` elsewhere in
+/// the process (tests, benchmarks). Needed because web_fetch turns on reqwest's
+/// `rustls-no-provider` for the whole workspace (features unify), and reqwest then panics on a
+/// client built without a preconfigured TLS config unless a default provider is installed. The
+/// web tools themselves do not rely on it. Calling it again does nothing.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The client of one fetch: our resolver, no proxy, no redirects, gzip decoded.
+fn client(web: &WebAccess) -> Result<reqwest::Client, FetchError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(CheckedResolve {
+            policy: web.policy.clone(),
+            resolver: web.resolver.clone(),
+        })
+        .gzip(true)
+        .tls_backend_preconfigured(tls_config()?)
+        .user_agent(concat!(
+            "toolexec/",
+            env!("CARGO_PKG_VERSION"),
+            " (web_fetch)"
+        ))
+        .build()
+        .map_err(|e| FetchError::Http(e.to_string()))
+}
+
+/// GETs `url` under `web`'s policy, following at most [`MAX_REDIRECTS`] redirects, each target
+/// checked again (URL layer here, dial layer in the resolver). `Refresh` headers and meta
+/// refreshes are not followed. The caller bounds the time.
+pub async fn fetch(web: &WebAccess, url: &str) -> Result<Fetched, FetchError> {
+    let mut target = web.policy.check_url(url).map_err(refused)?;
+    let client = client(web)?;
+    let mut redirects = 0;
+    loop {
+        let response = client
+            .get(target.url().clone())
+            .header(
+                reqwest::header::ACCEPT,
+                "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,*/*;q=0.5",
+            )
+            .send()
+            .await
+            .map_err(request_failed)?;
+        let status = response.status();
+        if status.is_redirection()
+            && let Some(location) = response.headers().get(reqwest::header::LOCATION)
+        {
+            if redirects == MAX_REDIRECTS {
+                return Err(FetchError::TooManyRedirects);
+            }
+            let location = location.to_str().map_err(|_| FetchError::BadRedirect)?;
+            let next = target
+                .url()
+                .join(location)
+                .map_err(|_| FetchError::BadRedirect)?;
+            target = web.policy.check_parsed_url(next).map_err(refused)?;
+            redirects += 1;
+            continue;
+        }
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let url = response.url().clone();
+        let (body, truncated) = read_capped(response, MAX_BODY_BYTES).await?;
+        return Ok(Fetched {
+            url,
+            status: status.as_u16(),
+            content_type,
+            redirects,
+            body,
+            truncated,
+        });
+    }
+}
+
+/// The decoded body, up to `cap` bytes; `true` when there was more (not read).
+async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), FetchError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(request_failed)? {
+        let room = cap - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+fn refused(refusal: Refusal) -> FetchError {
+    if let Some(ip) = refusal.address() {
+        tracing::info!(reason = refusal.reason(), %ip, "web_fetch destination refused");
+    } else {
+        tracing::info!(reason = refusal.reason(), "web_fetch URL refused");
+    }
+    FetchError::Refused(refusal)
+}
+
+/// A reqwest failure as the model sees it: the policy's refusal when the resolver refused, the
+/// dial's error when the name could not be resolved, else reqwest's description (which names
+/// the URL the model gave, never an address it resolved to).
+fn request_failed(error: reqwest::Error) -> FetchError {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if let Some(dial) = cause.downcast_ref::<ConnectError>() {
+            return match dial {
+                ConnectError::Refused(refusal) => refused(refusal.clone()),
+                other => FetchError::Dial(other.to_string()),
+            };
+        }
+        source = cause.source();
+    }
+    let what = if error.is_connect() {
+        "could not connect to the server"
+    } else if error.is_timeout() {
+        "the server did not answer in time"
+    } else if error.is_decode() || error.is_body() {
+        "reading the response failed"
+    } else {
+        "the request failed"
+    };
+    // The innermost cause says what happened ("Connection refused", a TLS alert); the outer
+    // layers only say where (hyper's "client error (Connect)").
+    let mut detail = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        detail = cause.to_string();
+        source = cause.source();
+    }
+    FetchError::Http(format!("{what} ({detail})"))
+}
+
+/// Asks `summarizer` `prompt` about `page` (from `url`): the answer's text, or the message for
+/// the model. The API key goes in the `Authorization` header only.
+pub async fn summarize(
+    summarizer: &Summarizer,
+    url: &str,
+    page: &str,
+    prompt: &str,
+) -> Result<String, String> {
+    let body = serde_json::json!({
+        "model": summarizer.model,
+        "messages": [
+            {
+                "role": "system",
+                "content": "You answer a question about a web page, using only the page's text given to you. Be concise and quote the page where it helps. If the page does not answer the question, say so."
+            },
+            {
+                "role": "user",
+                "content": format!("Web page {url}:\n\n{page}\n\n---\nQuestion: {prompt}")
+            }
+        ]
+    });
+    let tls = tls_config().map_err(|e| e.to_string())?;
+    let mut request = reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| format!("the summarizer could not be reached: {e}"))?
+        .post(format!("{}/chat/completions", summarizer.base_url))
+        .json(&body);
+    if let Some(key) = &summarizer.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| format!("the summarizer could not be reached ({})", without_url(&e)))?;
+    let status = response.status();
+    let answer: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| format!("the summarizer's answer was not JSON ({})", without_url(&e)))?;
+    if !status.is_success() {
+        let message = answer["error"]["message"].as_str().unwrap_or("no message");
+        return Err(format!(
+            "the summarizer answered HTTP {}: {message}",
+            status.as_u16()
+        ));
+    }
+    answer["choices"][0]["message"]["content"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| "the summarizer's answer had no choices[0].message.content".to_owned())
+}
+
+/// A reqwest error without its URL (the operator's endpoint is not the model's business).
+fn without_url(error: &reqwest::Error) -> String {
+    error
+        .source()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "no detail".to_owned())
+}

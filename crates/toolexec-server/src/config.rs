@@ -508,7 +508,8 @@ impl Config {
             {
                 value = serde_json::Value::String(redact_url(url));
             }
-            if key == "web.summarizer_api_key" && !value.is_null() {
+            if (key == "web.summarizer_api_key" || key == "web.search_api_key") && !value.is_null()
+            {
                 value = serde_json::Value::String("***".to_owned());
             }
             let shown = match &value {
@@ -665,6 +666,9 @@ mod tests {
             "web.summarizer_url" => ("http://llm:8000/v1", json!("http://llm:8000/v1")),
             "web.summarizer_model" => ("qwen3", json!("qwen3")),
             "web.summarizer_api_key" => ("sk-test", json!("sk-test")),
+            "web.search_provider" => ("searxng", json!("searxng")),
+            "web.search_url" => ("http://searx:8888", json!("http://searx:8888")),
+            "web.search_api_key" => ("bsk-test", json!("bsk-test")),
             _ => return None,
         })
     }
@@ -732,23 +736,33 @@ mod tests {
     }
 
     #[test]
-    fn the_summarizer_api_key_is_never_shown() {
+    fn the_summarizer_and_search_api_keys_are_never_shown() {
         let loaded = Config::load_from(
             None,
-            env(&[("TOOLEXEC_WEB__SUMMARIZER_API_KEY", "sk-secret-1")]),
+            env(&[
+                ("TOOLEXEC_WEB__SUMMARIZER_API_KEY", "sk-secret-1"),
+                ("TOOLEXEC_WEB__SEARCH_API_KEY", "bsk-secret-2"),
+            ]),
         )
         .unwrap();
         assert_eq!(
             loaded.config.web.summarizer_api_key.as_deref(),
             Some("sk-secret-1")
         );
-        let described = Config::describe(&loaded);
-        assert!(
-            described.contains("web.summarizer_api_key = \"***\""),
-            "{described}"
+        assert_eq!(
+            loaded.config.web.search_api_key.as_deref(),
+            Some("bsk-secret-2")
         );
+        let described = Config::describe(&loaded);
+        for key in ["web.summarizer_api_key", "web.search_api_key"] {
+            assert!(
+                described.contains(&format!("{key} = \"***\"")),
+                "{described}"
+            );
+        }
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("sk-secret-1"), "{shown}");
+            assert!(!shown.contains("bsk-secret-2"), "{shown}");
         }
     }
 

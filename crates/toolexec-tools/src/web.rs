@@ -43,6 +43,15 @@ pub struct WebConfig {
     pub summarizer_model: Option<String>,
     /// Bearer token for the summarizer; never logged or shown.
     pub summarizer_api_key: Option<String>,
+    /// The provider `web_search` asks: `brave`, `tavily` or `searxng`. Unset: `web_search`
+    /// says it is not available here.
+    pub search_provider: Option<String>,
+    /// The provider's endpoint: Brave's and Tavily's public APIs by default; a SearXNG
+    /// instance's base URL (required for `searxng`). Operator-chosen, so not subject to the
+    /// network policy.
+    pub search_url: Option<String>,
+    /// The provider's API key (Brave, Tavily); never logged or shown.
+    pub search_api_key: Option<String>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -54,6 +63,12 @@ impl std::fmt::Debug for WebConfig {
             .field(
                 "summarizer_api_key",
                 &self.summarizer_api_key.as_ref().map(|_| "***"),
+            )
+            .field("search_provider", &self.search_provider)
+            .field("search_url", &self.search_url)
+            .field(
+                "search_api_key",
+                &self.search_api_key.as_ref().map(|_| "***"),
             )
             .finish()
     }
@@ -88,6 +103,8 @@ pub struct WebAccess {
     /// See [`WebConfig::public_when_network_none`].
     pub public_when_network_none: bool,
     pub summarizer: Option<Summarizer>,
+    /// The provider of `web_search`, if the operator configured one.
+    pub search: Option<crate::search::Provider>,
 }
 
 impl Default for WebAccess {
@@ -99,6 +116,7 @@ impl Default for WebAccess {
             resolver: Arc::new(SystemResolver),
             public_when_network_none: false,
             summarizer: None,
+            search: None,
         }
     }
 }
@@ -109,6 +127,10 @@ impl std::fmt::Debug for WebAccess {
             .field("policy", &self.policy)
             .field("public_when_network_none", &self.public_when_network_none)
             .field("summarizer", &self.summarizer)
+            .field(
+                "search",
+                &self.search.as_ref().map(crate::search::Provider::name),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -142,8 +164,105 @@ impl WebAccess {
             resolver: Arc::new(SystemResolver),
             public_when_network_none: config.public_when_network_none,
             summarizer,
+            search: search_provider(config)?,
         })
     }
+}
+
+/// The search provider the operator configured (`web.search_*`), checked.
+fn search_provider(config: &WebConfig) -> Result<Option<crate::search::Provider>, String> {
+    use crate::search::Provider;
+    let url = |default: &str| {
+        let text = config.search_url.as_deref().unwrap_or(default);
+        Url::parse(text).map_err(|e| format!("web.search_url: {e}"))
+    };
+    let key = |name: &str| {
+        config
+            .search_api_key
+            .clone()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| format!("web.search_provider = \"{name}\" needs web.search_api_key"))
+    };
+    Ok(Some(match config.search_provider.as_deref() {
+        None => return Ok(None),
+        Some("brave") => Provider::Brave {
+            endpoint: url("https://api.search.brave.com/res/v1/web/search")?,
+            api_key: key("brave")?,
+        },
+        Some("tavily") => Provider::Tavily {
+            endpoint: url("https://api.tavily.com/search")?,
+            api_key: key("tavily")?,
+        },
+        Some("searxng") => Provider::Searxng {
+            base: match &config.search_url {
+                Some(_) => url("")?,
+                None => {
+                    return Err(
+                        "web.search_provider = \"searxng\" needs web.search_url (the instance's base URL)".into(),
+                    );
+                }
+            },
+        },
+        Some(other) => {
+            return Err(format!(
+                "web.search_provider: \"{other}\" is not a provider this service speaks to (brave, tavily or searxng)"
+            ));
+        }
+    }))
+}
+
+/// Asks the configured provider; the answer's hits, or the message for the model. The request
+/// carries the key in a header or body only, and the answer is read up to 1 MiB.
+pub async fn search(
+    provider: &crate::search::Provider,
+    query: &str,
+    count: usize,
+) -> Result<Vec<crate::search::Hit>, String> {
+    const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+    let req = crate::search::request(provider, query, count);
+    let tls = tls_config().map_err(|e| e.to_string())?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("the search provider could not be reached: {e}"))?;
+    let mut builder = if req.post {
+        client.post(req.url)
+    } else {
+        client.get(req.url)
+    };
+    for (name, value) in &req.headers {
+        builder = builder.header(*name, value);
+    }
+    if let Some(body) = &req.body {
+        builder = builder.json(body);
+    }
+    let mut response = builder.send().await.map_err(|e| {
+        format!(
+            "the {} search provider could not be reached ({})",
+            provider.name(),
+            without_url(&e)
+        )
+    })?;
+    let status = response.status().as_u16();
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        format!(
+            "the {} search provider's answer broke off ({})",
+            provider.name(),
+            without_url(&e)
+        )
+    })? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "the {} search provider's answer is larger than 1 MiB",
+                provider.name()
+            ));
+        }
+    }
+    crate::search::parse(provider, status, &body, count).map_err(|e| e.to_string())
 }
 
 /// A response as fetched: where it ended up, and at most [`MAX_BODY_BYTES`] of its decoded body.

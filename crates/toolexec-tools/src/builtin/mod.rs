@@ -26,6 +26,7 @@ pub mod read_output;
 pub mod shell;
 pub mod update_plan;
 pub mod web_fetch;
+pub mod web_search;
 pub mod write_file;
 
 /// Every built-in tool, in catalog order.
@@ -48,6 +49,7 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(update_plan::UpdatePlan::new()),
         Arc::new(read_output::ReadOutput::new()),
         Arc::new(web_fetch::WebFetch::new()),
+        Arc::new(web_search::WebSearch::new()),
     ]
 }
 

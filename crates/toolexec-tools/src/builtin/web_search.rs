@@ -1,0 +1,121 @@
+//! `web_search`: a web search through the provider the operator configured (Brave, Tavily or
+//! SearXNG), its results numbered with title, URL and snippet. The providers' requests and
+//! answers are `crate::search`'s; the HTTP call is `crate::web::search`.
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::json;
+use toolexec_core::{Capability, NetworkPolicy, OutputLimit, ToolSpec, TruncationMode};
+
+use crate::search::{DEFAULT_RESULTS, MAX_RESULTS};
+use crate::{Tool, ToolContext, ToolOutput, parse_args};
+
+/// How long one search may take.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Longest query, in characters.
+const MAX_QUERY_CHARS: u64 = 500;
+
+const DESCRIPTION: &str = "\
+Searches the web and returns numbered results, each with its title, URL and a snippet. Use it to \
+find documentation, an error message's cause or a project's page; then read a result with \
+web_fetch.
+
+Only available where the operator configured a search provider (Brave, Tavily or SearXNG); \
+otherwise the call fails and says so. The session needs network access \
+(`policy.network: \"allow\"`) unless the operator lets web tools reach the internet without it.
+
+Example: {\"query\": \"tokio broadcast channel lagged\", \"max_results\": 5}";
+
+pub struct WebSearch {
+    spec: ToolSpec,
+}
+
+impl Default for WebSearch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WebSearch {
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                name: "web_search".to_owned(),
+                description: DESCRIPTION.to_owned(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "query": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_QUERY_CHARS,
+                            "description": "What to search for."
+                        },
+                        "max_results": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_RESULTS,
+                            "description": "Most results to return. Default 5."
+                        }
+                    },
+                    "required": ["query"],
+                    "additionalProperties": false
+                }),
+                read_only: true,
+                capabilities: vec![Capability::Network],
+                output_limit: OutputLimit::new(30_000, TruncationMode::Head),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    query: String,
+    max_results: Option<usize>,
+}
+
+#[async_trait]
+impl Tool for WebSearch {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let args: Args = match parse_args(args) {
+            Ok(args) => args,
+            Err(output) => return output,
+        };
+        let web = ctx.web.as_ref();
+        let Some(provider) = &web.search else {
+            return ToolOutput::error(
+                "web_search is not available on this service: the operator has not configured a \
+                 search provider (web.search_provider). Do without it, or use web_fetch on a page \
+                 you know the URL of.",
+            );
+        };
+        if ctx.policy.network == NetworkPolicy::None && !web.public_when_network_none {
+            return ToolOutput::denied(
+                "web_search needs network access, and this session was not granted it (its \
+                 policy.network is \"none\").",
+            );
+        }
+        let count = args.max_results.unwrap_or(DEFAULT_RESULTS);
+        let mut timeout = TIMEOUT;
+        if let Some(left) = ctx.deadline.remaining() {
+            timeout = timeout.min(left);
+        }
+        match tokio::time::timeout(timeout, crate::web::search(provider, &args.query, count)).await
+        {
+            Ok(Ok(hits)) => ToolOutput::ok(crate::search::render(&args.query, &hits)),
+            Ok(Err(why)) => ToolOutput::error(format!("The search failed: {why}.")),
+            Err(_) => ToolOutput::timed_out(format!(
+                "The search did not finish within {}; try again, or with other words.",
+                crate::deadline::human_duration(timeout)
+            )),
+        }
+    }
+}

@@ -545,10 +545,16 @@ pub async fn summarize(
         .await
         .map_err(|e| format!("the summarizer's answer was not JSON ({})", without_url(&e)))?;
     if !status.is_success() {
-        let message = answer["error"]["message"].as_str().unwrap_or("no message");
+        // Its message may quote the key ("Incorrect API key provided: sk-…"): the log only.
+        tracing::debug!(status = status.as_u16(), "the summarizer refused a prompt");
         return Err(format!(
-            "the summarizer answered HTTP {}: {message}",
-            status.as_u16()
+            "the summarizer answered HTTP {}{}",
+            status.as_u16(),
+            match status.as_u16() {
+                401 | 403 => " (the operator's key was refused)",
+                429 => " (rate limited: try again later)",
+                _ => "",
+            }
         ));
     }
     answer["choices"][0]["message"]["content"]

@@ -656,7 +656,17 @@ async fn a_failing_summarizer_is_reported_without_its_key() {
     });
     let out = fetch(&s, json!({"url": site.url("/"), "prompt": "?"})).await;
     assert_eq!(out.status, CallStatus::Error, "{}", out.content);
-    assert!(out.content.contains("HTTP 401: bad key"), "{}", out.content);
+    assert!(
+        out.content
+            .contains("HTTP 401 (the operator's key was refused)"),
+        "{}",
+        out.content
+    );
+    assert!(
+        !out.content.contains("bad key"),
+        "the provider's own text stays out: {}",
+        out.content
+    );
     assert!(!out.content.contains("sk-secret"));
 }
 
@@ -787,5 +797,53 @@ async fn the_ssrf_catalogue_is_refused_directly_and_through_redirects() {
         server.hits(),
         HOSTILE.len(),
         "only the redirecting pages were reached"
+    );
+}
+
+/// Pages shaped to break a converter — nested far deeper than its recursion can go, or a run
+/// of sibling elements it would take minutes over — come back at once as plain text, and the
+/// service is still there to answer the next call.
+#[tokio::test]
+async fn hostile_page_shapes_come_back_as_plain_text_at_once() {
+    let deep = format!(
+        "<html><head><script>var x = 1;</script></head><body>{}deep text{}</body></html>",
+        "<div>".repeat(50_000),
+        "</div>".repeat(50_000)
+    );
+    let wide = format!("<html><body>{}</body></html>", "<b>a</b> ".repeat(300_000));
+    let server = Server::start(move |path, _| match path {
+        "/deep" => page("text/html", deep.clone()),
+        "/wide" => page("text/html", wide.clone()),
+        _ => page("text/html", "<p>fine &amp; <em>well</em></p>"),
+    })
+    .await;
+    let s = session(test_access());
+    for path in ["/deep", "/wide"] {
+        let out = fetch(&s, json!({"url": server.url(path), "max_length": 2000})).await;
+        assert_eq!(out.status, CallStatus::Ok, "{path}: {}", out.content);
+        assert!(
+            out.content
+                .contains("HTML shown as plain text (too large or too deeply nested"),
+            "{path}: {}",
+            out.content
+        );
+        assert!(
+            !out.content.contains("<div>") && !out.content.contains("<b>"),
+            "{path}"
+        );
+        assert!(!out.content.contains("var x"), "{path}: {}", out.content);
+    }
+    let out = fetch(&s, json!({"url": server.url("/deep")})).await;
+    assert!(out.content.contains("deep text"), "{}", out.content);
+    let out = fetch(&s, json!({"url": server.url("/ok")})).await;
+    assert!(
+        out.content.contains("HTML converted to Markdown"),
+        "{}",
+        out.content
+    );
+    assert!(
+        out.content.contains("fine & *well*") || out.content.contains("fine & _well_"),
+        "{}",
+        out.content
     );
 }

@@ -73,6 +73,7 @@ impl WebFetch {
                         "prompt": {
                             "type": "string",
                             "minLength": 1,
+                            "maxLength": 4000,
                             "description": "A question about the page for the service's summarizer model; its answer is returned instead of the page text."
                         },
                         "timeout_ms": {
@@ -105,7 +106,7 @@ impl WebFetch {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Args {
     url: String,
@@ -152,8 +153,17 @@ impl Tool for WebFetch {
         }
         let work = async {
             let fetched = web::fetch(web, &args.url).await?;
-            let page = render(&fetched);
-            let shown = page_window(&fetched, &page, &args);
+            // Decoding and converting a page is CPU work that cannot look at the clock: off the
+            // async workers, a few at a time for the whole service.
+            let _turn = CONVERSIONS.acquire().await;
+            let paging = args.clone();
+            let (fetched, shown) = tokio::task::spawn_blocking(move || {
+                let page = render(&fetched);
+                let shown = page_window(&fetched, &page, &paging);
+                (fetched, shown)
+            })
+            .await
+            .map_err(|e| FetchError::Http(format!("the page could not be converted ({e})")))?;
             Ok::<_, FetchError>(match (summarizer, shown) {
                 (Some((prompt, summarizer)), Ok(window)) => {
                     match web::summarize(summarizer, fetched.url.as_str(), &window.text, prompt)
@@ -243,9 +253,14 @@ fn render(fetched: &Fetched) -> Page {
     // A BOM wins over the label, as in browsers.
     let (decoded, _, _) = encoding.decode(&fetched.body);
     if is_html {
+        let (text, converted) = html_to_markdown(&decoded);
         Page::Text {
-            text: html_to_markdown(&decoded),
-            kind: "HTML converted to Markdown",
+            text,
+            kind: if converted {
+                "HTML converted to Markdown"
+            } else {
+                "HTML shown as plain text (too large or too deeply nested to convert to Markdown)"
+            },
         }
     } else {
         Page::Text {
@@ -299,15 +314,123 @@ const DROPPED_TAGS: &[&str] = &[
     "canvas", "form", "button", "head",
 ];
 
-fn html_to_markdown(html: &str) -> String {
+/// Pages converted at once by the whole service (each on a blocking thread).
+static CONVERSIONS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// What the Markdown converter is given at most: beyond any of these a page is shown as plain
+/// text instead. The converter walks the document tree by recursion (a page of 50,000 nested
+/// `<div>`s would overflow a thread's stack and abort the service) and does quadratic work on
+/// long runs of sibling elements, so its input is bounded by shape, not only by size.
+const MAX_CONVERTED_HTML_BYTES: usize = 2 * 1024 * 1024;
+const MAX_CONVERTED_TAGS: usize = 100_000;
+const MAX_CONVERTED_DEPTH: usize = 256;
+
+/// Elements that never have content (they do not nest).
+const VOID_TAGS: &[&str] = &[
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
+    "track", "wbr",
+];
+
+/// The page as Markdown, or as plain text (and `false`) when its size or shape is beyond what
+/// the converter is given.
+fn html_to_markdown(html: &str) -> (String, bool) {
+    if html.len() > MAX_CONVERTED_HTML_BYTES || !tame_shape(html) {
+        return (html_to_text(html), false);
+    }
     let converter = htmd::HtmlToMarkdown::builder()
         .skip_tags(DROPPED_TAGS.to_vec())
         .build();
     match converter.convert(html) {
-        Ok(markdown) => markdown.trim().to_owned(),
+        Ok(markdown) => (markdown.trim().to_owned(), true),
         // html5ever parses anything; an error here is an I/O error of its in-memory sink.
-        Err(_) => html.to_owned(),
+        Err(_) => (html_to_text(html), false),
     }
+}
+
+/// Whether a page has at most [`MAX_CONVERTED_TAGS`] tags nested at most
+/// [`MAX_CONVERTED_DEPTH`] deep, by a linear scan that errs on the side of "too deep" (an
+/// element closed implicitly, like `<p>` or `<li>`, counts as still open).
+fn tame_shape(html: &str) -> bool {
+    let b = html.as_bytes();
+    let (mut depth, mut tags, mut i) = (0usize, 0usize, 0usize);
+    while let Some(at) = b[i..].iter().position(|&c| c == b'<') {
+        i += at + 1;
+        match b.get(i) {
+            Some(b'/') => {
+                depth = depth.saturating_sub(1);
+                tags += 1;
+            }
+            Some(c) if c.is_ascii_alphabetic() => {
+                let name_len = b[i..]
+                    .iter()
+                    .position(|c| !c.is_ascii_alphanumeric())
+                    .unwrap_or(b.len() - i);
+                let name = html[i..i + name_len].to_ascii_lowercase();
+                tags += 1;
+                if !VOID_TAGS.contains(&name.as_str()) {
+                    depth += 1;
+                }
+            }
+            _ => {}
+        }
+        if tags > MAX_CONVERTED_TAGS || depth > MAX_CONVERTED_DEPTH {
+            return false;
+        }
+    }
+    true
+}
+
+/// A page's text without its markup, in one pass: tags dropped, the contents of `script`,
+/// `style` and `head` too, the common entities decoded, blank runs folded.
+fn html_to_text(html: &str) -> String {
+    let lower = html.to_ascii_lowercase();
+    let mut out = String::with_capacity(html.len() / 2);
+    let mut i = 0;
+    while i < html.len() {
+        let Some(at) = html[i..].find('<') else {
+            out.push_str(&html[i..]);
+            break;
+        };
+        out.push_str(&html[i..i + at]);
+        i += at;
+        let skipped = ["script", "style", "head"].iter().find_map(|tag| {
+            let open = format!("<{tag}");
+            let boundary = lower.as_bytes().get(i + open.len());
+            (lower[i..].starts_with(&open) && !boundary.is_some_and(u8::is_ascii_alphanumeric))
+                .then(|| lower[i..].find(&format!("</{tag}")).map(|end| i + end))
+                .flatten()
+        });
+        let from = skipped.unwrap_or(i);
+        match html[from..].find('>') {
+            Some(end) => {
+                i = from + end + 1;
+                out.push(' ');
+            }
+            None => break,
+        }
+    }
+    let decoded = out
+        .replace("&nbsp;", " ")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&");
+    let mut text = String::with_capacity(decoded.len());
+    let mut blank = 0;
+    for line in decoded.lines() {
+        let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        if line.is_empty() {
+            blank += 1;
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(if blank > 0 { "\n\n" } else { "\n" });
+        }
+        text.push_str(&line);
+        blank = 0;
+    }
+    text
 }
 
 /// The part of the page text a call returns.

@@ -87,11 +87,13 @@ impl EgressLog {
     }
 }
 
-/// A name from a request, fit for the log: control characters (a NUL) replaced, cut short.
+/// A name from a request, fit for the log: anything but printable ASCII (a NUL, a
+/// right-to-left override, a zero-width space) replaced, cut short. Host names on the wire are
+/// ASCII (IDNs travel as punycode), so nothing legitimate is lost.
 fn shown(text: &str, max: usize) -> String {
     text.chars()
         .take(max)
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .collect()
 }
 
@@ -412,7 +414,7 @@ mod tests {
         let log = EgressLog::default();
         let record = |n: u16| EgressRecord {
             method: "CONNECT".into(),
-            host: shown("exa\0mple.com", MAX_HOST_CHARS),
+            host: shown("exa\0mple\u{202e}.com", MAX_HOST_CHARS),
             port: n,
             allowed: true,
             refused: None,
@@ -425,7 +427,7 @@ mod tests {
         }
         let (records, more) = log.drain();
         assert_eq!((records.len(), more), (MAX_RECORDS, 5));
-        assert_eq!(records[0].host, "exa?mple.com");
+        assert_eq!(records[0].host, "exa?mple?.com");
         assert_eq!(records.last().unwrap().port, MAX_RECORDS as u16 - 1);
         assert_eq!(log.drain(), (Vec::new(), 0));
         assert_eq!(

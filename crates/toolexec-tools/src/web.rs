@@ -535,15 +535,26 @@ pub async fn summarize(
     if let Some(key) = &summarizer.api_key {
         request = request.bearer_auth(key);
     }
-    let response = request
+    let mut response = request
         .send()
         .await
         .map_err(|e| format!("the summarizer could not be reached ({})", without_url(&e)))?;
     let status = response.status();
-    let answer: serde_json::Value = response
-        .json()
+    // An answer is a few KB; a gateway that sends more is cut off, not buffered.
+    const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| format!("the summarizer's answer was not JSON ({})", without_url(&e)))?;
+        .map_err(|e| format!("the summarizer's answer broke off ({})", without_url(&e)))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_ANSWER_BYTES {
+            return Err("the summarizer's answer is larger than 1 MiB".to_owned());
+        }
+    }
+    let answer: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| format!("the summarizer's answer was not JSON ({e})"))?;
     if !status.is_success() {
         // Its message may quote the key ("Incorrect API key provided: sk-…"): the log only.
         tracing::debug!(status = status.as_u16(), "the summarizer refused a prompt");

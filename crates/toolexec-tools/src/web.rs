@@ -169,6 +169,25 @@ impl WebAccess {
     }
 }
 
+impl WebAccess {
+    /// The answer for `tool` in a session whose policy gives it no network, unless the operator
+    /// lets web tools reach the internet without it.
+    pub fn denied_without_network(
+        &self,
+        tool: &str,
+        policy: &toolexec_core::Policy,
+    ) -> Option<crate::ToolOutput> {
+        (policy.network == toolexec_core::NetworkPolicy::None && !self.public_when_network_none)
+            .then(|| {
+                crate::ToolOutput::denied(format!(
+                    "{tool} needs network access, and this session was not granted it (its \
+                     policy.network is \"none\"). Do without it, or ask the user for a session \
+                     with network access."
+                ))
+            })
+    }
+}
+
 /// The search provider the operator configured (`web.search_*`), checked.
 fn search_provider(config: &WebConfig) -> Result<Option<crate::search::Provider>, String> {
     use crate::search::Provider;
@@ -238,7 +257,7 @@ pub async fn search(
     if let Some(body) = &req.body {
         builder = builder.json(body);
     }
-    let mut response = builder.send().await.map_err(|e| {
+    let response = builder.send().await.map_err(|e| {
         format!(
             "the {} search provider could not be reached ({})",
             provider.name(),
@@ -246,21 +265,17 @@ pub async fn search(
         )
     })?;
     let status = response.status().as_u16();
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| {
+    let (body, cut) = read_capped(response, MAX_ANSWER_BYTES).await.map_err(|e| {
         format!(
-            "the {} search provider's answer broke off ({})",
-            provider.name(),
-            without_url(&e)
+            "the {} search provider's answer broke off ({e})",
+            provider.name()
         )
-    })? {
-        body.extend_from_slice(&chunk);
-        if body.len() > MAX_ANSWER_BYTES {
-            return Err(format!(
-                "the {} search provider's answer is larger than 1 MiB",
-                provider.name()
-            ));
-        }
+    })?;
+    if cut {
+        return Err(format!(
+            "the {} search provider's answer is larger than 1 MiB",
+            provider.name()
+        ));
     }
     crate::search::parse(provider, status, &body, count).map_err(|e| e.to_string())
 }
@@ -535,23 +550,18 @@ pub async fn summarize(
     if let Some(key) = &summarizer.api_key {
         request = request.bearer_auth(key);
     }
-    let mut response = request
+    let response = request
         .send()
         .await
         .map_err(|e| format!("the summarizer could not be reached ({})", without_url(&e)))?;
     let status = response.status();
     // An answer is a few KB; a gateway that sends more is cut off, not buffered.
     const MAX_ANSWER_BYTES: usize = 1024 * 1024;
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
+    let (body, cut) = read_capped(response, MAX_ANSWER_BYTES)
         .await
-        .map_err(|e| format!("the summarizer's answer broke off ({})", without_url(&e)))?
-    {
-        body.extend_from_slice(&chunk);
-        if body.len() > MAX_ANSWER_BYTES {
-            return Err("the summarizer's answer is larger than 1 MiB".to_owned());
-        }
+        .map_err(|e| format!("the summarizer's answer broke off ({e})"))?;
+    if cut {
+        return Err("the summarizer's answer is larger than 1 MiB".to_owned());
     }
     let answer: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| format!("the summarizer's answer was not JSON ({e})"))?;

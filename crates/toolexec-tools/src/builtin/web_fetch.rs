@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
-use toolexec_core::{Capability, NetworkPolicy, OutputLimit, ToolSpec, TruncationMode};
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use toolexec_workspace::jail::human_bytes;
 
 use crate::web::{self, FetchError, Fetched, MAX_BODY_BYTES};
@@ -128,12 +128,8 @@ impl Tool for WebFetch {
             Err(output) => return output,
         };
         let web = ctx.web.as_ref();
-        if ctx.policy.network == NetworkPolicy::None && !web.public_when_network_none {
-            return ToolOutput::denied(
-                "web_fetch needs network access, and this session was not granted it (its \
-                 policy.network is \"none\"). Do without the page, or ask the user for a session \
-                 with network access.",
-            );
+        if let Some(denied) = web.denied_without_network("web_fetch", &ctx.policy) {
+            return denied;
         }
         let summarizer = match (&args.prompt, &web.summarizer) {
             (Some(_), None) => {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::json;
-use toolexec_core::{Capability, NetworkPolicy, OutputLimit, ToolSpec, TruncationMode};
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use crate::search::{DEFAULT_RESULTS, MAX_RESULTS};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
@@ -97,11 +97,8 @@ impl Tool for WebSearch {
                  you know the URL of.",
             );
         };
-        if ctx.policy.network == NetworkPolicy::None && !web.public_when_network_none {
-            return ToolOutput::denied(
-                "web_search needs network access, and this session was not granted it (its \
-                 policy.network is \"none\").",
-            );
+        if let Some(denied) = web.denied_without_network("web_search", &ctx.policy) {
+            return denied;
         }
         let count = args.max_results.unwrap_or(DEFAULT_RESULTS);
         let mut timeout = TIMEOUT;

@@ -451,6 +451,85 @@ async fn the_catalog_speaks_openai_anthropic_and_mcp() {
     assert_eq!(bad.status(), 400);
 }
 
+/// The names of the tools a catalog lists, in any format.
+async fn catalog_names(app: &toolexec_tests::app::TestApp, format: &str) -> Vec<String> {
+    let body: Value = app
+        .get(&format!("/v1/tools?format={format}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["name"]
+                .as_str()
+                .or(t["function"]["name"].as_str())
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn web_search_is_listed_as_unavailable_until_a_provider_is_configured() {
+    let app = spawn_app().await;
+    let own: Value = app.get("/v1/tools").await.json().await.unwrap();
+    let search = own["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "web_search")
+        .unwrap();
+    assert_eq!(search["available"], false, "{search}");
+    assert!(
+        search["unavailable_reason"]
+            .as_str()
+            .unwrap()
+            .contains("web.search_provider"),
+        "{search}"
+    );
+    let fetch = own["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "web_fetch")
+        .unwrap();
+    assert_eq!(fetch["available"], true);
+    assert!(fetch.get("unavailable_reason").is_none(), "{fetch}");
+    // A model is handed only tools it can call.
+    for format in ["openai", "anthropic", "mcp"] {
+        let names = catalog_names(&app, format).await;
+        assert!(
+            !names.contains(&"web_search".to_owned()),
+            "{format}: {names:?}"
+        );
+        assert!(
+            names.contains(&"web_fetch".to_owned()),
+            "{format}: {names:?}"
+        );
+    }
+    let one: Value = app.get("/v1/tools/web_search").await.json().await.unwrap();
+    assert_eq!(one["available"], false);
+
+    let app = toolexec_tests::app::spawn_app_with(|c| {
+        c.web.search_provider = Some("searxng".to_owned());
+        c.web.search_url = Some("http://127.0.0.1:9/".to_owned());
+    })
+    .await;
+    let one: Value = app.get("/v1/tools/web_search").await.json().await.unwrap();
+    assert_eq!(one["available"], true, "{one}");
+    for format in ["openai", "anthropic", "mcp"] {
+        let names = catalog_names(&app, format).await;
+        assert!(
+            names.contains(&"web_search".to_owned()),
+            "{format}: {names:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_docs_page_and_the_openapi_document_are_served() {
     let app = spawn_app().await;

@@ -1,6 +1,8 @@
-//! `web_fetch` through the service over HTTP, on both stores: validated, run against a page
-//! served on loopback (reached through the operator allow-list the test configures), recorded
-//! with its capability; and the default configuration refusing the same server.
+//! `web_fetch` and `web_search` through the service over HTTP, on both stores: validated, run
+//! against pages served on loopback (reached through the operator allow-list the test
+//! configures), recorded with their capability and every exchange as a `web.exchange` event; a
+//! verify replay served from those records without a request to the servers; and the default
+//! configuration refusing the same server.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -11,29 +13,61 @@ use toolexec_tests::app::Backend;
 toolexec_tests::on_both_stores!(
     web_fetch_is_validated_run_and_recorded_like_any_tool,
     the_default_configuration_refuses_a_loopback_page,
+    web_observations_are_recorded_and_a_replay_serves_them_without_the_network,
 );
 
-/// A page on 127.0.0.1 and the number of requests it got.
+/// A page on 127.0.0.1 and the number of requests it got: `/doc` (HTML), `/old` (a redirect to
+/// it), `/visit` (a page that says how many times it was asked for), `/search` (a SearXNG API)
+/// and `/v1/chat/completions` (a summarizer). Every request counts.
 async fn page_server() -> (u16, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
+    let any = hits.clone();
+    let visits = Arc::new(AtomicUsize::new(0));
     let app = axum::Router::new()
         .route(
-            "/doc",
+            "/visit",
             axum::routing::get(move || {
-                counted.fetch_add(1, Ordering::SeqCst);
-                async {
-                    Html(
-                        "<html><head><script>track()</script></head><body><nav>Home | Blog</nav>\
-                         <h2>Install</h2><p>Run <code>make install</code>.</p></body></html>",
-                    )
-                }
+                let n = visits.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { format!("visit number {n}") }
+            }),
+        )
+        .route(
+            "/search",
+            axum::routing::get(|| async {
+                axum::Json(json!({"results": [
+                    {"title": "Install guide", "url": "https://example.org/install", "content": "Run make install."}
+                ]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|body: axum::Json<serde_json::Value>| async move {
+                let asked = body["messages"][1]["content"].as_str().unwrap_or_default().len();
+                axum::Json(json!({"choices": [{"message": {"content": format!("It says: run make install ({asked} characters asked about).")}}]}))
+            }),
+        )
+        .route(
+            "/doc",
+            axum::routing::get(|| async {
+                Html(
+                    "<html><head><script>track()</script></head><body><nav>Home | Blog</nav>\
+                     <h2>Install</h2><p>Run <code>make install</code>.</p></body></html>",
+                )
             }),
         )
         .route(
             "/old",
             axum::routing::get(|| async { axum::response::Redirect::temporary("/doc") }),
-        );
+        )
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let any = any.clone();
+                async move {
+                    any.fetch_add(1, Ordering::SeqCst);
+                    next.run(req).await
+                }
+            },
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -81,8 +115,8 @@ async fn web_fetch_is_validated_run_and_recorded_like_any_tool(backend: Backend)
     assert_eq!(r["status"], "invalid_arguments", "{r}");
     assert_eq!(
         hits.load(Ordering::SeqCst),
-        1,
-        "the invalid call fetched nothing"
+        2,
+        "the redirect and the page; the invalid call fetched nothing"
     );
 
     // A session without network access cannot fetch unless the operator allows it.
@@ -100,7 +134,7 @@ async fn web_fetch_is_validated_run_and_recorded_like_any_tool(backend: Backend)
         r["content"].as_str().unwrap().contains("not granted"),
         "{r}"
     );
-    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
 }
 
 async fn the_default_configuration_refuses_a_loopback_page(backend: Backend) {
@@ -121,4 +155,192 @@ async fn the_default_configuration_refuses_a_loopback_page(backend: Backend) {
         assert!(content.contains("not reachable from here"), "{content}");
     }
     assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached the server");
+}
+
+async fn web_observations_are_recorded_and_a_replay_serves_them_without_the_network(
+    backend: Backend,
+) {
+    let (port, hits) = page_server().await;
+    let base = format!("http://127.0.0.1:{port}");
+    let app = backend
+        .spawn_with(|c| {
+            c.sandbox.egress_allow_cidrs = vec!["127.0.0.1/32".to_owned()];
+            c.web.search_provider = Some("searxng".to_owned());
+            c.web.search_url = Some(base.clone());
+            c.web.summarizer_url = Some(format!("{base}/v1"));
+            c.web.summarizer_model = Some("fake-1".to_owned());
+        })
+        .await;
+    let session = app.session(json!({"policy": {"network": "allow"}})).await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    // Read-only calls of one batch run at once: the two visits go in batches of their own, so
+    // that which is first is known.
+    let mut results = app
+        .calls(
+            &sid,
+            json!([
+                {"id": "f1", "name": "web_fetch", "arguments": {"url": format!("{base}/old")}},
+                {"id": "f2", "name": "web_fetch", "arguments": {"url": format!("{base}/doc"), "prompt": "How do I install it?"}},
+                {"id": "s1", "name": "web_search", "arguments": {"query": "install guide"}},
+                {"id": "v1", "name": "web_fetch", "arguments": {"url": format!("{base}/visit")}}
+            ]),
+        )
+        .await;
+    for (id, url) in [
+        ("v2", format!("{base}/visit")),
+        ("x1", "http://127.0.0.1:1/closed".to_owned()),
+    ] {
+        results.push(app.call(&sid, id, "web_fetch", json!({"url": url})).await);
+    }
+    for r in &results[..5] {
+        assert_eq!(r["status"], "ok", "{r}");
+    }
+    assert!(
+        results[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("It says: run make install")
+    );
+    assert!(
+        results[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("1. Install guide")
+    );
+    assert!(
+        results[3]["content"]
+            .as_str()
+            .unwrap()
+            .contains("visit number 1")
+    );
+    assert!(
+        results[4]["content"]
+            .as_str()
+            .unwrap()
+            .contains("visit number 2")
+    );
+    assert_eq!(results[5]["status"], "error", "{}", results[5]);
+    let asked = hits.load(Ordering::SeqCst);
+    assert_eq!(
+        asked, 7,
+        "two hops, a page and a summary, a search, two visits"
+    );
+
+    // The redirect and the page are two exchanges; the page's body is a blob named by its hash.
+    let inv = app.invocation_of(&results[0]).await;
+    let exchanges: Vec<&serde_json::Value> = inv["side_effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "web.exchange")
+        .collect();
+    assert_eq!(exchanges.len(), 2, "{inv:#}");
+    let (hop0, hop1) = (&exchanges[0]["data"], &exchanges[1]["data"]);
+    assert_eq!(hop0["role"], "page");
+    assert_eq!(hop0["status"], 307);
+    assert_eq!(hop0["headers"]["location"], "/doc");
+    assert!(hop0.get("body_sha256").is_none(), "{hop0}");
+    assert_eq!(hop1["hop"], 1);
+    assert_eq!(hop1["url"], format!("{base}/doc"));
+    assert_eq!(hop1["status"], 200);
+    assert_eq!(hop1["body_stored"], true);
+    assert!(
+        hop1["headers"]["content-type"]
+            .as_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let body_sha = hop1["body_sha256"].as_str().unwrap();
+    let page = reqwest::get(format!("{base}/doc"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(body_sha, toolexec_core::sha256_hex(&page));
+    // The summary and the search are exchanges too; the summarizer's endpoint is not recorded.
+    let inv = app.invocation_of(&results[1]).await;
+    let roles: Vec<&str> = inv["side_effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["data"]["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["page", "summary"], "{inv:#}");
+    let summary = inv["side_effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["data"]["role"] == "summary")
+        .unwrap();
+    assert!(summary["data"].get("url").is_none(), "{summary}");
+    assert_eq!(summary["data"]["service"], "fake-1");
+    let inv = app.invocation_of(&results[5]).await;
+    let failed = &inv["side_effects"][0]["data"];
+    assert_eq!(failed["error"]["kind"], "failed", "{inv:#}");
+    let before_replay = hits.load(Ordering::SeqCst);
+
+    // The replay re-runs every call and serves each from its record: nothing reaches the
+    // servers, the second visit gets the second page, and nothing diverges.
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/replay"),
+            &json!({"mode": "verify"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let replay: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(replay["status"], "finished", "{replay:#}");
+    assert_eq!(replay["calls_replayed"], 6, "{replay:#}");
+    assert_eq!(replay["calls_diverged"], 0, "{replay:#}");
+    for c in replay["calls"].as_array().unwrap() {
+        assert_eq!(c["served_from_record"], true, "{c}");
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before_replay,
+        "the replay made no request"
+    );
+    // The replay's own log holds the observations it was served, naming their source.
+    let rsid = replay["session_id"].as_str().unwrap();
+    let served: Vec<serde_json::Value> = app
+        .events(rsid)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "web.exchange")
+        .collect();
+    assert_eq!(served.len(), 8, "{served:#?}");
+    assert!(served.iter().all(|e| e["data"]["served_from"].is_string()));
+    let visit2 = replay["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["call_id"] == "v2")
+        .unwrap();
+    let rinv = app
+        .get(&format!(
+            "/v1/invocations/{}",
+            visit2["replayed_invocation_id"].as_str().unwrap()
+        ))
+        .await
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert!(
+        rinv["content"].as_str().unwrap().contains("visit number 2"),
+        "{rinv}"
+    );
+    // After the replay the session is like any other: its calls go to the network.
+    let r = app
+        .call(
+            rsid,
+            "v3",
+            "web_fetch",
+            json!({"url": format!("{base}/visit")}),
+        )
+        .await;
+    assert!(
+        r["content"].as_str().unwrap().contains("visit number 3"),
+        "{r}"
+    );
 }

@@ -49,10 +49,15 @@ pub enum EventKind {
     /// process's).
     #[serde(rename = "network.request")]
     NetworkRequest,
+    /// One request a web tool (`web_fetch`, `web_search`) made to the outside world and what
+    /// came back ([`WebExchange`]): an observation, which a verify replay serves again from the
+    /// record instead of asking the network.
+    #[serde(rename = "web.exchange")]
+    WebExchange,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -66,6 +71,7 @@ impl EventKind {
         EventKind::FilesChanged,
         EventKind::WorkspaceRewound,
         EventKind::NetworkRequest,
+        EventKind::WebExchange,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +89,7 @@ impl EventKind {
             EventKind::FilesChanged => "files.changed",
             EventKind::WorkspaceRewound => "workspace.rewound",
             EventKind::NetworkRequest => "network.request",
+            EventKind::WebExchange => "web.exchange",
         }
     }
 
@@ -102,6 +109,7 @@ impl EventKind {
                 | EventKind::ProcessExited
                 | EventKind::FilesChanged
                 | EventKind::NetworkRequest
+                | EventKind::WebExchange
         )
     }
 
@@ -262,6 +270,89 @@ pub struct FilesChanged {
     pub manifest_bytes: u64,
     /// `jsonl+gzip`.
     pub manifest_format: String,
+}
+
+/// What a `web.exchange` was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExchangeRole {
+    /// One hop of `web_fetch`'s GET of a page (a redirect, or the page itself).
+    Page,
+    /// `web_search`'s request to the operator's search provider.
+    Search,
+    /// `web_fetch`'s question (`prompt`) to the operator's summarizer model.
+    Summary,
+}
+
+/// Why an exchange brought no usable response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExchangeErrorKind {
+    /// The network policy refused the destination (at the URL or at the dial): the call was
+    /// `denied`.
+    Refused,
+    /// The time limit passed before the exchange ended.
+    TimedOut,
+    /// Anything else: a connection or TLS failure, a broken body, a redirect loop, an answer
+    /// that could not be used.
+    Failed,
+}
+
+/// How an exchange failed, in the words its call's result used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ExchangeError {
+    pub kind: ExchangeErrorKind,
+    /// The sentence the model was told (never a refused address).
+    pub message: String,
+}
+
+/// The payload of a `web.exchange` event: one request a web tool made to the outside world and
+/// what came back. A fetch that follows redirects records one per hop, in order (`hop` 0, 1,
+/// …); the last one of a call holds its outcome: the body, or the `error`. Recorded as a side
+/// effect of the invocation, so that a verify replay serves the same observation (the same
+/// bytes, status and headers) without going to the network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebExchange {
+    pub role: ExchangeRole,
+    /// The exchange's place among its call's exchanges of the same role, from 0.
+    pub hop: u32,
+    /// `GET` or `POST`.
+    pub method: String,
+    /// The URL asked for: the page (or redirect target) for `page`, the provider's endpoint
+    /// with the query for `search` (keys are never in URLs); absent for `summary` (the
+    /// operator's endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The search provider (`brave`, `tavily`, `searxng`) or the summarizer's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// The response's status; absent when none came (see `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The response headers that say what the body is and where it came from
+    /// (`content-type`, `content-length`, `content-encoding`, `location`, `last-modified`,
+    /// `etag`, `date`), lower-case names; values that are not printable ASCII are left out.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// SHA-256 and length of the body as read (decoded, at most the tool's body cap); absent
+    /// for a redirect's body, which is never read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<u64>,
+    /// The body went on past the cap, and the rest was not read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub body_truncated: bool,
+    /// Whether the body is stored as a blob (it is unless over `limits.max_blob_bytes`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub body_stored: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ExchangeError>,
+    pub duration_ms: f64,
+    /// Set in a replay: the recorded invocation this observation was served from (no network
+    /// was used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_from: Option<Uuid>,
 }
 
 /// The recorded execution of one call.

@@ -19,7 +19,8 @@ pub mod truncate;
 
 pub use call::{Call, CallResult, CallStatus, InvocationStatus};
 pub use event::{
-    Event, EventKind, FileChange, FileChangeKind, FilesChanged, Invocation, Rewound, UnstoredReason,
+    Event, EventKind, ExchangeError, ExchangeErrorKind, ExchangeRole, FileChange, FileChangeKind,
+    FilesChanged, Invocation, Rewound, UnstoredReason, WebExchange,
 };
 pub use hash::{Sha256Hex, sha256_hex};
 pub use history::{

@@ -123,6 +123,9 @@ pub struct Engine {
     /// Each tenant's event streams and replays on this node.
     stream_slots: Arc<slots::TenantSlots>,
     replay_slots: Arc<slots::TenantSlots>,
+    /// Sessions a verify replay is re-running calls in, each with the recorded invocation it
+    /// re-runs now: its web observations are served from that record.
+    replaying: Mutex<HashMap<Uuid, Uuid>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -210,6 +213,7 @@ impl Engine {
             folds,
             stream_slots,
             replay_slots,
+            replaying: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -219,6 +223,11 @@ impl Engine {
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// Why this service cannot run tool `name` (see [`toolexec_tools::Tool::unavailable`]).
+    pub fn unavailable(&self, name: &str) -> Option<String> {
+        self.registry.get(name)?.unavailable(&self.config.web)
     }
 
     pub fn metrics(&self) -> &metrics::Metrics {

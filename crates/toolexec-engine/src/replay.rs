@@ -15,9 +15,14 @@
 //! session's log reads like the source's. A call reading the output of an earlier one
 //! (`read_output`) is given the replay's invocation id for it.
 //!
-//! Observations from outside — the responses of tools that declare the `network` capability —
-//! are to be served from the record, matched by tool, canonical arguments hash and ordinal
-//! among calls with both the same; no built-in tool declares it yet, so every call re-runs.
+//! Observations from outside — the responses of tools that declare the `network` capability
+//! (`web_fetch`, `web_search`: their `web.exchange` events) — are served from the record, never
+//! the network: a call is matched by tool, canonical arguments hash and ordinal among the calls
+//! with both the same. A replay re-runs the source's calls in order, so the k-th such call of
+//! the replay is the k-th of the source: the one it re-runs, which the engine serves it from
+//! when its tool and arguments hash match (and otherwise serves nothing: the call then says its
+//! record holds no response, and the report shows the divergence). Only while the replay runs:
+//! calls made in the replay session afterwards go to the network like any session's.
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -27,6 +32,8 @@ use toolexec_core::{
     OriginKind, Replay, ReplayMode, ReplayStatus, ReplayedCall, RewindRequest, Session, new_id,
 };
 use uuid::Uuid;
+
+use toolexec_tools::observe::{Observed, Recorded};
 
 use crate::calls::CallBatch;
 use crate::{Engine, EngineError, Result};
@@ -271,9 +278,11 @@ impl Engine {
             name: recorded.name.clone(),
             arguments: map_ids(&recorded.arguments, &ids.to_replay),
         };
-        let results = self
-            .run_calls(tenant_id, session.id, CallBatch { calls: vec![call] })
-            .await?;
+        let results = {
+            let _replaying = Replaying::start(self, session.id, recorded.id);
+            self.run_calls(tenant_id, session.id, CallBatch { calls: vec![call] })
+                .await?
+        };
         let result: CallResult = results
             .into_iter()
             .next()
@@ -323,7 +332,10 @@ impl Engine {
                 replayed_invocation_id: Some(replayed.id),
                 recorded_status: recorded.status,
                 replayed_status: Some(replayed.status),
-                served_from_record: false,
+                served_from_record: replayed
+                    .side_effects
+                    .iter()
+                    .any(|e| e.kind == EventKind::WebExchange && !e.data["served_from"].is_null()),
                 status_matched,
                 output_matched,
                 side_effects_matched,
@@ -331,6 +343,86 @@ impl Engine {
             },
             Some(result.seq),
         ))
+    }
+}
+
+/// Marks a session as re-running one recorded invocation, until dropped.
+struct Replaying<'a> {
+    engine: &'a Engine,
+    session_id: Uuid,
+}
+
+impl<'a> Replaying<'a> {
+    fn start(engine: &'a Engine, session_id: Uuid, recorded: Uuid) -> Self {
+        if let Ok(mut map) = engine.replaying.lock() {
+            map.insert(session_id, recorded);
+        }
+        Self { engine, session_id }
+    }
+}
+
+impl Drop for Replaying<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.engine.replaying.lock() {
+            map.remove(&self.session_id);
+        }
+    }
+}
+
+impl Engine {
+    /// Where a call of a tool that reaches the outside world gets its observations: the
+    /// network, or — while a verify replay re-runs a recorded call in this session — that
+    /// call's record, if its tool and arguments hash are this call's (else an empty record:
+    /// nothing is served, and nothing goes to the network).
+    pub(crate) async fn observed_for(
+        &self,
+        session: &Session,
+        call: &Call,
+        args_hash: &str,
+    ) -> Result<Observed> {
+        let recorded = self
+            .replaying
+            .lock()
+            .ok()
+            .and_then(|map| map.get(&session.id).copied());
+        let Some(recorded) = recorded else {
+            return Ok(Observed::Live);
+        };
+        let source = self
+            .store
+            .invocation_page(
+                session.tenant_id,
+                recorded,
+                0,
+                toolexec_store::SIDE_EFFECTS_PAGE,
+            )
+            .await?;
+        if source.name != call.name || source.arguments_sha256 != args_hash {
+            return Ok(Observed::Replay(Arc::new(Recorded::default())));
+        }
+        let exchanges: Vec<Value> = source
+            .side_effects
+            .into_iter()
+            .filter(|e| e.kind == EventKind::WebExchange)
+            .map(|e| e.data)
+            .collect();
+        let shas: Vec<String> = exchanges
+            .iter()
+            .filter_map(|d| d["body_sha256"].as_str().map(str::to_owned))
+            .collect();
+        let blobs: HashMap<String, bytes::Bytes> = if shas.is_empty() {
+            HashMap::new()
+        } else {
+            self.store
+                .blobs(&shas)
+                .await?
+                .into_iter()
+                .map(|b| (b.sha256, b.bytes))
+                .collect()
+        };
+        Ok(Observed::Replay(Arc::new(Recorded::new(
+            recorded, exchanges, &blobs,
+        ))))
     }
 }
 
@@ -491,6 +583,11 @@ fn comparable(event: &Event) -> Option<(String, String)> {
         }
         EventKind::PlanUpdated => "plan".to_owned(),
         EventKind::FilesChanged => "files.changed".to_owned(),
+        EventKind::WebExchange => format!(
+            "web {} {}",
+            d["role"].as_str().unwrap_or_default(),
+            d["hop"]
+        ),
         _ => return None,
     };
     let value = match event.kind {
@@ -502,6 +599,11 @@ fn comparable(event: &Event) -> Option<(String, String)> {
         }),
         EventKind::ProcessStarted => json!({"kind": event.kind.as_str(), "command": d["command"]}),
         EventKind::ProcessExited => json!({"kind": event.kind.as_str()}),
+        // What was observed, not when or how fast.
+        EventKind::WebExchange => json!({
+            "url": d["url"], "status": d["status"], "body_sha256": d["body_sha256"],
+            "error": d["error"],
+        }),
         EventKind::FilesChanged => json!({
             "changes": d["changes"], "created": d["created"], "modified": d["modified"],
             "deleted": d["deleted"], "after_bytes": d["after_bytes"],

@@ -319,6 +319,9 @@ impl Engine {
             // Set when a call runs, from its batch (`calls::cancel`).
             cancel: tokio_util::sync::CancellationToken::new(),
             web: self.config.web.clone(),
+            // Set when a call of a verify replay runs (`Engine::observed_for`).
+            observed: toolexec_tools::observe::Observed::Live,
+            tenant_id: session.tenant_id,
         }
     }
 

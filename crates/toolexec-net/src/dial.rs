@@ -24,14 +24,40 @@ pub trait Resolver: Send + Sync {
     async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>>;
 }
 
-/// The system's resolver (`getaddrinfo`, through tokio).
+/// The system's resolver (`getaddrinfo`, on a blocking thread), at most
+/// [`MAX_SYSTEM_LOOKUPS`] at a time for the whole process.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemResolver;
+
+/// System lookups running at once. `getaddrinfo` cannot be cancelled: a lookup whose caller
+/// gave up still holds its thread until the nameserver answers or the C library's own retries
+/// end (tens of seconds). Without a bound, names whose nameserver never answers would take
+/// every thread of the shared blocking pool, and with it the file tools and the workspace
+/// scans of every session; with it they hold at most this many, and other lookups wait (within
+/// their caller's timeout) for one to end.
+pub const MAX_SYSTEM_LOOKUPS: usize = 8;
+
+static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_SYSTEM_LOOKUPS);
 
 #[async_trait]
 impl Resolver for SystemResolver {
     async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
-        Ok(tokio::net::lookup_host((host, port)).await?.collect())
+        use std::net::ToSocketAddrs as _;
+        let permit = LOOKUPS
+            .acquire()
+            .await
+            .map_err(|_| io::Error::other("name resolution is shut down"))?;
+        let host = host.to_owned();
+        // The permit goes with the lookup: it is given back when getaddrinfo returns, not when
+        // the caller stops waiting.
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            (host.as_str(), port)
+                .to_socket_addrs()
+                .map(Iterator::collect)
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("the lookup failed: {e}")))?
     }
 }
 
@@ -169,6 +195,35 @@ mod tests {
             Err(ConnectError::Refused(refusal)) => refusal,
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn system_lookups_beyond_the_bound_wait_and_do_not_take_a_thread() {
+        // Every slot held, as by lookups stuck on a nameserver that never answers.
+        let held = LOOKUPS
+            .acquire_many(MAX_SYSTEM_LOOKUPS as u32)
+            .await
+            .unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_millis(200),
+            SystemResolver.resolve("localhost", 80),
+        )
+        .await;
+        assert!(waited.is_err(), "a lookup ran past the bound: {waited:?}");
+        let err = resolve_checked(
+            &NetPolicy::public_only(),
+            &SystemResolver,
+            "example.test",
+            80,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, ConnectError::ResolveTimeout), "{err:?}");
+        // A slot given back lets the next one through.
+        drop(held);
+        let addrs = SystemResolver.resolve("localhost", 80).await.unwrap();
+        assert!(!addrs.is_empty());
     }
 
     /// Counts lookups, to show there is exactly one per dial.

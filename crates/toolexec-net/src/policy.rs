@@ -34,20 +34,29 @@ const THIS_HOST_REFRESH: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 struct ThisHost {
     read: Mutex<(Option<Instant>, Arc<Vec<IpAddr>>)>,
+    /// `interface_addresses`, or a stand-in in tests.
+    reader: fn() -> Result<Vec<IpAddr>, nix::Error>,
 }
 
 impl ThisHost {
-    fn addresses(&self) -> Arc<Vec<IpAddr>> {
+    /// The addresses, or `None` while they have never been read: then no address can be told
+    /// apart from this host's, and the policy refuses every one it would have let through
+    /// (fail closed).
+    fn addresses(&self) -> Option<Arc<Vec<IpAddr>>> {
         let Ok(mut read) = self.read.lock() else {
-            return Arc::new(Vec::new());
+            return None;
         };
         if read.0.is_none_or(|at| at.elapsed() >= THIS_HOST_REFRESH) {
             // A failed read keeps what was read last, and is tried again at the next check.
-            if let Ok(addrs) = interface_addresses() {
-                *read = (Some(Instant::now()), Arc::new(addrs));
+            match (self.reader)() {
+                Ok(addrs) => *read = (Some(Instant::now()), Arc::new(addrs)),
+                Err(e) if read.0.is_none() => {
+                    tracing::error!(error = %e, "this host's interface addresses cannot be read; every destination is refused until they can");
+                }
+                Err(_) => {}
             }
         }
-        read.1.clone()
+        read.0.map(|_| read.1.clone())
     }
 }
 
@@ -86,6 +95,7 @@ impl NetPolicy {
     pub fn refusing_this_host(mut self) -> Self {
         self.this_host = Some(Arc::new(ThisHost {
             read: Mutex::new((None, Arc::new(Vec::new()))),
+            reader: interface_addresses,
         }));
         self
     }
@@ -112,7 +122,7 @@ impl NetPolicy {
             Some(class) => return Err(Refusal::Address { class, ip }),
         }
         if let Some(this_host) = &self.this_host
-            && this_host.addresses().contains(&ip)
+            && this_host.addresses().is_none_or(|ours| ours.contains(&ip))
         {
             return Err(Refusal::Address {
                 class: AddressClass::ThisHost,
@@ -191,6 +201,7 @@ mod tests {
             allow: Vec::new(),
             this_host: Some(Arc::new(ThisHost {
                 read: Mutex::new((Some(Instant::now()), Arc::new(vec![ip("203.0.114.7")]))),
+                reader: interface_addresses,
             })),
         };
         assert_eq!(classify(ip("203.0.114.7")), None);
@@ -199,6 +210,35 @@ mod tests {
             "this-host"
         );
         assert!(given.permits(ip("203.0.114.8")));
+    }
+
+    #[test]
+    fn while_this_hosts_addresses_cannot_be_read_only_the_allow_list_is_reachable() {
+        fn failing() -> Result<Vec<IpAddr>, nix::Error> {
+            Err(nix::Error::EMFILE)
+        }
+        let p = NetPolicy {
+            allow: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+            this_host: Some(Arc::new(ThisHost {
+                read: Mutex::new((None, Arc::new(Vec::new()))),
+                reader: failing,
+            })),
+        };
+        assert_eq!(p.check(ip("1.1.1.1")).unwrap_err().reason(), "this-host");
+        assert!(p.permits(ip("127.0.0.1")));
+        // Once read, the rest of the internet is open again; a later failure keeps that read.
+        let p = NetPolicy {
+            allow: Vec::new(),
+            this_host: Some(Arc::new(ThisHost {
+                read: Mutex::new((
+                    Some(Instant::now() - THIS_HOST_REFRESH * 2),
+                    Arc::new(vec![ip("203.0.114.7")]),
+                )),
+                reader: failing,
+            })),
+        };
+        assert!(p.permits(ip("1.1.1.1")));
+        assert!(!p.permits(ip("203.0.114.7")));
     }
 
     #[test]

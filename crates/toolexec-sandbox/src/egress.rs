@@ -329,11 +329,36 @@ async fn handle(
     Ok(())
 }
 
-/// Relays both ways until either side closes, counting the bytes into `rec`.
+/// Relays both ways until both sides are done or one fails, counting into `rec` every byte
+/// that got through — also when the relay ends with an error (a reset, a broken pipe), which
+/// `copy_bidirectional` would have reported without its counts.
 async fn relay(client: &mut UnixStream, upstream: &mut TcpStream, rec: &mut EgressRecord) {
-    if let Ok((sent, received)) = tokio::io::copy_bidirectional(client, upstream).await {
-        rec.bytes_sent += sent;
-        rec.bytes_received += received;
+    let (mut from_client, mut to_client) = client.split();
+    let (mut from_upstream, mut to_upstream) = upstream.split();
+    let (mut sent, mut received) = (0u64, 0u64);
+    let _ = tokio::try_join!(
+        pump(&mut from_client, &mut to_upstream, &mut sent),
+        pump(&mut from_upstream, &mut to_client, &mut received),
+    );
+    rec.bytes_sent += sent;
+    rec.bytes_received += received;
+}
+
+/// Copies `from` to `to` until `from` ends (then shuts `to` down for writing), adding to
+/// `count` each chunk once it is written.
+async fn pump(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    count: &mut u64,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        *count += n as u64;
     }
 }
 
@@ -397,6 +422,47 @@ mod tests {
         assert_eq!(code, 400);
         let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
         assert!(accepted.is_err(), "a refused dial connected");
+    }
+
+    #[tokio::test]
+    async fn a_relay_cut_by_a_reset_still_counts_what_got_through() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = [0u8; 5];
+            s.read_exact(&mut got).await.unwrap();
+            s.write_all(&[b'x'; 3000]).await.unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // A reset, not a close: the relay ends with an error.
+            s.set_zero_linger().unwrap();
+            drop(s);
+        });
+        let mut upstream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (mut client, mut command) = UnixStream::pair().unwrap();
+        command.write_all(b"hello").await.unwrap();
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let _ = command.read_to_end(&mut all).await;
+            all.len()
+        });
+        let mut rec = EgressRecord {
+            method: "CONNECT".into(),
+            host: "127.0.0.1".into(),
+            port,
+            allowed: true,
+            refused: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+            duration_ms: 0,
+        };
+        relay(&mut client, &mut upstream, &mut rec).await;
+        drop(client);
+        server.await.unwrap();
+        assert_eq!(rec.bytes_sent, 5);
+        assert_eq!(rec.bytes_received, 3000);
+        assert_eq!(reader.await.unwrap(), 3000);
     }
 
     #[tokio::test]

@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 pub mod builtin;
 pub mod deadline;
+pub mod observe;
 pub mod patch;
 pub mod reads;
 pub mod registry;
@@ -74,6 +75,11 @@ pub struct ToolContext {
     /// What the web tools may reach (the operator's network policy and resolver) and the
     /// summarizer of `web_fetch`'s `prompt`.
     pub web: Arc<web::WebAccess>,
+    /// Where the web tools' observations come from: the network, or in a verify replay the
+    /// record of the call being re-run.
+    pub observed: observe::Observed,
+    /// The tenant the session belongs to (per-tenant quotas of the operator's paid services).
+    pub tenant_id: Uuid,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
@@ -103,6 +109,8 @@ impl ToolContext {
             deadline: Deadline::none(),
             cancel: CancellationToken::new(),
             web: Arc::new(web::WebAccess::default()),
+            observed: observe::Observed::Live,
+            tenant_id: Uuid::nil(),
         }
     }
 }
@@ -229,6 +237,20 @@ impl OutputSource for NoOutputs {
 pub struct ToolEvent {
     pub kind: EventKind,
     pub data: serde_json::Value,
+    /// Bytes the event names by SHA-256 (a fetched body), stored as a blob with it. If the
+    /// engine does not store them (over `limits.max_blob_bytes`), it sets the event's
+    /// `body_stored` to false.
+    pub blob: Option<bytes::Bytes>,
+}
+
+impl ToolEvent {
+    pub fn new(kind: EventKind, data: serde_json::Value) -> Self {
+        Self {
+            kind,
+            data,
+            blob: None,
+        }
+    }
 }
 
 /// What a tool returns: the full text for the model (the engine truncates it), its file changes
@@ -305,6 +327,12 @@ pub trait Tool: Send + Sync + 'static {
     /// changes the workspace calls [`Deadline::commit_change`] right before its first change
     /// and changes nothing if it answers `false` (see [`deadline`]).
     async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput;
+
+    /// Why this service cannot run the tool at all (a provider the operator did not
+    /// configure), for the catalog; `None` when it can. Its calls then fail with that reason.
+    fn unavailable(&self, _web: &web::WebAccess) -> Option<String> {
+        None
+    }
 }
 
 /// Deserializes validated arguments into a tool's typed struct. A failure here is reported to

@@ -129,7 +129,28 @@ pub fn parse(
     body: &[u8],
     count: usize,
 ) -> Result<Vec<Hit>, SearchError> {
-    let name = provider.name();
+    parse_named(provider.name(), status, body, count)
+}
+
+/// [`parse`] for the provider of that [`Provider::name`] (a replay knows its provider by the
+/// name its record gives).
+pub fn parse_named(
+    provider: &str,
+    status: u16,
+    body: &[u8],
+    count: usize,
+) -> Result<Vec<Hit>, SearchError> {
+    let (name, brave) = match provider {
+        "brave" => ("brave", true),
+        "tavily" => ("tavily", false),
+        "searxng" => ("searxng", false),
+        _ => {
+            return Err(SearchError::Malformed {
+                provider: "unknown",
+                detail: format!("no provider is called {provider:?}"),
+            });
+        }
+    };
     if !(200..300).contains(&status) {
         return Err(SearchError::Status {
             provider: name,
@@ -145,15 +166,12 @@ pub fn parse(
         provider: name,
         detail: e.to_string(),
     };
-    let raw: Vec<RawHit> = match provider {
-        Provider::Brave { .. } => {
-            let r: BraveAnswer = serde_json::from_slice(body).map_err(malformed)?;
-            r.web.map(|w| w.results).unwrap_or_default()
-        }
-        Provider::Tavily { .. } | Provider::Searxng { .. } => {
-            let r: ResultsAnswer = serde_json::from_slice(body).map_err(malformed)?;
-            r.results
-        }
+    let raw: Vec<RawHit> = if brave {
+        let r: BraveAnswer = serde_json::from_slice(body).map_err(malformed)?;
+        r.web.map(|w| w.results).unwrap_or_default()
+    } else {
+        let r: ResultsAnswer = serde_json::from_slice(body).map_err(malformed)?;
+        r.results
     };
     Ok(raw
         .into_iter()

@@ -14,8 +14,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use toolexec_core::{ExchangeErrorKind, ExchangeRole};
 use toolexec_net::{ConnectError, NetPolicy, Refusal, Resolver, SystemResolver, resolve_checked};
 use url::Url;
+
+use crate::observe::{Answer, Journal, Recorded, Unserved, answer_of};
+use crate::search::Hit;
 
 /// Redirects followed before a fetch gives up: enough for http→https plus a canonical-host hop
 /// and a login-free CDN hop, few enough that a loop ends at once.
@@ -29,7 +33,7 @@ pub const MAX_BODY_BYTES: usize = 5 * 1024 * 1024;
 /// The operator's settings for the web tools (`[web]` in the config file). Which non-public
 /// networks they may reach is `sandbox.egress_allow_cidrs`: one allow-list for the shell's
 /// egress proxy and the web tools.
-#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebConfig {
     /// Whether web tools may fetch from the public internet (and the allow-listed networks) in a
@@ -52,24 +56,51 @@ pub struct WebConfig {
     pub search_url: Option<String>,
     /// The provider's API key (Brave, Tavily); never logged or shown.
     pub search_api_key: Option<String>,
+    /// Requests one tenant may make to the operator's paid services — searches and summarizer
+    /// prompts together — per minute, on this node. Beyond it a call fails and says when to try
+    /// again. 0: no limit.
+    pub paid_calls_per_minute: u32,
+}
+
+/// Default of [`WebConfig::paid_calls_per_minute`]: an agent searching and summarizing every
+/// second for a minute, not a loop that spends the operator's quota as fast as it can.
+pub const DEFAULT_PAID_CALLS_PER_MINUTE: u32 = 60;
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            public_when_network_none: false,
+            summarizer_url: None,
+            summarizer_model: None,
+            summarizer_api_key: None,
+            search_provider: None,
+            search_url: None,
+            search_api_key: None,
+            paid_calls_per_minute: DEFAULT_PAID_CALLS_PER_MINUTE,
+        }
+    }
 }
 
 impl std::fmt::Debug for WebConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebConfig")
             .field("public_when_network_none", &self.public_when_network_none)
-            .field("summarizer_url", &self.summarizer_url)
+            .field(
+                "summarizer_url",
+                &self.summarizer_url.as_deref().map(redacted_url),
+            )
             .field("summarizer_model", &self.summarizer_model)
             .field(
                 "summarizer_api_key",
                 &self.summarizer_api_key.as_ref().map(|_| "***"),
             )
             .field("search_provider", &self.search_provider)
-            .field("search_url", &self.search_url)
+            .field("search_url", &self.search_url.as_deref().map(redacted_url))
             .field(
                 "search_api_key",
                 &self.search_api_key.as_ref().map(|_| "***"),
             )
+            .field("paid_calls_per_minute", &self.paid_calls_per_minute)
             .finish()
     }
 }
@@ -82,10 +113,31 @@ pub struct Summarizer {
     pub api_key: Option<String>,
 }
 
+/// An operator's endpoint as logs may show it: its scheme, host and path, without user
+/// information or query (where a key could hide).
+pub fn redacted_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut u) => {
+            let had_secret = !u.username().is_empty() || u.password().is_some();
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            let had_query = u.query().is_some();
+            u.set_query(None);
+            u.set_fragment(None);
+            let mut shown = u.to_string();
+            if had_secret || had_query {
+                shown.push_str(" (credentials or query not shown)");
+            }
+            shown
+        }
+        Err(_) => "(not a URL)".to_owned(),
+    }
+}
+
 impl std::fmt::Debug for Summarizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Summarizer")
-            .field("base_url", &self.base_url)
+            .field("base_url", &redacted_url(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
             .finish()
@@ -105,6 +157,62 @@ pub struct WebAccess {
     pub summarizer: Option<Summarizer>,
     /// The provider of `web_search`, if the operator configured one.
     pub search: Option<crate::search::Provider>,
+    /// Each tenant's use of the search provider and the summarizer.
+    pub paid: Arc<PaidQuota>,
+}
+
+/// A per-tenant limit on requests to the operator's paid services (search provider,
+/// summarizer) in each minute, on this node. Fixed one-minute windows; a tenant's window is
+/// forgotten once it is over, so the table holds at most the tenants of the last minute.
+#[derive(Debug)]
+pub struct PaidQuota {
+    per_minute: u32,
+    windows: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, (std::time::Instant, u32)>>,
+}
+
+impl PaidQuota {
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            windows: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Counts one request of `tenant`; `Err(seconds)` until its window ends when it has none
+    /// left.
+    pub fn take(&self, tenant: uuid::Uuid) -> Result<(), u64> {
+        const WINDOW: Duration = Duration::from_secs(60);
+        if self.per_minute == 0 {
+            return Ok(());
+        }
+        let now = std::time::Instant::now();
+        let Ok(mut windows) = self.windows.lock() else {
+            return Ok(());
+        };
+        if windows.len() > 10_000 {
+            windows.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
+        }
+        let (start, used) = windows.entry(tenant).or_insert((now, 0));
+        if now.duration_since(*start) >= WINDOW {
+            *start = now;
+            *used = 0;
+        }
+        if *used >= self.per_minute {
+            let left = WINDOW.saturating_sub(now.duration_since(*start));
+            return Err(left.as_secs().max(1));
+        }
+        *used += 1;
+        Ok(())
+    }
+
+    /// The sentence for the model when [`PaidQuota::take`] refused.
+    pub fn refusal(&self, what: &str, retry_after_s: u64) -> String {
+        format!(
+            "{what} is not available right now: this account used the service's {} searches and \
+             summaries for this minute. Try again in {retry_after_s} s, or go on without it.",
+            self.per_minute
+        )
+    }
 }
 
 impl Default for WebAccess {
@@ -117,6 +225,7 @@ impl Default for WebAccess {
             public_when_network_none: false,
             summarizer: None,
             search: None,
+            paid: Arc::new(PaidQuota::new(DEFAULT_PAID_CALLS_PER_MINUTE)),
         }
     }
 }
@@ -165,6 +274,7 @@ impl WebAccess {
             public_when_network_none: config.public_when_network_none,
             summarizer,
             search: search_provider(config)?,
+            paid: Arc::new(PaidQuota::new(config.paid_calls_per_minute)),
         })
     }
 }
@@ -230,54 +340,163 @@ fn search_provider(config: &WebConfig) -> Result<Option<crate::search::Provider>
     }))
 }
 
-/// Asks the configured provider; the answer's hits, or the message for the model. The request
-/// carries the key in a header or body only, and the answer is read up to 1 MiB.
-pub async fn search(
+/// Most bytes of a search provider's or summarizer's answer read: a few KB is usual; a gateway
+/// that sends more is cut off, not buffered.
+const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+
+/// Asks the configured provider for `count` results for `query`: its answer (status and body,
+/// up to 1 MiB), recorded in `journal`. The request carries the key in a header or body only.
+pub async fn ask_search_provider(
     provider: &crate::search::Provider,
     query: &str,
     count: usize,
-) -> Result<Vec<crate::search::Hit>, String> {
-    const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+    journal: &mut Journal,
+) -> Result<Answer, Unserved> {
     let req = crate::search::request(provider, query, count);
+    let name = provider.name();
+    let at = journal.begin(
+        ExchangeRole::Search,
+        if req.post { "POST" } else { "GET" },
+        Some(req.url.to_string()),
+        Some(name.to_owned()),
+    );
+    let asked = async {
+        let client = plain_client()
+            .map_err(|e| format!("the {name} search provider could not be reached: {e}"))?;
+        let mut builder = if req.post {
+            client.post(req.url.clone())
+        } else {
+            client.get(req.url.clone())
+        };
+        for (header, value) in &req.headers {
+            let mut value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                format!("the {name} search provider's key is not a valid header value")
+            })?;
+            // Keys stay out of any log of the request.
+            value.set_sensitive(true);
+            builder = builder.header(*header, value);
+        }
+        if let Some(body) = &req.body {
+            builder = builder.json(body);
+        }
+        let response = builder.send().await.map_err(|e| {
+            format!(
+                "the {name} search provider could not be reached ({})",
+                without_url(&e)
+            )
+        })?;
+        Ok::<_, String>(response)
+    };
+    answer(asked.await, at, journal, |e| {
+        format!("the {name} search provider's answer broke off ({e})")
+    })
+    .await
+}
+
+/// Records a response of an operator's service (its head, then its body up to
+/// [`MAX_ANSWER_BYTES`]) at `at`, or why there was none.
+async fn answer(
+    response: Result<reqwest::Response, String>,
+    at: usize,
+    journal: &mut Journal,
+    broke_off: impl Fn(FetchError) -> String,
+) -> Result<Answer, Unserved> {
+    let failed = |journal: &mut Journal, role, message: String| {
+        journal.fail_last(role, ExchangeErrorKind::Failed, message.clone());
+        Unserved {
+            kind: ExchangeErrorKind::Failed,
+            message,
+        }
+    };
+    let role = journal.role_of(at);
+    let response = match response {
+        Ok(response) => response,
+        Err(message) => return Err(failed(journal, role, message)),
+    };
+    let status = response.status().as_u16();
+    journal.respond(at, status, response.headers());
+    match read_capped(response, MAX_ANSWER_BYTES).await {
+        Ok((body, truncated)) => {
+            if (200..300).contains(&status) {
+                journal.body(at, &body, truncated);
+            } else {
+                journal.body_withheld(at, body.len(), truncated);
+            }
+            Ok(Answer {
+                status,
+                body,
+                truncated,
+            })
+        }
+        Err(e) => Err(failed(journal, role, broke_off(e))),
+    }
+}
+
+/// The hits of a search provider's answer (`provider` as [`crate::search::Provider::name`]
+/// gives it), or the sentence for the model.
+pub fn search_hits(provider: &str, answer: &Answer, count: usize) -> Result<Vec<Hit>, String> {
+    if answer.truncated && (200..300).contains(&answer.status) {
+        return Err(format!(
+            "the {provider} search provider's answer is larger than 1 MiB"
+        ));
+    }
+    crate::search::parse_named(provider, answer.status, &answer.body, count)
+        .map_err(|e| e.to_string())
+}
+
+/// A client for the operator's own services (search provider, summarizer): no proxy from the
+/// environment, no redirects, TLS as for fetches. Not subject to the network policy: the
+/// operator chose these endpoints.
+fn plain_client() -> Result<reqwest::Client, String> {
     let tls = tls_config().map_err(|e| e.to_string())?;
-    let client = reqwest::Client::builder()
+    reqwest::Client::builder()
         .no_proxy()
         .tls_backend_preconfigured(tls)
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .map_err(|e| format!("the search provider could not be reached: {e}"))?;
-    let mut builder = if req.post {
-        client.post(req.url)
-    } else {
-        client.get(req.url)
+        .map_err(|e| e.to_string())
+}
+
+/// A fetch a verify replay serves from the record: the recorded hops go into `journal` and the
+/// last one's outcome comes back as the live fetch gave it. The URL layer is checked first, as
+/// live: a URL refused before anything was sent has no exchange in the record.
+pub fn replayed_fetch(
+    web: &WebAccess,
+    url: &str,
+    record: &Recorded,
+    journal: &mut Journal,
+) -> Result<Fetched, FetchError> {
+    web.policy.check_url(url).map_err(refused)?;
+    let unserved = |u: Unserved| FetchError::Recorded {
+        kind: u.kind,
+        message: u.message,
     };
-    for (name, value) in &req.headers {
-        builder = builder.header(*name, value);
-    }
-    if let Some(body) = &req.body {
-        builder = builder.json(body);
-    }
-    let response = builder.send().await.map_err(|e| {
-        format!(
-            "the {} search provider could not be reached ({})",
-            provider.name(),
-            without_url(&e)
-        )
-    })?;
-    let status = response.status().as_u16();
-    let (body, cut) = read_capped(response, MAX_ANSWER_BYTES).await.map_err(|e| {
-        format!(
-            "the {} search provider's answer broke off ({e})",
-            provider.name()
-        )
-    })?;
-    if cut {
-        return Err(format!(
-            "the {} search provider's answer is larger than 1 MiB",
-            provider.name()
-        ));
-    }
-    crate::search::parse(provider, status, &body, count).map_err(|e| e.to_string())
+    let last = record
+        .serve(ExchangeRole::Page, journal)
+        .map_err(unserved)?;
+    let page = answer_of(last).map_err(unserved)?;
+    let hops = record
+        .exchanges
+        .iter()
+        .filter(|x| x.record.role == ExchangeRole::Page)
+        .count();
+    let url = last
+        .record
+        .url
+        .as_deref()
+        .and_then(|u| Url::parse(u).ok())
+        .ok_or_else(|| FetchError::Recorded {
+            kind: ExchangeErrorKind::Failed,
+            message: "the record of this call names no URL for its page".to_owned(),
+        })?;
+    Ok(Fetched {
+        url,
+        status: page.status,
+        content_type: last.record.headers.get("content-type").cloned(),
+        redirects: hops.saturating_sub(1),
+        body: page.body,
+        truncated: page.truncated,
+    })
 }
 
 /// A response as fetched: where it ended up, and at most [`MAX_BODY_BYTES`] of its decoded body.
@@ -289,7 +508,7 @@ pub struct Fetched {
     pub content_type: Option<String>,
     /// Redirects followed to get here.
     pub redirects: usize,
-    pub body: Vec<u8>,
+    pub body: bytes::Bytes,
     /// The body went on past [`MAX_BODY_BYTES`] (the rest was not read).
     pub truncated: bool,
 }
@@ -309,12 +528,28 @@ pub enum FetchError {
     Dial(String),
     #[error("the request failed: {0}")]
     Http(String),
+    /// The outcome a replayed call's record holds (its words as the model was told them), or
+    /// why the record cannot serve it.
+    #[error("{message}")]
+    Recorded {
+        kind: ExchangeErrorKind,
+        message: String,
+    },
 }
 
 impl FetchError {
     /// A guardrail refusal (`denied`), as opposed to a failure of the fetch.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Self::Refused(_))
+        self.kind() == ExchangeErrorKind::Refused
+    }
+
+    /// How the record names it.
+    pub fn kind(&self) -> ExchangeErrorKind {
+        match self {
+            Self::Refused(_) => ExchangeErrorKind::Refused,
+            Self::Recorded { kind, .. } => *kind,
+            _ => ExchangeErrorKind::Failed,
+        }
     }
 }
 
@@ -410,11 +645,39 @@ fn client(web: &WebAccess) -> Result<reqwest::Client, FetchError> {
 /// GETs `url` under `web`'s policy, following at most [`MAX_REDIRECTS`] redirects, each target
 /// checked again (URL layer here, dial layer in the resolver). `Refresh` headers and meta
 /// refreshes are not followed. The caller bounds the time.
-pub async fn fetch(web: &WebAccess, url: &str) -> Result<Fetched, FetchError> {
+///
+/// Every request that reached the network is added to `journal` as it happens (a response's
+/// head when it arrives, its body once read), and the error that ended the fetch goes on the
+/// last one, so that what a call observed is in its record even when its time runs out halfway
+/// ([`Journal::fail_last`]). A first URL the policy refuses before anything is sent is not an
+/// exchange.
+pub async fn fetch(
+    web: &WebAccess,
+    url: &str,
+    journal: &mut Journal,
+) -> Result<Fetched, FetchError> {
+    let fetched = fetch_hops(web, url, journal).await;
+    if let Err(e) = &fetched {
+        journal.fail_last(ExchangeRole::Page, e.kind(), e.to_string());
+    }
+    fetched
+}
+
+async fn fetch_hops(
+    web: &WebAccess,
+    url: &str,
+    journal: &mut Journal,
+) -> Result<Fetched, FetchError> {
     let mut target = web.policy.check_url(url).map_err(refused)?;
     let client = client(web)?;
     let mut redirects = 0;
     loop {
+        let at = journal.begin(
+            ExchangeRole::Page,
+            "GET",
+            Some(target.url().to_string()),
+            None,
+        );
         let response = client
             .get(target.url().clone())
             .header(
@@ -425,9 +688,12 @@ pub async fn fetch(web: &WebAccess, url: &str) -> Result<Fetched, FetchError> {
             .await
             .map_err(request_failed)?;
         let status = response.status();
+        journal.respond(at, status.as_u16(), response.headers());
         if status.is_redirection()
             && let Some(location) = response.headers().get(reqwest::header::LOCATION)
         {
+            // A redirect's body is not read.
+            journal.complete(at);
             if redirects == MAX_REDIRECTS {
                 return Err(FetchError::TooManyRedirects);
             }
@@ -447,6 +713,7 @@ pub async fn fetch(web: &WebAccess, url: &str) -> Result<Fetched, FetchError> {
             .map(str::to_owned);
         let url = response.url().clone();
         let (body, truncated) = read_capped(response, MAX_BODY_BYTES).await?;
+        journal.body(at, &body, truncated);
         return Ok(Fetched {
             url,
             status: status.as_u16(),
@@ -462,17 +729,17 @@ pub async fn fetch(web: &WebAccess, url: &str) -> Result<Fetched, FetchError> {
 async fn read_capped(
     mut response: reqwest::Response,
     cap: usize,
-) -> Result<(Vec<u8>, bool), FetchError> {
+) -> Result<(bytes::Bytes, bool), FetchError> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(request_failed)? {
         let room = cap - body.len();
         if chunk.len() > room {
             body.extend_from_slice(&chunk[..room]);
-            return Ok((body, true));
+            return Ok((body.into(), true));
         }
         body.extend_from_slice(&chunk);
     }
-    Ok((body, false))
+    Ok((body.into(), false))
 }
 
 fn refused(refusal: Refusal) -> FetchError {
@@ -518,14 +785,15 @@ fn request_failed(error: reqwest::Error) -> FetchError {
     FetchError::Http(format!("{what} ({detail})"))
 }
 
-/// Asks `summarizer` `prompt` about `page` (from `url`): the answer's text, or the message for
-/// the model. The API key goes in the `Authorization` header only.
-pub async fn summarize(
+/// Asks `summarizer` `prompt` about `page` (from `url`): its answer, recorded in `journal`
+/// (without the operator's endpoint). The API key goes in the `Authorization` header only.
+pub async fn ask_summarizer(
     summarizer: &Summarizer,
     url: &str,
     page: &str,
     prompt: &str,
-) -> Result<String, String> {
+    journal: &mut Journal,
+) -> Result<Answer, Unserved> {
     let body = serde_json::json!({
         "model": summarizer.model,
         "messages": [
@@ -539,46 +807,55 @@ pub async fn summarize(
             }
         ]
     });
-    let tls = tls_config().map_err(|e| e.to_string())?;
-    let mut request = reqwest::Client::builder()
-        .no_proxy()
-        .tls_backend_preconfigured(tls)
-        .build()
-        .map_err(|e| format!("the summarizer could not be reached: {e}"))?
-        .post(format!("{}/chat/completions", summarizer.base_url))
-        .json(&body);
-    if let Some(key) = &summarizer.api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| format!("the summarizer could not be reached ({})", without_url(&e)))?;
-    let status = response.status();
-    // An answer is a few KB; a gateway that sends more is cut off, not buffered.
-    const MAX_ANSWER_BYTES: usize = 1024 * 1024;
-    let (body, cut) = read_capped(response, MAX_ANSWER_BYTES)
-        .await
-        .map_err(|e| format!("the summarizer's answer broke off ({e})"))?;
-    if cut {
-        return Err("the summarizer's answer is larger than 1 MiB".to_owned());
-    }
-    let answer: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| format!("the summarizer's answer was not JSON ({e})"))?;
-    if !status.is_success() {
-        // Its message may quote the key ("Incorrect API key provided: sk-…"): the log only.
-        tracing::debug!(status = status.as_u16(), "the summarizer refused a prompt");
+    let at = journal.begin(
+        ExchangeRole::Summary,
+        "POST",
+        None,
+        Some(summarizer.model.clone()),
+    );
+    let asked = async {
+        let mut request = plain_client()
+            .map_err(|e| format!("the summarizer could not be reached: {e}"))?
+            .post(format!("{}/chat/completions", summarizer.base_url))
+            .json(&body);
+        if let Some(key) = &summarizer.api_key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| "the summarizer's key is not a valid header value".to_owned())?;
+            value.set_sensitive(true);
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        request
+            .send()
+            .await
+            .map_err(|e| format!("the summarizer could not be reached ({})", without_url(&e)))
+    };
+    answer(asked.await, at, journal, |e| {
+        format!("the summarizer's answer broke off ({e})")
+    })
+    .await
+}
+
+/// The text of a summarizer's answer, or the sentence for the model.
+pub fn summary_text(answer: &Answer) -> Result<String, String> {
+    if !(200..300).contains(&answer.status) {
+        // Its message may quote the key ("Incorrect API key provided: sk-…"): not shown.
+        tracing::debug!(status = answer.status, "the summarizer refused a prompt");
         return Err(format!(
             "the summarizer answered HTTP {}{}",
-            status.as_u16(),
-            match status.as_u16() {
+            answer.status,
+            match answer.status {
                 401 | 403 => " (the operator's key was refused)",
                 429 => " (rate limited: try again later)",
                 _ => "",
             }
         ));
     }
-    answer["choices"][0]["message"]["content"]
+    if answer.truncated {
+        return Err("the summarizer's answer is larger than 1 MiB".to_owned());
+    }
+    let json: serde_json::Value = serde_json::from_slice(&answer.body)
+        .map_err(|e| format!("the summarizer's answer was not JSON ({e})"))?;
+    json["choices"][0]["message"]["content"]
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| "the summarizer's answer had no choices[0].message.content".to_owned())

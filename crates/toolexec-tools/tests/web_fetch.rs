@@ -847,3 +847,214 @@ async fn hostile_page_shapes_come_back_as_plain_text_at_once() {
         out.content
     );
 }
+
+/// The `Recorded` a replay of `out`'s call is served from: its `web.exchange` events and the
+/// bodies they carry, as the store gives them back.
+fn record_of(out: &toolexec_tools::ToolOutput) -> toolexec_tools::observe::Recorded {
+    let blobs = out
+        .events
+        .iter()
+        .filter_map(|e| e.blob.clone())
+        .map(|b| (toolexec_core::sha256_hex(&b), b))
+        .collect();
+    toolexec_tools::observe::Recorded::new(
+        uuid::Uuid::from_u128(42),
+        out.events
+            .iter()
+            .filter(|e| e.kind == toolexec_core::EventKind::WebExchange)
+            .map(|e| e.data.clone()),
+        &blobs,
+    )
+}
+
+/// Runs `args` live and then as a replay served from its record: both results, and the
+/// server's requests during the replay (which must be none).
+async fn live_then_replayed(
+    s: &mut Session,
+    server: &Server,
+    args: Value,
+) -> (toolexec_tools::ToolOutput, toolexec_tools::ToolOutput) {
+    s.ctx.observed = toolexec_tools::observe::Observed::Live;
+    let live = fetch(s, args.clone()).await;
+    let before = server.hits();
+    s.ctx.observed = toolexec_tools::observe::Observed::Replay(Arc::new(record_of(&live)));
+    let replayed = fetch(s, args).await;
+    assert_eq!(server.hits(), before, "the replay made a request");
+    (live, replayed)
+}
+
+#[tokio::test]
+async fn every_outcome_of_a_fetch_is_recorded_and_replayed_from_the_record_alone() {
+    let server = Server::start(|path, port| match path {
+        "/page" => page(
+            "text/html; charset=iso-8859-1",
+            b"<h1>Caf\xe9</h1><p>Open daily.</p>".to_vec(),
+        ),
+        "/moved" => redirect("/page"),
+        "/missing" => Reply::Page {
+            status: 404,
+            headers: vec![("Content-Type", "text/plain".to_owned())],
+            body: b"no such page".to_vec(),
+        },
+        "/to-internal" => redirect(&format!("http://internal.test:{port}/")),
+        "/loop" => redirect("/loop"),
+        "/slow" => Reply::Slow(Duration::from_secs(5)),
+        "/endless" => Reply::Endless,
+        "/long" => page("text/plain", "0123456789".repeat(30)),
+        "/image" => page("image/png", vec![0u8; 300]),
+        _ => page("text/plain", "other"),
+    })
+    .await;
+    let mut s = session(test_access());
+    let cases = [
+        (json!({"url": server.url("/page")}), CallStatus::Ok, "Café"),
+        (
+            json!({"url": server.url("/moved")}),
+            CallStatus::Ok,
+            "(after 1 redirect)",
+        ),
+        (
+            json!({"url": server.url("/missing")}),
+            CallStatus::Error,
+            "no such page",
+        ),
+        (
+            json!({"url": server.url("/to-internal")}),
+            CallStatus::Denied,
+            "not reachable from here",
+        ),
+        (
+            json!({"url": server.url("/loop")}),
+            CallStatus::Error,
+            "more than 5 times",
+        ),
+        (
+            json!({"url": server.url("/slow"), "timeout_ms": 300}),
+            CallStatus::TimedOut,
+            "did not finish within",
+        ),
+        (
+            json!({"url": server.url("/endless"), "max_length": 50}),
+            CallStatus::Ok,
+            "only that much was read",
+        ),
+        (
+            json!({"url": server.url("/long"), "start_index": 100, "max_length": 50}),
+            CallStatus::Ok,
+            "start_index: 150",
+        ),
+        (
+            json!({"url": server.url("/image")}),
+            CallStatus::Error,
+            "image/png, 300 bytes",
+        ),
+        (
+            json!({"url": "http://web.test:1/closed"}),
+            CallStatus::Error,
+            "Connection refused",
+        ),
+        (
+            json!({"url": "http://nowhere.test/"}),
+            CallStatus::Error,
+            "could not be resolved",
+        ),
+    ];
+    for (args, status, says) in cases {
+        let (live, replayed) = live_then_replayed(&mut s, &server, args.clone()).await;
+        assert_eq!(live.status, status, "{args}: {}", live.content);
+        assert!(live.content.contains(says), "{args}: {}", live.content);
+        assert!(
+            live.events
+                .iter()
+                .any(|e| e.kind == toolexec_core::EventKind::WebExchange),
+            "{args}: nothing recorded"
+        );
+        assert_eq!(replayed.status, live.status, "{args}");
+        assert_eq!(replayed.content, live.content, "{args}");
+        // The replay records what it was served, each exchange naming its source.
+        assert_eq!(replayed.events.len(), live.events.len(), "{args}");
+        for (r, l) in replayed.events.iter().zip(&live.events) {
+            assert_eq!(
+                r.data["served_from"],
+                json!(uuid::Uuid::from_u128(42)),
+                "{args}"
+            );
+            assert_eq!(r.data["status"], l.data["status"], "{args}");
+            assert_eq!(r.data["body_sha256"], l.data["body_sha256"], "{args}");
+            assert_eq!(r.data["error"], l.data["error"], "{args}");
+        }
+    }
+    // The redirect into a private range: the redirect is an exchange, the refusal another,
+    // which does not name the address.
+    s.ctx.observed = toolexec_tools::observe::Observed::Live;
+    let live = fetch(&s, json!({"url": server.url("/to-internal")})).await;
+    let data: Vec<&Value> = live.events.iter().map(|e| &e.data).collect();
+    assert_eq!(data.len(), 2, "{data:?}");
+    assert_eq!(data[0]["status"], 302);
+    assert_eq!(data[1]["error"]["kind"], "refused");
+    assert!(
+        !data[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10.0.0.5")
+    );
+}
+
+#[tokio::test]
+async fn a_replay_never_goes_to_the_network_for_a_call_it_has_no_record_of() {
+    let server = Server::start(|_, _| page("text/plain", "live text")).await;
+    let mut s = session(test_access());
+    s.ctx.observed = toolexec_tools::observe::Observed::Replay(Arc::new(
+        toolexec_tools::observe::Recorded::default(),
+    ));
+    let out = fetch(&s, json!({"url": server.url("/")})).await;
+    assert_eq!(out.status, CallStatus::Error, "{}", out.content);
+    assert!(
+        out.content.contains("never goes to the network"),
+        "{}",
+        out.content
+    );
+    assert_eq!(server.hits(), 0);
+    // The URL layer still answers first, as it did live.
+    let out = fetch(&s, json!({"url": "http://169.254.169.254/latest"})).await;
+    assert_eq!(out.status, CallStatus::Denied, "{}", out.content);
+}
+
+#[tokio::test]
+async fn a_summary_is_replayed_from_the_record_even_without_a_summarizer() {
+    let site = Server::start(|_, _| page("text/html", "<p>Closed on Mondays.</p>")).await;
+    let llm = Server::start(|_, _| {
+        page(
+            "application/json",
+            json!({"choices": [{"message": {"content": "Mondays."}}]}).to_string(),
+        )
+    })
+    .await;
+    let mut s = session(WebAccess {
+        summarizer: Some(Summarizer {
+            base_url: format!("http://127.0.0.1:{}/v1", llm.port),
+            model: "m".to_owned(),
+            api_key: Some("sk-secret".to_owned()),
+        }),
+        ..test_access()
+    });
+    let args = json!({"url": site.url("/"), "prompt": "When is it closed?"});
+    let live = fetch(&s, args.clone()).await;
+    assert_eq!(live.status, CallStatus::Ok, "{}", live.content);
+    assert!(live.content.ends_with("Mondays."), "{}", live.content);
+    // The summarizer is gone: the replay still has its answer, and asks nobody.
+    s.ctx.web = Arc::new(test_access());
+    s.ctx.observed = toolexec_tools::observe::Observed::Replay(Arc::new(record_of(&live)));
+    let replayed = fetch(&s, args).await;
+    assert_eq!(replayed.content, live.content);
+    assert_eq!(llm.hits(), 1);
+    assert_eq!(site.hits(), 1);
+    // No record holds the key or the operator's endpoint.
+    for e in &live.events {
+        let text = e.data.to_string();
+        assert!(
+            !text.contains("sk-secret") && !text.contains(&llm.port.to_string()),
+            "{text}"
+        );
+    }
+}

@@ -218,3 +218,109 @@ async fn without_a_provider_network_or_a_working_answer_the_model_is_told_why() 
         assert!(err.contains(why), "{provider}: {err}");
     }
 }
+
+#[tokio::test]
+async fn a_search_is_recorded_and_replayed_from_the_record_without_the_provider() {
+    let (base, seen) = provider(
+        200,
+        r#"{"results":[{"title":"One","url":"https://one.example/","content":"first"}]}"#,
+    )
+    .await;
+    let config = WebConfig {
+        search_provider: Some("searxng".into()),
+        search_url: Some(base.clone()),
+        ..WebConfig::default()
+    };
+    let mut s = session_with(&config, NetworkPolicy::Allow);
+    let live = s.call("web_search", json!({"query": "one thing"})).await;
+    assert_eq!(live.status, CallStatus::Ok, "{}", live.content);
+    assert_eq!(live.events.len(), 1);
+    let exchange = &live.events[0];
+    assert_eq!(exchange.data["role"], "search");
+    assert_eq!(exchange.data["service"], "searxng");
+    assert_eq!(exchange.data["status"], 200);
+    assert!(
+        exchange.data["url"]
+            .as_str()
+            .unwrap()
+            .contains("q=one+thing")
+    );
+    let blobs = live
+        .events
+        .iter()
+        .filter_map(|e| e.blob.clone())
+        .map(|b| (toolexec_core::sha256_hex(&b), b))
+        .collect();
+    let record = toolexec_tools::observe::Recorded::new(
+        uuid::Uuid::from_u128(1),
+        live.events.iter().map(|e| e.data.clone()),
+        &blobs,
+    );
+    // No provider configured any more: the replay has the answer it needs in the record.
+    s.ctx.web = Arc::new(WebAccess::default());
+    s.ctx.observed = toolexec_tools::observe::Observed::Replay(Arc::new(record));
+    let replayed = s.call("web_search", json!({"query": "one thing"})).await;
+    assert_eq!(replayed.status, live.status);
+    assert_eq!(replayed.content, live.content);
+    assert_eq!(seen.lock().unwrap().len(), 1, "the replay asked nobody");
+}
+
+#[tokio::test]
+async fn a_refusal_of_the_provider_is_recorded_by_status_without_its_body() {
+    let (base, _) = provider(401, r#"{"error":"Invalid key sk-live-123"}"#).await;
+    let config = WebConfig {
+        search_provider: Some("searxng".into()),
+        search_url: Some(base),
+        ..WebConfig::default()
+    };
+    let s = session_with(&config, NetworkPolicy::Allow);
+    let out = s.call("web_search", json!({"query": "x"})).await;
+    assert_eq!(out.status, CallStatus::Error);
+    assert_eq!(out.events[0].data["status"], 401);
+    assert_eq!(out.events[0].data.get("body_sha256"), None);
+    assert!(
+        out.events[0].blob.is_none(),
+        "a refusal's body may quote a key"
+    );
+    let record = toolexec_tools::observe::Recorded::new(
+        uuid::Uuid::from_u128(1),
+        out.events.iter().map(|e| e.data.clone()),
+        &Default::default(),
+    );
+    let mut again = session_with(&config, NetworkPolicy::Allow);
+    again.ctx.observed = toolexec_tools::observe::Observed::Replay(Arc::new(record));
+    let replayed = again.call("web_search", json!({"query": "x"})).await;
+    assert_eq!(replayed.content, out.content);
+}
+
+#[tokio::test]
+async fn a_tenant_gets_only_its_share_of_paid_searches_per_minute() {
+    let (base, seen) = provider(200, r#"{"results":[]}"#).await;
+    let config = WebConfig {
+        search_provider: Some("searxng".into()),
+        search_url: Some(base),
+        paid_calls_per_minute: 2,
+        ..WebConfig::default()
+    };
+    let mut s = session_with(&config, NetworkPolicy::Allow);
+    for i in 0..2 {
+        let out = s
+            .call("web_search", json!({"query": format!("q{i}")}))
+            .await;
+        assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+    }
+    let out = s.call("web_search", json!({"query": "q3"})).await;
+    assert_eq!(out.status, CallStatus::Error);
+    assert!(
+        out.content
+            .contains("2 searches and summaries for this minute")
+            && out.content.contains("Try again in"),
+        "{}",
+        out.content
+    );
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    // Another tenant of the same service still has its own.
+    s.ctx.tenant_id = uuid::Uuid::from_u128(7);
+    let out = s.call("web_search", json!({"query": "q4"})).await;
+    assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+}

@@ -95,11 +95,25 @@ pub struct McpAnnotations {
     pub open_world_hint: bool,
 }
 
+/// A tool as toolexec's catalog shows it: its spec, and whether this service can run it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CatalogEntry {
+    #[serde(flatten)]
+    pub spec: ToolSpec,
+    /// False when the service cannot run the tool (a provider it needs is not configured);
+    /// its calls then fail saying so. The other formats leave such tools out of the list.
+    pub available: bool,
+    /// Why it is not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub unavailable_reason: Option<String>,
+}
+
 /// One tool in the shape `format` asks for.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum ToolDefinition {
-    Toolexec(ToolSpec),
+    Toolexec(CatalogEntry),
     Openai(OpenAiTool),
     Anthropic(AnthropicTool),
     Mcp(McpTool),
@@ -111,9 +125,13 @@ pub struct Catalog {
     pub tools: Vec<ToolDefinition>,
 }
 
-fn render(spec: &ToolSpec, format: CatalogFormat) -> ToolDefinition {
+fn render(spec: &ToolSpec, unavailable: Option<String>, format: CatalogFormat) -> ToolDefinition {
     match format {
-        CatalogFormat::Toolexec => ToolDefinition::Toolexec(spec.clone()),
+        CatalogFormat::Toolexec => ToolDefinition::Toolexec(CatalogEntry {
+            spec: spec.clone(),
+            available: unavailable.is_none(),
+            unavailable_reason: unavailable,
+        }),
         CatalogFormat::Openai => ToolDefinition::Openai(OpenAiTool {
             r#type: "function",
             function: OpenAiFunction {
@@ -140,7 +158,8 @@ fn render(spec: &ToolSpec, format: CatalogFormat) -> ToolDefinition {
     }
 }
 
-/// The tool catalog.
+/// The tool catalog. In toolexec's shape every tool is listed, each saying whether this service
+/// can run it (`available`); the other shapes list only the tools it can run.
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", params(CatalogQuery), security(("bearer" = [])),
     responses((status = 200, description = "The catalog", body = Catalog)))]
 async fn list_tools(
@@ -148,11 +167,16 @@ async fn list_tools(
     _tenant: AuthTenant,
     ApiQuery(q): ApiQuery<CatalogQuery>,
 ) -> Json<Catalog> {
-    let tools = state
-        .engine
+    let engine = &state.engine;
+    let tools = engine
         .registry()
         .specs()
-        .map(|s| render(s, q.format))
+        .filter_map(|s| {
+            let unavailable = engine.unavailable(&s.name);
+            // A definition handed to a model is a tool it may call: not one that can only fail.
+            (unavailable.is_none() || matches!(q.format, CatalogFormat::Toolexec))
+                .then(|| render(s, unavailable, q.format))
+        })
         .collect();
     Json(Catalog { tools })
 }
@@ -175,5 +199,9 @@ async fn get_tool(
         .registry()
         .get(&name)
         .ok_or_else(|| ApiError::not_found(&format!("tool '{name}'")))?;
-    Ok(Json(render(tool.spec(), q.format)))
+    Ok(Json(render(
+        tool.spec(),
+        state.engine.unavailable(&name),
+        q.format,
+    )))
 }

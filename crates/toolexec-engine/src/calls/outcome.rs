@@ -97,10 +97,22 @@ impl Engine {
             blobs.push(blob);
             sha
         });
-        side_effects.extend(out.events.into_iter().map(|e| toolexec_store::NewEvent {
-            kind: e.kind,
-            data: e.data,
-        }));
+        for mut event in out.events {
+            // Bytes an event names (a fetched body) are stored with it, as file contents are:
+            // up to `limits.max_blob_bytes`, else named by hash only.
+            if let Some(bytes) = event.blob.take() {
+                if bytes.len() <= limits.max_blob_bytes {
+                    blobs.push(Blob::new(bytes));
+                } else if let Some(fields) = event.data.as_object_mut() {
+                    fields.insert("body_stored".into(), false.into());
+                }
+            }
+            side_effects.push(toolexec_store::NewEvent {
+                kind: event.kind,
+                data: event.data,
+            });
+        }
+        crate::effects::dedup_blobs(&mut blobs);
         let duration_ms = t0.elapsed().as_secs_f64() * 1000.0;
         let output_chars = truncated
             .as_ref()

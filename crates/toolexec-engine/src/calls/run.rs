@@ -79,7 +79,13 @@ impl Engine {
             return self.record_at_once(rt, pending, out).await;
         };
         let mut ctx = self.tool_context(session, rt);
-        if read_only && !self.config.durable_start_for_read_only {
+        let network = tool.spec().has(Capability::Network);
+        if network {
+            ctx.observed = self.observed_for(session, call, args_hash).await?;
+        }
+        // A call that reaches the outside world has its start recorded first, like a mutating
+        // one: a request the service sent is never missing from the log, even after a crash.
+        if read_only && !network && !self.config.durable_start_for_read_only {
             // Not visible while it runs (nothing is recorded yet), so only a cancel of the
             // session's pending calls reaches it.
             ctx.cancel = control.call_token();

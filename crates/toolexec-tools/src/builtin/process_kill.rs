@@ -99,6 +99,7 @@ pub(crate) async fn unknown_process(
     ));
     if table.first_report_of_gone(id) {
         out.events.push(ToolEvent {
+            blob: None,
             kind: EventKind::ProcessExited,
             data: json!({
                 "process_id": id,
@@ -114,6 +115,7 @@ pub(crate) async fn unknown_process(
 pub(crate) fn exit_event(table: &ProcessTable, id: &str) -> Option<ToolEvent> {
     let info = table.take_exit(id)?;
     Some(ToolEvent {
+        blob: None,
         kind: EventKind::ProcessExited,
         data: json!({
             "process_id": info.id,

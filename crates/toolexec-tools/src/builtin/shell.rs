@@ -203,6 +203,7 @@ impl Tool for Shell {
                     ));
                     out.events.extend(network_events(&table));
                     out.events.push(ToolEvent {
+                        blob: None,
                         kind: EventKind::ProcessStarted,
                         data: json!({
                             "process_id": info.id,
@@ -244,6 +245,7 @@ fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
     let mut events: Vec<ToolEvent> = records
         .into_iter()
         .map(|r| ToolEvent {
+            blob: None,
             kind: EventKind::NetworkRequest,
             data: json!({
                 "method": r.method,
@@ -259,6 +261,7 @@ fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
         .collect();
     if more > 0 {
         events.push(ToolEvent {
+            blob: None,
             kind: EventKind::NetworkRequest,
             data: json!({"not_recorded": more}),
         });

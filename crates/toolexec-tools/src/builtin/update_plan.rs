@@ -135,6 +135,7 @@ impl Tool for UpdatePlan {
         }
         let mut out = ToolOutput::ok(text);
         out.events.push(ToolEvent {
+            blob: None,
             kind: EventKind::PlanUpdated,
             data: json!({
                 "plan": args.plan,

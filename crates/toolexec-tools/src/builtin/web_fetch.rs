@@ -13,6 +13,9 @@ use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use toolexec_workspace::jail::human_bytes;
 
+use toolexec_core::{ExchangeErrorKind, ExchangeRole};
+
+use crate::observe::{Journal, Observed, Unserved};
 use crate::web::{self, FetchError, Fetched, MAX_BODY_BYTES};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -131,8 +134,10 @@ impl Tool for WebFetch {
         if let Some(denied) = web.denied_without_network("web_fetch", &ctx.policy) {
             return denied;
         }
-        let summarizer = match (&args.prompt, &web.summarizer) {
-            (Some(_), None) => {
+        // A replay serves the summarizer's recorded answer whether or not one is configured now.
+        let summarizer = match (&args.prompt, &web.summarizer, &ctx.observed) {
+            (Some(prompt), _, Observed::Replay(_)) => Some((prompt.as_str(), None)),
+            (Some(_), None, Observed::Live) => {
                 return ToolOutput::error(
                     "web_fetch was given a `prompt`, but this service has no summarizer model \
                      configured to answer it (the operator's web.summarizer_url and \
@@ -140,15 +145,24 @@ impl Tool for WebFetch {
                      page text.",
                 );
             }
-            (Some(prompt), Some(summarizer)) => Some((prompt.as_str(), summarizer)),
-            (None, _) => None,
+            (Some(prompt), Some(summarizer), Observed::Live) => {
+                Some((prompt.as_str(), Some(summarizer)))
+            }
+            (None, _, _) => None,
         };
         let mut timeout = Duration::from_millis(args.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
         if let Some(left) = ctx.deadline.remaining() {
             timeout = timeout.min(left);
         }
+        let mut journal = Journal::default();
+        let journal_ref = &mut journal;
         let work = async {
-            let fetched = web::fetch(web, &args.url).await?;
+            let fetched = match &ctx.observed {
+                Observed::Live => web::fetch(web, &args.url, journal_ref).await?,
+                Observed::Replay(record) => {
+                    web::replayed_fetch(web, &args.url, record, journal_ref)?
+                }
+            };
             // Decoding and converting a page is CPU work that cannot look at the clock: off the
             // async workers, a few at a time for the whole service.
             let _turn = CONVERSIONS.acquire().await;
@@ -162,17 +176,56 @@ impl Tool for WebFetch {
             .map_err(|e| FetchError::Http(format!("the page could not be converted ({e})")))?;
             Ok::<_, FetchError>(match (summarizer, shown) {
                 (Some((prompt, summarizer)), Ok(window)) => {
-                    match web::summarize(summarizer, fetched.url.as_str(), &window.text, prompt)
-                        .await
-                    {
-                        Ok(answer) => ToolOutput::ok(format!(
-                            "{}\n\nAnswer to the prompt, from the page's characters {}–{} of {}:\n\n{answer}",
-                            window.header, window.start, window.end, window.total
-                        )),
+                    let answer = match (&ctx.observed, summarizer) {
+                        (Observed::Replay(record), _) => {
+                            record.answer(ExchangeRole::Summary, journal_ref)
+                        }
+                        (Observed::Live, Some(summarizer)) => match web.paid.take(ctx.tenant_id) {
+                            Err(wait) => {
+                                return Ok(ToolOutput::error(format!(
+                                    "The page was fetched, but {} Call web_fetch again \
+                                         without `prompt` to read the page yourself.",
+                                    web.paid.refusal("the summarizer", wait)
+                                )));
+                            }
+                            Ok(()) => {
+                                web::ask_summarizer(
+                                    summarizer,
+                                    fetched.url.as_str(),
+                                    &window.text,
+                                    prompt,
+                                    journal_ref,
+                                )
+                                .await
+                            }
+                        },
+                        (Observed::Live, None) => Err(Unserved {
+                            kind: ExchangeErrorKind::Failed,
+                            message: "no summarizer is configured".to_owned(),
+                        }),
+                    };
+                    match answer {
+                        Err(e) if e.kind == ExchangeErrorKind::TimedOut => {
+                            return Err(FetchError::Recorded {
+                                kind: e.kind,
+                                message: e.message,
+                            });
+                        }
                         Err(e) => ToolOutput::error(format!(
-                            "The page was fetched, but {e}. Call web_fetch again without `prompt` \
-                             to read the page yourself."
+                            "The page was fetched, but {}. Call web_fetch again without `prompt` \
+                             to read the page yourself.",
+                            e.message
                         )),
+                        Ok(answer) => match web::summary_text(&answer) {
+                            Ok(answer) => ToolOutput::ok(format!(
+                                "{}\n\nAnswer to the prompt, from the page's characters {}–{} of {}:\n\n{answer}",
+                                window.header, window.start, window.end, window.total
+                            )),
+                            Err(e) => ToolOutput::error(format!(
+                                "The page was fetched, but {e}. Call web_fetch again without \
+                                 `prompt` to read the page yourself."
+                            )),
+                        },
                     }
                 }
                 // An error page is still shown (it often says what went wrong), as an error.
@@ -181,20 +234,36 @@ impl Tool for WebFetch {
                 (_, Err(output)) => output,
             })
         };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(Ok(output)) => output,
-            Ok(Err(e)) if e.is_refusal() => {
-                ToolOutput::denied(format!("Cannot fetch {}: {e}.", shown_url(&args.url)))
-            }
-            Ok(Err(e)) => ToolOutput::error(format!("Cannot fetch {}: {e}.", shown_url(&args.url))),
-            Err(_) => ToolOutput::timed_out(format!(
+        let timed_out = || {
+            ToolOutput::timed_out(format!(
                 "web_fetch of {} did not finish within {}; nothing was returned. The server may be \
                  slow: try again with a larger timeout_ms (at most {MAX_TIMEOUT_MS}), or another \
                  source.",
                 shown_url(&args.url),
                 crate::deadline::human_duration(timeout)
-            )),
-        }
+            ))
+        };
+        let mut out = match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(output)) => output,
+            Ok(Err(e)) if e.kind() == ExchangeErrorKind::TimedOut => timed_out(),
+            Ok(Err(e)) if e.is_refusal() => {
+                ToolOutput::denied(format!("Cannot fetch {}: {e}.", shown_url(&args.url)))
+            }
+            Ok(Err(e)) => ToolOutput::error(format!("Cannot fetch {}: {e}.", shown_url(&args.url))),
+            Err(_) => {
+                // Whatever was under way when the time ran out: the summarizer's answer if the
+                // page had come, else the page.
+                let role = if journal.has(ExchangeRole::Summary) {
+                    ExchangeRole::Summary
+                } else {
+                    ExchangeRole::Page
+                };
+                journal.fail_last(role, ExchangeErrorKind::TimedOut, "timed out".to_owned());
+                timed_out()
+            }
+        };
+        out.events.extend(journal.into_events());
+        out
     }
 }
 

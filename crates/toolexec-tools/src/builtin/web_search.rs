@@ -8,6 +8,9 @@ use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
+use toolexec_core::{ExchangeErrorKind, ExchangeRole};
+
+use crate::observe::{Journal, Observed};
 use crate::search::{DEFAULT_RESULTS, MAX_RESULTS};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -84,19 +87,21 @@ impl Tool for WebSearch {
         &self.spec
     }
 
+    fn unavailable(&self, web: &crate::web::WebAccess) -> Option<String> {
+        web.search.is_none().then(|| {
+            "the operator has not configured a search provider (web.search_provider)".to_owned()
+        })
+    }
+
     async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
         let args: Args = match parse_args(args) {
             Ok(args) => args,
             Err(output) => return output,
         };
         let web = ctx.web.as_ref();
-        let Some(provider) = &web.search else {
-            return ToolOutput::error(
-                "web_search is not available on this service: the operator has not configured a \
-                 search provider (web.search_provider). Do without it, or use web_fetch on a page \
-                 you know the URL of.",
-            );
-        };
+        if let (Observed::Live, None) = (&ctx.observed, &web.search) {
+            return not_available();
+        }
         if let Some(denied) = web.denied_without_network("web_search", &ctx.policy) {
             return denied;
         }
@@ -105,14 +110,64 @@ impl Tool for WebSearch {
         if let Some(left) = ctx.deadline.remaining() {
             timeout = timeout.min(left);
         }
-        match tokio::time::timeout(timeout, crate::web::search(provider, &args.query, count)).await
-        {
-            Ok(Ok(hits)) => ToolOutput::ok(crate::search::render(&args.query, &hits)),
-            Ok(Err(why)) => ToolOutput::error(format!("The search failed: {why}.")),
-            Err(_) => ToolOutput::timed_out(format!(
+        let mut journal = Journal::default();
+        // A replay serves the recorded answer whether or not a provider is configured now.
+        let asked = match (&ctx.observed, &web.search) {
+            (Observed::Replay(record), _) => {
+                let answer = record.answer(ExchangeRole::Search, &mut journal);
+                let name = record
+                    .exchanges
+                    .iter()
+                    .rev()
+                    .find(|x| x.record.role == ExchangeRole::Search)
+                    .and_then(|x| x.record.service.clone())
+                    .unwrap_or_default();
+                Ok(answer.map(|a| (name, a)))
+            }
+            (Observed::Live, Some(provider)) => {
+                if let Err(wait) = web.paid.take(ctx.tenant_id) {
+                    return ToolOutput::error(web.paid.refusal("web_search", wait));
+                }
+                tokio::time::timeout(
+                    timeout,
+                    crate::web::ask_search_provider(provider, &args.query, count, &mut journal),
+                )
+                .await
+                .map(|answer| answer.map(|a| (provider.name().to_owned(), a)))
+            }
+            (Observed::Live, None) => return not_available(),
+        };
+        let timed_out = || {
+            ToolOutput::timed_out(format!(
                 "The search did not finish within {}; try again, or with other words.",
                 crate::deadline::human_duration(timeout)
-            )),
-        }
+            ))
+        };
+        let mut out = match asked {
+            Ok(Ok((name, answer))) => match crate::web::search_hits(&name, &answer, count) {
+                Ok(hits) => ToolOutput::ok(crate::search::render(&args.query, &hits)),
+                Err(why) => ToolOutput::error(format!("The search failed: {why}.")),
+            },
+            Ok(Err(e)) if e.kind == ExchangeErrorKind::TimedOut => timed_out(),
+            Ok(Err(e)) => ToolOutput::error(format!("The search failed: {}.", e.message)),
+            Err(_) => {
+                journal.fail_last(
+                    ExchangeRole::Search,
+                    ExchangeErrorKind::TimedOut,
+                    "timed out".to_owned(),
+                );
+                timed_out()
+            }
+        };
+        out.events.extend(journal.into_events());
+        out
     }
+}
+
+fn not_available() -> ToolOutput {
+    ToolOutput::error(
+        "web_search is not available on this service: the operator has not configured a search \
+         provider (web.search_provider). Do without it, or use web_fetch on a page you know the \
+         URL of.",
+    )
 }

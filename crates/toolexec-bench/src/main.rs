@@ -8,12 +8,16 @@
 //! - `history`: rebuilding a session at a seq (next to `cp -a` of its workspace), forks (latency
 //!   and disk), and the log streamed to 100 subscribers (next to the events the calls wrote).
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`; Postgres on 127.0.0.1:5432,
+//! - `web`: `web_fetch` of a 1 MB page from a loopback server (next to a plain GET of it), and
+//!   the process's memory while 16 fetches read endless bodies.
+//!
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `web`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
 mod history;
 mod shell;
+mod web;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -84,6 +88,19 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// web_fetch of a 1 MB page next to a plain GET; memory with 16 endless bodies.
+    Web {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -118,6 +135,9 @@ async fn main() -> anyhow::Result<()> {
         } => shell::run(&admin_url, Duration::from_secs(seconds), &clients).await,
         Command::History { admin_url, seconds } => {
             history::run(&admin_url, Duration::from_secs(seconds)).await
+        }
+        Command::Web { admin_url, seconds } => {
+            web::run(&admin_url, Duration::from_secs(seconds)).await
         }
     }
 }

@@ -499,6 +499,15 @@ async fn web_search_is_listed_as_unavailable_until_a_provider_is_configured() {
         .unwrap();
     assert_eq!(fetch["available"], true);
     assert!(fetch.get("unavailable_reason").is_none(), "{fetch}");
+    // Which sessions may use the web tools here: by default, those granted network access.
+    assert_eq!(fetch["requires_session_network"], true, "{fetch}");
+    let read = own["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "read_file")
+        .unwrap();
+    assert!(read.get("requires_session_network").is_none(), "{read}");
     // A model is handed only tools it can call.
     for format in ["openai", "anthropic", "mcp"] {
         let names = catalog_names(&app, format).await;
@@ -517,10 +526,12 @@ async fn web_search_is_listed_as_unavailable_until_a_provider_is_configured() {
     let app = toolexec_tests::app::spawn_app_with(|c| {
         c.web.search_provider = Some("searxng".to_owned());
         c.web.search_url = Some("http://127.0.0.1:9/".to_owned());
+        c.web.public_when_network_none = true;
     })
     .await;
     let one: Value = app.get("/v1/tools/web_search").await.json().await.unwrap();
     assert_eq!(one["available"], true, "{one}");
+    assert_eq!(one["requires_session_network"], false, "{one}");
     for format in ["openai", "anthropic", "mcp"] {
         let names = catalog_names(&app, format).await;
         assert!(

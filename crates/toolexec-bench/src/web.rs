@@ -75,9 +75,8 @@ async fn site() -> anyhow::Result<u16> {
             "/endless",
             axum::routing::get(|| async {
                 let block = bytes::Bytes::from(vec![b'a'; 64 * 1024]);
-                let stream = futures::stream::repeat_with(move || {
-                    Ok::<_, std::io::Error>(block.clone())
-                });
+                let stream =
+                    futures::stream::repeat_with(move || Ok::<_, std::io::Error>(block.clone()));
                 (
                     [("content-type", "text/plain")],
                     axum::body::Body::from_stream(stream),

@@ -107,6 +107,13 @@ pub struct CatalogEntry {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub unavailable_reason: Option<String>,
+    /// For tools that reach the network (`web_fetch`, `web_search`): whether a session needs
+    /// `policy.network: "allow"` to use them (`true`), or this service lets them reach the
+    /// public internet in every session (`false`: the operator's
+    /// `web.public_when_network_none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub requires_session_network: Option<bool>,
 }
 
 /// One tool in the shape `format` asks for.
@@ -125,12 +132,31 @@ pub struct Catalog {
     pub tools: Vec<ToolDefinition>,
 }
 
-fn render(spec: &ToolSpec, unavailable: Option<String>, format: CatalogFormat) -> ToolDefinition {
+/// What this service says of a tool besides its spec.
+struct Deployment {
+    unavailable: Option<String>,
+    /// `web.public_when_network_none`.
+    web_without_session_network: bool,
+}
+
+impl Deployment {
+    fn of(state: &SharedState, name: &str) -> Self {
+        Self {
+            unavailable: state.engine.unavailable(name),
+            web_without_session_network: state.engine.config().web.public_when_network_none,
+        }
+    }
+}
+
+fn render(spec: &ToolSpec, here: Deployment, format: CatalogFormat) -> ToolDefinition {
     match format {
         CatalogFormat::Toolexec => ToolDefinition::Toolexec(CatalogEntry {
             spec: spec.clone(),
-            available: unavailable.is_none(),
-            unavailable_reason: unavailable,
+            available: here.unavailable.is_none(),
+            unavailable_reason: here.unavailable,
+            requires_session_network: spec
+                .has(toolexec_core::Capability::Network)
+                .then_some(!here.web_without_session_network),
         }),
         CatalogFormat::Openai => ToolDefinition::Openai(OpenAiTool {
             r#type: "function",
@@ -167,15 +193,15 @@ async fn list_tools(
     _tenant: AuthTenant,
     ApiQuery(q): ApiQuery<CatalogQuery>,
 ) -> Json<Catalog> {
-    let engine = &state.engine;
-    let tools = engine
+    let tools = state
+        .engine
         .registry()
         .specs()
         .filter_map(|s| {
-            let unavailable = engine.unavailable(&s.name);
+            let here = Deployment::of(&state, &s.name);
             // A definition handed to a model is a tool it may call: not one that can only fail.
-            (unavailable.is_none() || matches!(q.format, CatalogFormat::Toolexec))
-                .then(|| render(s, unavailable, q.format))
+            (here.unavailable.is_none() || matches!(q.format, CatalogFormat::Toolexec))
+                .then(|| render(s, here, q.format))
         })
         .collect();
     Json(Catalog { tools })
@@ -201,7 +227,7 @@ async fn get_tool(
         .ok_or_else(|| ApiError::not_found(&format!("tool '{name}'")))?;
     Ok(Json(render(
         tool.spec(),
-        state.engine.unavailable(&name),
+        Deployment::of(&state, &name),
         q.format,
     )))
 }

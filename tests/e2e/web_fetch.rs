@@ -14,6 +14,8 @@ toolexec_tests::on_both_stores!(
     web_fetch_is_validated_run_and_recorded_like_any_tool,
     the_default_configuration_refuses_a_loopback_page,
     web_observations_are_recorded_and_a_replay_serves_them_without_the_network,
+    a_cancelled_fetch_still_records_the_request_it_sent,
+    no_client_call_runs_in_a_replay_session_while_the_replay_runs,
 );
 
 /// A page on 127.0.0.1 and the number of requests it got: `/doc` (HTML), `/old` (a redirect to
@@ -24,6 +26,13 @@ async fn page_server() -> (u16, Arc<AtomicUsize>) {
     let any = hits.clone();
     let visits = Arc::new(AtomicUsize::new(0));
     let app = axum::Router::new()
+        .route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+                "late"
+            }),
+        )
         .route(
             "/visit",
             axum::routing::get(move || {
@@ -343,4 +352,146 @@ async fn web_observations_are_recorded_and_a_replay_serves_them_without_the_netw
         r["content"].as_str().unwrap().contains("visit number 3"),
         "{r}"
     );
+}
+
+async fn a_cancelled_fetch_still_records_the_request_it_sent(backend: Backend) {
+    let (port, hits) = page_server().await;
+    let app = backend
+        .spawn_with(|c| c.sandbox.egress_allow_cidrs = vec!["127.0.0.1/32".to_owned()])
+        .await;
+    let session = app.session(json!({"policy": {"network": "allow"}})).await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let url = format!("http://127.0.0.1:{port}/slow");
+    let call = {
+        let (app_url, sid, url) = (app.url(""), sid.clone(), url.clone());
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(format!("{app_url}/v1/sessions/{sid}/calls"))
+                .json(&json!({"calls": [{"id": "slow1", "name": "web_fetch", "arguments": {"url": url, "timeout_ms": 60000}}]}))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        })
+    };
+    // The request has reached the server; the call's start is in the log.
+    let mut invocation = None;
+    for _ in 0..200 {
+        if hits.load(Ordering::SeqCst) == 1
+            && let Some(e) = app
+                .events(&sid)
+                .await
+                .into_iter()
+                .find(|e| e["kind"] == "invocation.started")
+        {
+            invocation = e["invocation_id"].as_str().map(str::to_owned);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let inv = invocation.expect("the fetch started");
+    let resp = app
+        .post(&format!("/v1/invocations/{inv}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let result = call.await.unwrap();
+    assert_eq!(result["results"][0]["status"], "cancelled", "{result}");
+    let recorded = app
+        .get(&format!("/v1/invocations/{inv}"))
+        .await
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let exchanges: Vec<&serde_json::Value> = recorded["side_effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "web.exchange")
+        .collect();
+    assert_eq!(exchanges.len(), 1, "{recorded:#}");
+    assert_eq!(exchanges[0]["data"]["url"], url);
+    assert_eq!(exchanges[0]["data"]["error"]["kind"], "failed");
+    assert!(
+        exchanges[0]["data"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stopped before this exchange ended"),
+        "{recorded:#}"
+    );
+}
+
+async fn no_client_call_runs_in_a_replay_session_while_the_replay_runs(backend: Backend) {
+    let app = backend.spawn().await;
+    let session = app
+        .session(json!({"metadata": {"case": "replay-lock"}}))
+        .await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let r = app
+        .call(
+            &sid,
+            "s1",
+            "shell",
+            json!({"command": "sleep 2; echo done"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let replay = {
+        let (app_url, sid) = (app.url(""), sid.clone());
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(format!("{app_url}/v1/sessions/{sid}/replay"))
+                .json(&json!({"mode": "verify"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        })
+    };
+    // The replay's session, found by its metadata while the replay re-runs the sleep.
+    let mut replay_sid = None;
+    for _ in 0..100 {
+        let list: serde_json::Value = app
+            .get("/v1/sessions?limit=100")
+            .await
+            .json()
+            .await
+            .unwrap();
+        if let Some(s) = list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["metadata"]["replay_of"] == sid.as_str())
+        {
+            replay_sid = s["id"].as_str().map(str::to_owned);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let replay_sid = replay_sid.expect("the replay's session");
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{replay_sid}/calls"),
+            &json!({"calls": [{"id": "s1", "name": "shell", "arguments": {"command": "echo sneaked in"}}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 409);
+    let problem: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(problem["code"], "replay_running", "{problem}");
+    let report = replay.await.unwrap();
+    assert_eq!(report["status"], "finished", "{report:#}");
+    assert_eq!(report["calls_diverged"], 0, "{report:#}");
+    // The replay over, the session takes calls like any other.
+    let r = app
+        .call(
+            &replay_sid,
+            "after",
+            "shell",
+            json!({"command": "echo later"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
 }

@@ -296,6 +296,9 @@ pub enum ExchangeErrorKind {
     /// Anything else: a connection or TLS failure, a broken body, a redirect loop, an answer
     /// that could not be used.
     Failed,
+    /// Never sent: the tenant's share of the operator's paid services
+    /// (`web.paid_calls_per_minute`) was used up.
+    Quota,
 }
 
 /// How an exchange failed, in the words its call's result used.

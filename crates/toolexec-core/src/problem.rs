@@ -71,6 +71,8 @@ problem_codes! {
         "The file existed at that point, but the log has its hash and size only (over `limits.max_blob_bytes`, past a scan budget, hard-linked); `GET …/tree?at=` shows what is known of it."),
     StateTooLarge => ("state_too_large", 409, "State too large to rebuild",
         "The state asked for has more files and symlinks than `limits.max_state_entries`, more than the service rebuilds from a log in memory; the detail says how many."),
+    ReplayRunning => ("replay_running", 409, "A replay is running in this session",
+        "The session is a verify replay's, and the replay is still re-running its calls; nothing else may run in it until it ends (GET /v1/replays/{id} shows when). Nothing ran."),
     TooManyOpenSessions => ("too_many_open_sessions", 409, "Too many open sessions",
         "The tenant holds `limits.max_open_sessions_per_tenant` open sessions; close some (DELETE /v1/sessions/{id})."),
     BodyTooLarge => ("body_too_large", 413, "Body too large",

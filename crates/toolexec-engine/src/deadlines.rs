@@ -19,6 +19,12 @@ impl Engine {
     ) -> ToolOutput {
         let limit = Duration::from_millis(self.config.limits.tool_timeout_ms);
         ctx.deadline = toolexec_tools::deadline_for(tool.spec(), limit);
-        toolexec_tools::run_within_deadline(tool, &ctx, args).await
+        let journal = ctx.journal.clone();
+        let mut out = toolexec_tools::run_within_deadline(tool, &ctx, args).await;
+        // What a web tool sent and got before it was abandoned (cancelled, or stuck past its
+        // deadline) is recorded too; a tool that returned has taken its own already.
+        journal.abandoned();
+        out.events.extend(journal.drain_events());
+        out
     }
 }

@@ -123,9 +123,9 @@ pub struct Engine {
     /// Each tenant's event streams and replays on this node.
     stream_slots: Arc<slots::TenantSlots>,
     replay_slots: Arc<slots::TenantSlots>,
-    /// Sessions a verify replay is re-running calls in, each with the recorded invocation it
-    /// re-runs now: its web observations are served from that record.
-    replaying: Mutex<HashMap<Uuid, Uuid>>,
+    /// Sessions a verify replay is re-running calls in: no other batch may run in them until
+    /// it ends.
+    replaying: Mutex<std::collections::HashSet<Uuid>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -213,7 +213,7 @@ impl Engine {
             folds,
             stream_slots,
             replay_slots,
-            replaying: Mutex::new(HashMap::new()),
+            replaying: Mutex::new(std::collections::HashSet::new()),
         }))
     }
 

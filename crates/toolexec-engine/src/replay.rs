@@ -96,6 +96,9 @@ impl Engine {
         let (session, _) = self
             .create_from_state(tenant_id, new, origin, &state)
             .await?;
+        // Before anyone can know the replay session's id: no client's batch runs in it while
+        // the replay re-runs the source's calls.
+        let replaying = Replaying::start(self, session.id);
         drop(state);
         drop(permit);
         let replay = Replay {
@@ -117,6 +120,7 @@ impl Engine {
         let id = replay.id;
         let task = tokio::spawn(async move {
             let _slot = slot;
+            let _replaying = replaying;
             engine
                 .run_replay(tenant_id, source, session, initial, steps, replay)
                 .await
@@ -278,11 +282,16 @@ impl Engine {
             name: recorded.name.clone(),
             arguments: map_ids(&recorded.arguments, &ids.to_replay),
         };
-        let results = {
-            let _replaying = Replaying::start(self, session.id, recorded.id);
-            self.run_calls(tenant_id, session.id, CallBatch { calls: vec![call] })
-                .await?
-        };
+        let results = self
+            .run_calls(
+                tenant_id,
+                session.id,
+                CallBatch {
+                    calls: vec![call],
+                    replay_of: Some(recorded.id),
+                },
+            )
+            .await?;
         let result: CallResult = results
             .into_iter()
             .next()
@@ -346,48 +355,51 @@ impl Engine {
     }
 }
 
-/// Marks a session as re-running one recorded invocation, until dropped.
-struct Replaying<'a> {
-    engine: &'a Engine,
+/// Marks a session as a running replay's, until dropped: no other batch may run in it.
+pub(crate) struct Replaying {
+    engine: Arc<Engine>,
     session_id: Uuid,
 }
 
-impl<'a> Replaying<'a> {
-    fn start(engine: &'a Engine, session_id: Uuid, recorded: Uuid) -> Self {
-        if let Ok(mut map) = engine.replaying.lock() {
-            map.insert(session_id, recorded);
+impl Replaying {
+    pub(crate) fn start(engine: &Arc<Engine>, session_id: Uuid) -> Self {
+        if let Ok(mut set) = engine.replaying.lock() {
+            set.insert(session_id);
         }
-        Self { engine, session_id }
+        Self {
+            engine: engine.clone(),
+            session_id,
+        }
     }
 }
 
-impl Drop for Replaying<'_> {
+impl Drop for Replaying {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.engine.replaying.lock() {
-            map.remove(&self.session_id);
+        if let Ok(mut set) = self.engine.replaying.lock() {
+            set.remove(&self.session_id);
         }
     }
 }
 
 impl Engine {
-    /// Where a call of a tool that reaches the outside world gets its observations: the
-    /// network, or — while a verify replay re-runs a recorded call in this session — that
-    /// call's record, if its tool and arguments hash are this call's (else an empty record:
-    /// nothing is served, and nothing goes to the network).
+    /// Whether a replay is re-running calls in this session (a poisoned lock counts as yes:
+    /// refusing a client's batch is the safe side).
+    pub(crate) fn replay_running(&self, session_id: Uuid) -> bool {
+        self.replaying
+            .lock()
+            .map_or(true, |set| set.contains(&session_id))
+    }
+
+    /// The observations of a web call a verify replay re-runs as `recorded`: that call's
+    /// record, if its tool and arguments hash are this call's (else an empty record: nothing is
+    /// served, and nothing goes to the network).
     pub(crate) async fn observed_for(
         &self,
         session: &Session,
+        recorded: Uuid,
         call: &Call,
         args_hash: &str,
     ) -> Result<Observed> {
-        let recorded = self
-            .replaying
-            .lock()
-            .ok()
-            .and_then(|map| map.get(&session.id).copied());
-        let Some(recorded) = recorded else {
-            return Ok(Observed::Live);
-        };
         let source = self
             .store
             .invocation_page(
@@ -408,6 +420,7 @@ impl Engine {
             .collect();
         let shas: Vec<String> = exchanges
             .iter()
+            .filter(|d| d["body_stored"] == true)
             .filter_map(|d| d["body_sha256"].as_str().map(str::to_owned))
             .collect();
         let blobs: HashMap<String, bytes::Bytes> = if shas.is_empty() {

@@ -321,6 +321,7 @@ impl Engine {
             web: self.config.web.clone(),
             // Set when a call of a verify replay runs (`Engine::observed_for`).
             observed: toolexec_tools::observe::Observed::Live,
+            journal: Arc::new(toolexec_tools::observe::Journal::default()),
             tenant_id: session.tenant_id,
         }
     }

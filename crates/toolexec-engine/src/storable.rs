@@ -23,10 +23,11 @@ use toolexec_store::{Blob, NewEvent, Outcome, Write};
 pub(crate) const CALL_BUDGET: &str = "call_budget";
 
 /// Keeps the blobs of one call within `max` bytes. Blobs the record refers to by other means
-/// (the full output, which the invocation points at, and anything that is not a file's
-/// contents) are kept first; then files' contents in log order, each whole or not at all. A file
-/// whose contents do not fit keeps its hash and size and gets `after_stored: false`,
-/// `after_unstored: "call_budget"`. Returns how many files lost their contents.
+/// (the full output, which the invocation points at, and manifests) are kept first; then
+/// contents — files' and fetched bodies (`web.exchange`) — in log order, each whole or not at
+/// all. A file whose contents do not fit keeps its hash and size and gets `after_stored: false`,
+/// `after_unstored: "call_budget"`; a body, `body_stored: false`. Returns how many lost their
+/// contents.
 pub(crate) fn apply_blob_budget(
     side_effects: &mut [NewEvent],
     blobs: &mut Vec<Blob>,
@@ -38,7 +39,7 @@ pub(crate) fn apply_blob_budget(
     let sizes: HashMap<String, usize> = blobs.iter().map(|b| (b.sha256.clone(), b.len())).collect();
     let contents: HashSet<&str> = side_effects
         .iter()
-        .filter_map(|e| stored_after(&e.data))
+        .filter_map(|e| stored_contents(&e.data))
         .collect();
     let mut kept: HashSet<String> = HashSet::new();
     let mut used = 0usize;
@@ -50,7 +51,7 @@ pub(crate) fn apply_blob_budget(
     }
     let mut dropped = 0;
     for event in side_effects.iter_mut() {
-        let Some(sha) = stored_after(&event.data).map(str::to_owned) else {
+        let Some(sha) = stored_contents(&event.data).map(str::to_owned) else {
             continue;
         };
         let Some(&len) = sizes.get(&sha) else {
@@ -63,13 +64,26 @@ pub(crate) fn apply_blob_budget(
             used += len;
             kept.insert(sha);
         } else if let Some(data) = event.data.as_object_mut() {
-            data.insert("after_stored".into(), Value::Bool(false));
-            data.insert("after_unstored".into(), Value::from(CALL_BUDGET));
+            if data.contains_key("body_stored") {
+                data.insert("body_stored".into(), Value::Bool(false));
+            } else {
+                data.insert("after_stored".into(), Value::Bool(false));
+                data.insert("after_unstored".into(), Value::from(CALL_BUDGET));
+            }
             dropped += 1;
         }
     }
     blobs.retain(|b| kept.contains(&b.sha256));
     dropped
+}
+
+/// The hash of contents an event says are stored: a file's after-contents, or a fetched body.
+fn stored_contents(data: &Value) -> Option<&str> {
+    stored_after(data).or_else(|| {
+        (data.get("body_stored") == Some(&Value::Bool(true)))
+            .then(|| data.get("body_sha256").and_then(Value::as_str))
+            .flatten()
+    })
 }
 
 /// The hash of a file event's after-contents when the event says they are stored.
@@ -226,6 +240,23 @@ mod tests {
         let mut blobs = vec![c.clone()];
         assert_eq!(apply_blob_budget(&mut effects, &mut blobs, 100), 0);
         assert_eq!(blobs.len(), 1);
+    }
+
+    #[test]
+    fn fetched_bodies_count_against_the_budget_like_file_contents() {
+        let page = Blob::new(vec![5u8; 600]);
+        let file_blob = Blob::new(vec![6u8; 300]);
+        let exchange = NewEvent {
+            kind: EventKind::WebExchange,
+            data: json!({"role": "page", "body_sha256": page.sha256, "body_stored": true}),
+        };
+        let mut effects = vec![file(&file_blob), exchange];
+        let mut blobs = vec![file_blob.clone(), page.clone()];
+        assert_eq!(apply_blob_budget(&mut effects, &mut blobs, 500), 1);
+        assert_eq!(effects[1].data["body_stored"], false);
+        assert!(effects[1].data.get("after_stored").is_none());
+        assert_eq!(blobs.len(), 1);
+        assert_eq!(blobs[0].sha256, file_blob.sha256);
     }
 
     #[test]

@@ -24,40 +24,54 @@ pub trait Resolver: Send + Sync {
     async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>>;
 }
 
-/// The system's resolver (`getaddrinfo`, on a blocking thread), at most
-/// [`MAX_SYSTEM_LOOKUPS`] at a time for the whole process.
+/// The system's resolver: the nameservers and search domains of `/etc/resolv.conf` and the names
+/// of `/etc/hosts`, asked asynchronously (hickory-resolver). A lookup is cancelled when its caller
+/// stops waiting: names whose nameserver never answers cost a timer and a socket for the caller's
+/// timeout, not a thread of the blocking pool every session shares (as `getaddrinfo` would, which
+/// cannot be cancelled).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemResolver;
 
-/// System lookups running at once. `getaddrinfo` cannot be cancelled: a lookup whose caller
-/// gave up still holds its thread until the nameserver answers or the C library's own retries
-/// end (tens of seconds). Without a bound, names whose nameserver never answers would take
-/// every thread of the shared blocking pool, and with it the file tools and the workspace
-/// scans of every session; with it they hold at most this many, and other lookups wait (within
-/// their caller's timeout) for one to end.
-pub const MAX_SYSTEM_LOOKUPS: usize = 8;
+/// Lookups in flight at once in the whole process (each holds a socket while it waits): more
+/// wait for one to end, within their caller's timeout.
+pub const MAX_SYSTEM_LOOKUPS: usize = 1024;
 
 static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_SYSTEM_LOOKUPS);
+
+/// The process's resolver, made from the system's configuration on first use; the reason when
+/// that configuration cannot be read (every lookup then fails with it).
+fn system_resolver() -> Result<&'static hickory_resolver::TokioResolver, &'static str> {
+    static RESOLVER: std::sync::OnceLock<Result<hickory_resolver::TokioResolver, String>> =
+        std::sync::OnceLock::new();
+    RESOLVER
+        .get_or_init(|| {
+            let mut builder = hickory_resolver::TokioResolver::builder_tokio()
+                .map_err(|e| format!("the system's resolver configuration cannot be read: {e}"))?;
+            let options = builder.options_mut();
+            // Both families, as getaddrinfo gives them: the policy checks the whole answer.
+            options.ip_strategy = hickory_resolver::config::LookupIpStrategy::Ipv4AndIpv6;
+            options.use_hosts_file = hickory_resolver::config::ResolveHosts::Always;
+            builder
+                .build()
+                .map_err(|e| format!("the system's resolver cannot be started: {e}"))
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}
 
 #[async_trait]
 impl Resolver for SystemResolver {
     async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
-        use std::net::ToSocketAddrs as _;
-        let permit = LOOKUPS
+        let resolver = system_resolver().map_err(io::Error::other)?;
+        let _permit = LOOKUPS
             .acquire()
             .await
             .map_err(|_| io::Error::other("name resolution is shut down"))?;
-        let host = host.to_owned();
-        // The permit goes with the lookup: it is given back when getaddrinfo returns, not when
-        // the caller stops waiting.
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            (host.as_str(), port)
-                .to_socket_addrs()
-                .map(Iterator::collect)
-        })
-        .await
-        .map_err(|e| io::Error::other(format!("the lookup failed: {e}")))?
+        let answer = resolver
+            .lookup_ip(host)
+            .await
+            .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.to_string()))?;
+        Ok(answer.iter().map(|ip| SocketAddr::new(ip, port)).collect())
     }
 }
 
@@ -198,32 +212,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn system_lookups_beyond_the_bound_wait_and_do_not_take_a_thread() {
-        // Every slot held, as by lookups stuck on a nameserver that never answers.
+    async fn the_system_resolver_answers_from_the_hosts_file_and_is_cancelled_with_its_caller() {
+        let addrs = SystemResolver.resolve("localhost", 80).await.unwrap();
+        assert!(
+            addrs.iter().any(|a| a.ip().is_loopback() && a.port() == 80),
+            "{addrs:?}"
+        );
+        // Every slot held: a lookup waits, and giving up on it takes nothing with it.
         let held = LOOKUPS
             .acquire_many(MAX_SYSTEM_LOOKUPS as u32)
             .await
             .unwrap();
         let waited = tokio::time::timeout(
-            Duration::from_millis(200),
+            Duration::from_millis(100),
             SystemResolver.resolve("localhost", 80),
         )
         .await;
         assert!(waited.is_err(), "a lookup ran past the bound: {waited:?}");
-        let err = resolve_checked(
-            &NetPolicy::public_only(),
-            &SystemResolver,
-            "example.test",
-            80,
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(err, ConnectError::ResolveTimeout), "{err:?}");
-        // A slot given back lets the next one through.
         drop(held);
-        let addrs = SystemResolver.resolve("localhost", 80).await.unwrap();
-        assert!(!addrs.is_empty());
+        assert_eq!(LOOKUPS.available_permits(), MAX_SYSTEM_LOOKUPS);
+        // A lookup stopped by its caller's timeout gives its slot back at once (a blocking
+        // getaddrinfo would hold it, and its thread, until the nameserver answered).
+        let _ = tokio::time::timeout(
+            Duration::from_millis(1),
+            SystemResolver.resolve("a-name-that-needs-a-nameserver.invalid", 80),
+        )
+        .await;
+        assert_eq!(LOOKUPS.available_permits(), MAX_SYSTEM_LOOKUPS);
     }
 
     /// Counts lookups, to show there is exactly one per dial.

@@ -51,7 +51,12 @@ impl ThisHost {
             match (self.reader)() {
                 Ok(addrs) => *read = (Some(Instant::now()), Arc::new(addrs)),
                 Err(e) if read.0.is_none() => {
-                    tracing::error!(error = %e, "this host's interface addresses cannot be read; every destination is refused until they can");
+                    // Once per process: every check would say it again.
+                    static SAID: std::sync::atomic::AtomicBool =
+                        std::sync::atomic::AtomicBool::new(false);
+                    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::error!(error = %e, "this host's interface addresses cannot be read; every destination is refused until they can");
+                    }
                 }
                 Err(_) => {}
             }

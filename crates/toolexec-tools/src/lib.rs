@@ -78,6 +78,9 @@ pub struct ToolContext {
     /// Where the web tools' observations come from: the network, or in a verify replay the
     /// record of the call being re-run.
     pub observed: observe::Observed,
+    /// What the call's web tools sent and got back, as they go: the engine records whatever is
+    /// in it when the call ends, also when the tool was abandoned halfway.
+    pub journal: Arc<observe::Journal>,
     /// The tenant the session belongs to (per-tenant quotas of the operator's paid services).
     pub tenant_id: Uuid,
 }
@@ -110,6 +113,7 @@ impl ToolContext {
             cancel: CancellationToken::new(),
             web: Arc::new(web::WebAccess::default()),
             observed: observe::Observed::Live,
+            journal: Arc::new(observe::Journal::default()),
             tenant_id: Uuid::nil(),
         }
     }

@@ -34,8 +34,9 @@ const RECORDED_HEADERS: &[&str] = &[
     "date",
 ];
 
-/// Longest header value kept, in bytes.
-const MAX_HEADER_BYTES: usize = 2048;
+/// Longest header value kept, in bytes (a longer `content-type` is ignored live too, so that a
+/// replay decodes a body as the live call did).
+pub(crate) const MAX_HEADER_BYTES: usize = 2048;
 
 /// One exchange as recorded: the `web.exchange` payload and the body it names.
 #[derive(Debug, Clone)]
@@ -49,15 +50,138 @@ pub struct Exchange {
     complete: bool,
 }
 
-/// The exchanges of one call, in the order they were made.
+/// The exchanges of one call, in the order they were made. Shared between the tool and the
+/// engine (in the call's [`crate::ToolContext`]): what a tool recorded is in the call's record
+/// even when the tool is abandoned halfway (cancelled, or stuck past its deadline), since the
+/// engine takes what is left once the tool has returned or been dropped.
 #[derive(Debug, Default)]
 pub struct Journal {
-    exchanges: Vec<Exchange>,
+    entries: std::sync::Mutex<Entries>,
 }
 
 impl Journal {
+    fn with<T>(&self, f: impl FnOnce(&mut Entries) -> T) -> T {
+        // A tool that panicked while holding the lock left entries that are still records.
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut entries)
+    }
+
     /// Starts an exchange; its index, for the calls that fill it in.
     pub fn begin(
+        &self,
+        role: ExchangeRole,
+        method: &str,
+        url: Option<String>,
+        service: Option<String>,
+    ) -> usize {
+        self.with(|e| e.begin(role, method, url, service))
+    }
+
+    /// The response's head arrived.
+    pub fn respond(&self, at: usize, status: u16, headers: &reqwest::header::HeaderMap) {
+        self.with(|e| e.respond(at, status, headers));
+    }
+
+    /// The exchange ended without a body to keep (a redirect).
+    pub fn complete(&self, at: usize) {
+        self.with(|e| e.complete(at));
+    }
+
+    /// The body was read (to its end, or to the cap when `truncated`). A large body is hashed
+    /// on a blocking thread: 5 MiB of SHA-256 would hold an async worker for milliseconds.
+    pub async fn body(&self, at: usize, body: &Bytes, truncated: bool) {
+        const HASH_INLINE_BYTES: usize = 64 * 1024;
+        let sha = if body.len() <= HASH_INLINE_BYTES {
+            sha256_hex(body)
+        } else {
+            let bytes = body.clone();
+            match tokio::task::spawn_blocking(move || sha256_hex(&bytes)).await {
+                Ok(sha) => sha,
+                Err(_) => sha256_hex(body),
+            }
+        };
+        self.with(|e| e.body(at, sha, body, truncated));
+    }
+
+    /// See [`Entries::body_withheld`].
+    pub fn body_withheld(&self, at: usize, bytes: usize, truncated: bool) {
+        self.with(|e| e.body_withheld(at, bytes, truncated));
+    }
+
+    /// The role of the exchange at `at`.
+    pub fn role_of(&self, at: usize) -> ExchangeRole {
+        self.with(|e| e.role_of(at))
+    }
+
+    /// See [`Entries::fail_last`].
+    pub fn fail_last(&self, role: ExchangeRole, kind: ExchangeErrorKind, message: String) {
+        self.with(|e| e.fail_last(role, kind, message));
+    }
+
+    /// Records a call's refusal to send a request it would have made (the tenant's quota of the
+    /// operator's paid services was used up): an exchange that was never sent, so that a replay
+    /// answers as the call did.
+    pub fn not_sent(&self, role: ExchangeRole, message: String) {
+        self.with(|e| {
+            let at = e.begin(role, "", None, None);
+            e.exchanges[at].record.error = Some(ExchangeError {
+                kind: ExchangeErrorKind::Quota,
+                message,
+            });
+            e.exchanges[at].complete = true;
+        });
+    }
+
+    /// Whether an exchange of `role` was made.
+    pub fn has(&self, role: ExchangeRole) -> bool {
+        self.with(|e| e.of_role(role).next().is_some())
+    }
+
+    /// The call was abandoned (cancelled, or stuck past its deadline) while exchanges were
+    /// under way: each says so, since no response will come.
+    pub fn abandoned(&self) {
+        self.with(|e| {
+            for x in e.exchanges.iter_mut() {
+                if !x.complete && x.record.error.is_none() {
+                    x.record.error = Some(ExchangeError {
+                        kind: ExchangeErrorKind::Failed,
+                        message: "the call was stopped before this exchange ended".to_owned(),
+                    });
+                    x.record.duration_ms = elapsed_ms(x.started);
+                }
+            }
+        });
+    }
+
+    /// Takes the exchanges recorded so far, as the call's `web.exchange` events, each with its
+    /// body.
+    pub fn drain_events(&self) -> Vec<ToolEvent> {
+        self.with(|e| std::mem::take(&mut e.exchanges))
+            .into_iter()
+            .map(|x| ToolEvent {
+                kind: EventKind::WebExchange,
+                data: serde_json::to_value(&x.record).unwrap_or_default(),
+                blob: x.body,
+            })
+            .collect()
+    }
+
+    fn push(&self, x: Exchange) {
+        self.with(|e| e.exchanges.push(x));
+    }
+}
+
+/// What a [`Journal`] holds.
+#[derive(Debug, Default)]
+struct Entries {
+    exchanges: Vec<Exchange>,
+}
+
+impl Entries {
+    fn begin(
         &mut self,
         role: ExchangeRole,
         method: &str,
@@ -89,8 +213,7 @@ impl Journal {
         self.exchanges.len() - 1
     }
 
-    /// The response's head arrived.
-    pub fn respond(&mut self, at: usize, status: u16, headers: &reqwest::header::HeaderMap) {
+    fn respond(&mut self, at: usize, status: u16, headers: &reqwest::header::HeaderMap) {
         let Some(x) = self.exchanges.get_mut(at) else {
             return;
         };
@@ -106,18 +229,16 @@ impl Journal {
         x.record.duration_ms = elapsed_ms(x.started);
     }
 
-    /// The exchange ended without a body to keep (a redirect).
-    pub fn complete(&mut self, at: usize) {
+    fn complete(&mut self, at: usize) {
         if let Some(x) = self.exchanges.get_mut(at) {
             x.complete = true;
             x.record.duration_ms = elapsed_ms(x.started);
         }
     }
 
-    /// The body was read (to its end, or to the cap when `truncated`).
-    pub fn body(&mut self, at: usize, body: &Bytes, truncated: bool) {
+    fn body(&mut self, at: usize, sha256: String, body: &Bytes, truncated: bool) {
         if let Some(x) = self.exchanges.get_mut(at) {
-            x.record.body_sha256 = Some(sha256_hex(body));
+            x.record.body_sha256 = Some(sha256);
             x.record.body_bytes = Some(body.len() as u64);
             x.record.body_truncated = truncated;
             x.record.body_stored = true;
@@ -130,7 +251,7 @@ impl Journal {
     /// The body of an operator's service's refusal (a search provider's or summarizer's answer
     /// with an error status) was read but is not kept: it may quote the operator's key. Its
     /// status is the observation.
-    pub fn body_withheld(&mut self, at: usize, bytes: usize, truncated: bool) {
+    fn body_withheld(&mut self, at: usize, bytes: usize, truncated: bool) {
         if let Some(x) = self.exchanges.get_mut(at) {
             x.record.body_bytes = Some(bytes as u64);
             x.record.body_truncated = truncated;
@@ -139,8 +260,7 @@ impl Journal {
         }
     }
 
-    /// The role of the exchange at `at`.
-    pub fn role_of(&self, at: usize) -> ExchangeRole {
+    fn role_of(&self, at: usize) -> ExchangeRole {
         self.exchanges
             .get(at)
             .map_or(ExchangeRole::Page, |x| x.record.role)
@@ -149,7 +269,7 @@ impl Journal {
     /// Records why the last exchange of `role` ended the call's work with it: on that exchange
     /// if it was still under way, else on a new one after it (a redirect to a refused target,
     /// say). Nothing when no exchange of `role` was made (nothing was sent).
-    pub fn fail_last(&mut self, role: ExchangeRole, kind: ExchangeErrorKind, message: String) {
+    fn fail_last(&mut self, role: ExchangeRole, kind: ExchangeErrorKind, message: String) {
         let Some(last) = self.exchanges.iter().rposition(|x| x.record.role == role) else {
             return;
         };
@@ -169,25 +289,8 @@ impl Journal {
         }
     }
 
-    /// Whether an exchange of `role` was made.
-    pub fn has(&self, role: ExchangeRole) -> bool {
-        self.of_role(role).next().is_some()
-    }
-
     fn of_role(&self, role: ExchangeRole) -> impl Iterator<Item = &Exchange> {
         self.exchanges.iter().filter(move |x| x.record.role == role)
-    }
-
-    /// The exchanges as the call's `web.exchange` events, each with its body.
-    pub fn into_events(self) -> Vec<ToolEvent> {
-        self.exchanges
-            .into_iter()
-            .map(|x| ToolEvent {
-                kind: EventKind::WebExchange,
-                data: serde_json::to_value(&x.record).unwrap_or_default(),
-                blob: x.body,
-            })
-            .collect()
     }
 }
 
@@ -260,14 +363,19 @@ impl Recorded {
         }
     }
 
+    /// Whether the record has an exchange of `role`.
+    pub fn has(&self, role: ExchangeRole) -> bool {
+        self.exchanges.iter().any(|x| x.record.role == role)
+    }
+
     /// Serves the exchanges of `role`: they go into `journal` (marked as served from the
     /// record) and the last one, the outcome, comes back.
-    pub fn serve(&self, role: ExchangeRole, journal: &mut Journal) -> Result<&Exchange, Unserved> {
+    pub fn serve(&self, role: ExchangeRole, journal: &Journal) -> Result<&Exchange, Unserved> {
         let mut last = None;
         for x in self.exchanges.iter().filter(|x| x.record.role == role) {
             let mut copy = x.clone();
             copy.record.served_from = self.invocation_id;
-            journal.exchanges.push(copy);
+            journal.push(copy);
             last = Some(x);
         }
         last.ok_or_else(|| Unserved {
@@ -280,7 +388,7 @@ impl Recorded {
 
     /// The outcome of the last exchange of `role`: its response with the body, or the failure
     /// it recorded.
-    pub fn answer(&self, role: ExchangeRole, journal: &mut Journal) -> Result<Answer, Unserved> {
+    pub fn answer(&self, role: ExchangeRole, journal: &Journal) -> Result<Answer, Unserved> {
         let last = self.serve(role, journal)?;
         answer_of(last)
     }
@@ -333,9 +441,9 @@ mod tests {
         h
     }
 
-    #[test]
-    fn a_redirect_then_a_page_are_two_exchanges_and_only_the_page_has_a_body() {
-        let mut j = Journal::default();
+    #[tokio::test]
+    async fn a_redirect_then_a_page_are_two_exchanges_and_only_the_page_has_a_body() {
+        let j = Journal::default();
         let a = j.begin(ExchangeRole::Page, "GET", Some("http://a/".into()), None);
         j.respond(
             a,
@@ -345,8 +453,8 @@ mod tests {
         j.complete(a);
         let b = j.begin(ExchangeRole::Page, "GET", Some("http://b/".into()), None);
         j.respond(b, 200, &headers(&[("content-type", "text/plain")]));
-        j.body(b, &Bytes::from_static(b"hello"), false);
-        let events = j.into_events();
+        j.body(b, &Bytes::from_static(b"hello"), false).await;
+        let events = j.drain_events();
         assert_eq!(events.len(), 2);
         let first: WebExchange = serde_json::from_value(events[0].data.clone()).unwrap();
         assert_eq!(first.hop, 0);
@@ -369,7 +477,7 @@ mod tests {
 
     #[test]
     fn an_error_goes_on_the_exchange_under_way_or_after_a_complete_one() {
-        let mut j = Journal::default();
+        let j = Journal::default();
         // Nothing sent: nothing to record.
         j.fail_last(ExchangeRole::Page, ExchangeErrorKind::Refused, "no".into());
         assert!(!j.has(ExchangeRole::Page));
@@ -381,12 +489,10 @@ mod tests {
         );
         // A second failure does not replace the first.
         j.fail_last(ExchangeRole::Page, ExchangeErrorKind::Failed, "late".into());
-        assert_eq!(j.exchanges.len(), 1);
-        assert_eq!(
-            j.exchanges[a].record.error.as_ref().unwrap().message,
-            "slow"
-        );
-        let mut j = Journal::default();
+        let events = j.drain_events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[a].data["error"]["message"], "slow");
+        let j = Journal::default();
         let a = j.begin(ExchangeRole::Page, "GET", Some("http://a/".into()), None);
         j.respond(a, 302, &headers(&[("location", "http://10.0.0.1/")]));
         j.complete(a);
@@ -395,17 +501,15 @@ mod tests {
             ExchangeErrorKind::Refused,
             "not reachable".into(),
         );
-        assert_eq!(j.exchanges.len(), 2);
-        assert_eq!(j.exchanges[1].record.hop, 1);
-        assert_eq!(
-            j.exchanges[1].record.error.as_ref().unwrap().kind,
-            ExchangeErrorKind::Refused
-        );
+        let events = j.drain_events();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].data["hop"], 1);
+        assert_eq!(events[1].data["error"]["kind"], "refused");
     }
 
-    #[test]
-    fn a_record_serves_its_exchanges_again_marked_and_with_their_bodies() {
-        let mut j = Journal::default();
+    #[tokio::test]
+    async fn a_record_serves_its_exchanges_again_marked_and_with_their_bodies() {
+        let j = Journal::default();
         let a = j.begin(
             ExchangeRole::Search,
             "GET",
@@ -413,8 +517,8 @@ mod tests {
             Some("brave".into()),
         );
         j.respond(a, 200, &headers(&[]));
-        j.body(a, &Bytes::from_static(b"{}"), false);
-        let events = j.into_events();
+        j.body(a, &Bytes::from_static(b"{}"), false).await;
+        let events = j.drain_events();
         let blobs = events
             .iter()
             .filter_map(|e| e.blob.clone())
@@ -422,8 +526,8 @@ mod tests {
             .collect();
         let source = Uuid::from_u128(5);
         let rec = Recorded::new(source, events.into_iter().map(|e| e.data), &blobs);
-        let mut replay = Journal::default();
-        let answer = rec.answer(ExchangeRole::Search, &mut replay).unwrap();
+        let replay = Journal::default();
+        let answer = rec.answer(ExchangeRole::Search, &replay).unwrap();
         assert_eq!(
             answer,
             Answer {
@@ -432,9 +536,12 @@ mod tests {
                 truncated: false
             }
         );
-        assert_eq!(replay.exchanges[0].record.served_from, Some(source));
+        assert_eq!(
+            replay.drain_events()[0].data["served_from"],
+            serde_json::json!(source)
+        );
         // Nothing recorded for a role: never served, never the network.
-        let err = rec.answer(ExchangeRole::Page, &mut replay).unwrap_err();
+        let err = rec.answer(ExchangeRole::Page, &replay).unwrap_err();
         assert!(
             err.message.contains("never goes to the network"),
             "{}",
@@ -449,7 +556,7 @@ mod tests {
             &Default::default(),
         );
         let err = rec
-            .answer(ExchangeRole::Search, &mut Journal::default())
+            .answer(ExchangeRole::Search, &Journal::default())
             .unwrap_err();
         assert!(err.message.contains("max_blob_bytes"), "{}", err.message);
     }

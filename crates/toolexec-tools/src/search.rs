@@ -122,18 +122,9 @@ pub enum SearchError {
     },
 }
 
-/// The hits in a provider's answer (status `status`, body `body`), at most `count`.
-pub fn parse(
-    provider: &Provider,
-    status: u16,
-    body: &[u8],
-    count: usize,
-) -> Result<Vec<Hit>, SearchError> {
-    parse_named(provider.name(), status, body, count)
-}
-
-/// [`parse`] for the provider of that [`Provider::name`] (a replay knows its provider by the
-/// name its record gives).
+/// The hits in the answer (status `status`, body `body`) of the provider of that
+/// [`Provider::name`] (a replay knows its provider by the name its record gives), at most
+/// `count`.
 pub fn parse_named(
     provider: &str,
     status: u16,
@@ -320,15 +311,11 @@ mod tests {
 
     #[test]
     fn answers_become_numbered_clean_results() {
-        let brave = Provider::Brave {
-            endpoint: url("https://b.example/"),
-            api_key: String::new(),
-        };
         let body = br#"{"type":"search","web":{"results":[
             {"title":"The <strong>Rust</strong> Book","url":"https://doc.rust-lang.org/book/","description":"Learn\n<strong>Rust</strong>\u0000 here"},
             {"title":"no url","url":""},
             {"title":"Tokio","url":"https://tokio.rs/","description":"async"}]}}"#;
-        let hits = parse(&brave, 200, body, 5).unwrap();
+        let hits = parse_named("brave", 200, body, 5).unwrap();
         assert_eq!(hits.len(), 2);
         assert_eq!(hits[0].title, "The Rust Book");
         assert_eq!(hits[0].snippet, "Learn Rust here");
@@ -341,43 +328,38 @@ mod tests {
         assert!(text.contains("\n2. Tokio\n"), "{text}");
         // Brave without web results (a query it has nothing for).
         assert_eq!(
-            parse(&brave, 200, br#"{"type":"search"}"#, 5).unwrap(),
+            parse_named("brave", 200, br#"{"type":"search"}"#, 5).unwrap(),
             vec![]
         );
         assert!(render("zz", &[]).contains("No results"));
 
-        let tavily = Provider::Tavily {
-            endpoint: url("https://t.example/"),
-            api_key: String::new(),
-        };
         let body = br#"{"query":"q","results":[{"title":"A","url":"https://a.example/","content":"alpha","score":0.9},
             {"title":"B","url":"https://b.example/","content":"beta"},{"title":"C","url":"https://c.example/","content":"gamma"}]}"#;
-        let hits = parse(&tavily, 200, body, 2).unwrap();
+        let hits = parse_named("tavily", 200, body, 2).unwrap();
         assert_eq!(
             hits.iter().map(|h| h.title.as_str()).collect::<Vec<_>>(),
             ["A", "B"]
         );
-        let searx = Provider::Searxng {
-            base: url("http://s.example/"),
-        };
         let body = br#"{"query":"q","number_of_results":1,"results":[{"title":"S","url":"https://s.example/x","content":"sx","engine":"ddg"}]}"#;
-        assert_eq!(parse(&searx, 200, body, 5).unwrap()[0].snippet, "sx");
+        assert_eq!(
+            parse_named("searxng", 200, body, 5).unwrap()[0].snippet,
+            "sx"
+        );
     }
 
     #[test]
     fn refusals_and_garbage_are_errors_that_say_what_to_do() {
-        let searx = Provider::Searxng {
-            base: url("http://s.example/"),
-        };
-        let e = parse(&searx, 403, b"forbidden", 5).unwrap_err();
+        let e = parse_named("searxng", 403, b"forbidden", 5).unwrap_err();
         assert!(
             e.to_string().contains("HTTP 403") && e.to_string().contains("key"),
             "{e}"
         );
-        let e = parse(&searx, 429, b"", 5).unwrap_err();
+        let e = parse_named("searxng", 429, b"", 5).unwrap_err();
         assert!(e.to_string().contains("rate limited"), "{e}");
-        let e = parse(&searx, 200, b"<html>json is disabled</html>", 5).unwrap_err();
+        let e = parse_named("searxng", 200, b"<html>json is disabled</html>", 5).unwrap_err();
         assert!(e.to_string().contains("not the JSON"), "{e}");
+        let e = parse_named("bing", 200, b"{}", 5).unwrap_err();
+        assert!(e.to_string().contains("no provider is called"), "{e}");
     }
 
     #[test]

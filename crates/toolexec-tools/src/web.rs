@@ -186,8 +186,9 @@ impl PaidQuota {
             return Ok(());
         }
         let now = std::time::Instant::now();
+        // A poisoned table refuses: the quota guards the operator's money.
         let Ok(mut windows) = self.windows.lock() else {
-            return Ok(());
+            return Err(60);
         };
         if windows.len() > 10_000 {
             windows.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
@@ -350,14 +351,16 @@ pub async fn ask_search_provider(
     provider: &crate::search::Provider,
     query: &str,
     count: usize,
-    journal: &mut Journal,
+    journal: &Journal,
 ) -> Result<Answer, Unserved> {
     let req = crate::search::request(provider, query, count);
     let name = provider.name();
+    // The provider's endpoint is the operator's (it may hold credentials or an internal host):
+    // the record names the provider, and the query is in the call's arguments.
     let at = journal.begin(
         ExchangeRole::Search,
         if req.post { "POST" } else { "GET" },
-        Some(req.url.to_string()),
+        None,
         Some(name.to_owned()),
     );
     let asked = async {
@@ -398,10 +401,10 @@ pub async fn ask_search_provider(
 async fn answer(
     response: Result<reqwest::Response, String>,
     at: usize,
-    journal: &mut Journal,
+    journal: &Journal,
     broke_off: impl Fn(FetchError) -> String,
 ) -> Result<Answer, Unserved> {
-    let failed = |journal: &mut Journal, role, message: String| {
+    let failed = |journal: &Journal, role, message: String| {
         journal.fail_last(role, ExchangeErrorKind::Failed, message.clone());
         Unserved {
             kind: ExchangeErrorKind::Failed,
@@ -418,7 +421,7 @@ async fn answer(
     match read_capped(response, MAX_ANSWER_BYTES).await {
         Ok((body, truncated)) => {
             if (200..300).contains(&status) {
-                journal.body(at, &body, truncated);
+                journal.body(at, &body, truncated).await;
             } else {
                 journal.body_withheld(at, body.len(), truncated);
             }
@@ -464,7 +467,7 @@ pub fn replayed_fetch(
     web: &WebAccess,
     url: &str,
     record: &Recorded,
-    journal: &mut Journal,
+    journal: &Journal,
 ) -> Result<Fetched, FetchError> {
     web.policy.check_url(url).map_err(refused)?;
     let unserved = |u: Unserved| FetchError::Recorded {
@@ -651,11 +654,7 @@ fn client(web: &WebAccess) -> Result<reqwest::Client, FetchError> {
 /// last one, so that what a call observed is in its record even when its time runs out halfway
 /// ([`Journal::fail_last`]). A first URL the policy refuses before anything is sent is not an
 /// exchange.
-pub async fn fetch(
-    web: &WebAccess,
-    url: &str,
-    journal: &mut Journal,
-) -> Result<Fetched, FetchError> {
+pub async fn fetch(web: &WebAccess, url: &str, journal: &Journal) -> Result<Fetched, FetchError> {
     let fetched = fetch_hops(web, url, journal).await;
     if let Err(e) = &fetched {
         journal.fail_last(ExchangeRole::Page, e.kind(), e.to_string());
@@ -663,11 +662,7 @@ pub async fn fetch(
     fetched
 }
 
-async fn fetch_hops(
-    web: &WebAccess,
-    url: &str,
-    journal: &mut Journal,
-) -> Result<Fetched, FetchError> {
+async fn fetch_hops(web: &WebAccess, url: &str, journal: &Journal) -> Result<Fetched, FetchError> {
     let mut target = web.policy.check_url(url).map_err(refused)?;
     let client = client(web)?;
     let mut redirects = 0;
@@ -706,14 +701,16 @@ async fn fetch_hops(
             redirects += 1;
             continue;
         }
+        // As the record keeps it (a replay decodes with the recorded header, so live must too).
         let content_type = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() <= crate::observe::MAX_HEADER_BYTES)
             .map(str::to_owned);
         let url = response.url().clone();
         let (body, truncated) = read_capped(response, MAX_BODY_BYTES).await?;
-        journal.body(at, &body, truncated);
+        journal.body(at, &body, truncated).await;
         return Ok(Fetched {
             url,
             status: status.as_u16(),
@@ -792,7 +789,7 @@ pub async fn ask_summarizer(
     url: &str,
     page: &str,
     prompt: &str,
-    journal: &mut Journal,
+    journal: &Journal,
 ) -> Result<Answer, Unserved> {
     let body = serde_json::json!({
         "model": summarizer.model,

@@ -64,7 +64,7 @@ async fn run_calls(
     let id = parse_id(&id, "session")?;
     let results = state
         .engine
-        .run_calls(tenant.id, id, CallBatch { calls: req.calls })
+        .run_calls(tenant.id, id, CallBatch::new(req.calls))
         .await
         .map_err(or_not_found("session"))?;
     Ok(Json(CallsResponse { results }))

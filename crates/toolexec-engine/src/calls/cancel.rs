@@ -67,6 +67,8 @@ pub(crate) struct BatchControl {
     client_gone: CancellationToken,
     state: Mutex<BatchState>,
     done: watch::Sender<bool>,
+    /// The recorded invocation a verify replay re-runs with this batch (`CallBatch::replay_of`).
+    replay_of: Option<Uuid>,
 }
 
 /// Which calls of a batch this node runs and how they ended, for the report of a cancel.
@@ -93,7 +95,19 @@ impl BatchControl {
                 results: vec![None; calls],
             }),
             done: watch::Sender::new(false),
+            replay_of: None,
         }
+    }
+
+    /// The batch as a replay's re-run of `recorded`.
+    pub(super) fn replaying(mut self, recorded: Option<Uuid>) -> Self {
+        self.replay_of = recorded;
+        self
+    }
+
+    /// See [`Self::replaying`].
+    pub(super) fn replay_of(&self) -> Option<Uuid> {
+        self.replay_of
     }
 
     /// Why a call of this batch that has not started must not start, if it must not.

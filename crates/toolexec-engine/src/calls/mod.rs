@@ -44,6 +44,19 @@ use envelope::{Plan, check_envelope};
 #[derive(Debug, Clone)]
 pub struct CallBatch {
     pub calls: Vec<Call>,
+    /// Set by a verify replay for its re-run of the recorded invocation it names: the batch's
+    /// web calls are served that invocation's recorded observations (never the network).
+    pub replay_of: Option<Uuid>,
+}
+
+impl CallBatch {
+    /// A client's batch.
+    pub fn new(calls: Vec<Call>) -> Self {
+        Self {
+            calls,
+            replay_of: None,
+        }
+    }
 }
 
 impl Engine {
@@ -59,7 +72,17 @@ impl Engine {
         batch: CallBatch,
     ) -> Result<Vec<CallResult>> {
         check_envelope(&batch.calls, self.config.limits.max_calls_per_batch)?;
-        let control = Arc::new(BatchControl::new(tenant_id, session_id, batch.calls.len()));
+        if batch.replay_of.is_none() && self.replay_running(session_id) {
+            return Err(EngineError::Conflict {
+                code: toolexec_core::ProblemCode::ReplayRunning,
+                detail: format!(
+                    "session {session_id} is a replay's, and the replay is still re-running its calls; nothing else may run in it until the replay ends (see GET /v1/replays/{{id}}). Nothing ran."
+                ),
+            });
+        }
+        let control = Arc::new(
+            BatchControl::new(tenant_id, session_id, batch.calls.len()).replaying(batch.replay_of),
+        );
         let registration = self.cancels.register_batch(control.clone());
         // Cancelled when this future is dropped before the batch is done: what has not started
         // then must not start.

@@ -102,7 +102,14 @@ impl Engine {
             // up to `limits.max_blob_bytes`, else named by hash only.
             if let Some(bytes) = event.blob.take() {
                 if bytes.len() <= limits.max_blob_bytes {
-                    blobs.push(Blob::new(bytes));
+                    // Hashed by the tool already (off the async workers): not hashed again.
+                    blobs.push(match event.data["body_sha256"].as_str() {
+                        Some(sha) => Blob {
+                            sha256: sha.to_owned(),
+                            bytes,
+                        },
+                        None => Blob::new(bytes),
+                    });
                 } else if let Some(fields) = event.data.as_object_mut() {
                     fields.insert("body_stored".into(), false.into());
                 }

@@ -80,8 +80,10 @@ impl Engine {
         };
         let mut ctx = self.tool_context(session, rt);
         let network = tool.spec().has(Capability::Network);
-        if network {
-            ctx.observed = self.observed_for(session, call, args_hash).await?;
+        if let (true, Some(recorded)) = (network, control.replay_of()) {
+            ctx.observed = self
+                .observed_for(session, recorded, call, args_hash)
+                .await?;
         }
         // A call that reaches the outside world has its start recorded first, like a mutating
         // one: a request the service sent is never missing from the log, even after a crash.

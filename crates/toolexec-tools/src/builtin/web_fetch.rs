@@ -15,7 +15,7 @@ use toolexec_workspace::jail::human_bytes;
 
 use toolexec_core::{ExchangeErrorKind, ExchangeRole};
 
-use crate::observe::{Journal, Observed, Unserved};
+use crate::observe::{Observed, Recorded, Unserved};
 use crate::web::{self, FetchError, Fetched, MAX_BODY_BYTES};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -134,10 +134,20 @@ impl Tool for WebFetch {
         if let Some(denied) = web.denied_without_network("web_fetch", &ctx.policy) {
             return denied;
         }
-        // A replay serves the summarizer's recorded answer whether or not one is configured now.
-        let summarizer = match (&args.prompt, &web.summarizer, &ctx.observed) {
-            (Some(prompt), _, Observed::Replay(_)) => Some((prompt.as_str(), None)),
-            (Some(_), None, Observed::Live) => {
+        // Where the answer to `prompt` comes from. A replay serves the recorded answer whether or
+        // or not a summarizer is configured now; a replay whose record has none answers as the
+        // live call would have, without asking anyone.
+        let summarize = match (&args.prompt, &ctx.observed, &web.summarizer) {
+            (None, _, _) => None,
+            (Some(prompt), Observed::Replay(record), summarizer)
+                if summarizer.is_some() || record.has(ExchangeRole::Summary) =>
+            {
+                Some((prompt.as_str(), Summarize::Record(record)))
+            }
+            (Some(prompt), Observed::Live, Some(summarizer)) => {
+                Some((prompt.as_str(), Summarize::Service(summarizer)))
+            }
+            (Some(_), _, _) => {
                 return ToolOutput::error(
                     "web_fetch was given a `prompt`, but this service has no summarizer model \
                      configured to answer it (the operator's web.summarizer_url and \
@@ -145,23 +155,16 @@ impl Tool for WebFetch {
                      page text.",
                 );
             }
-            (Some(prompt), Some(summarizer), Observed::Live) => {
-                Some((prompt.as_str(), Some(summarizer)))
-            }
-            (None, _, _) => None,
         };
         let mut timeout = Duration::from_millis(args.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
         if let Some(left) = ctx.deadline.remaining() {
             timeout = timeout.min(left);
         }
-        let mut journal = Journal::default();
-        let journal_ref = &mut journal;
+        let journal = ctx.journal.as_ref();
         let work = async {
             let fetched = match &ctx.observed {
-                Observed::Live => web::fetch(web, &args.url, journal_ref).await?,
-                Observed::Replay(record) => {
-                    web::replayed_fetch(web, &args.url, record, journal_ref)?
-                }
+                Observed::Live => web::fetch(web, &args.url, journal).await?,
+                Observed::Replay(record) => web::replayed_fetch(web, &args.url, record, journal)?,
             };
             // Decoding and converting a page is CPU work that cannot look at the clock: off the
             // async workers, a few at a time for the whole service.
@@ -174,19 +177,18 @@ impl Tool for WebFetch {
             })
             .await
             .map_err(|e| FetchError::Http(format!("the page could not be converted ({e})")))?;
-            Ok::<_, FetchError>(match (summarizer, shown) {
-                (Some((prompt, summarizer)), Ok(window)) => {
-                    let answer = match (&ctx.observed, summarizer) {
-                        (Observed::Replay(record), _) => {
-                            record.answer(ExchangeRole::Summary, journal_ref)
-                        }
-                        (Observed::Live, Some(summarizer)) => match web.paid.take(ctx.tenant_id) {
+            Ok::<_, FetchError>(match (summarize, shown) {
+                (Some((prompt, from)), Ok(window)) => {
+                    let answer = match from {
+                        Summarize::Record(record) => record.answer(ExchangeRole::Summary, journal),
+                        Summarize::Service(summarizer) => match web.paid.take(ctx.tenant_id) {
                             Err(wait) => {
-                                return Ok(ToolOutput::error(format!(
-                                    "The page was fetched, but {} Call web_fetch again \
-                                         without `prompt` to read the page yourself.",
-                                    web.paid.refusal("the summarizer", wait)
-                                )));
+                                let message = web.paid.refusal("the summarizer", wait);
+                                journal.not_sent(ExchangeRole::Summary, message.clone());
+                                Err(Unserved {
+                                    kind: ExchangeErrorKind::Quota,
+                                    message,
+                                })
                             }
                             Ok(()) => {
                                 web::ask_summarizer(
@@ -194,15 +196,11 @@ impl Tool for WebFetch {
                                     fetched.url.as_str(),
                                     &window.text,
                                     prompt,
-                                    journal_ref,
+                                    journal,
                                 )
                                 .await
                             }
                         },
-                        (Observed::Live, None) => Err(Unserved {
-                            kind: ExchangeErrorKind::Failed,
-                            message: "no summarizer is configured".to_owned(),
-                        }),
                     };
                     match answer {
                         Err(e) if e.kind == ExchangeErrorKind::TimedOut => {
@@ -212,9 +210,9 @@ impl Tool for WebFetch {
                             });
                         }
                         Err(e) => ToolOutput::error(format!(
-                            "The page was fetched, but {}. Call web_fetch again without `prompt` \
+                            "The page was fetched, but {} Call web_fetch again without `prompt` \
                              to read the page yourself.",
-                            e.message
+                            sentence(&e.message)
                         )),
                         Ok(answer) => match web::summary_text(&answer) {
                             Ok(answer) => ToolOutput::ok(format!(
@@ -222,8 +220,9 @@ impl Tool for WebFetch {
                                 window.header, window.start, window.end, window.total
                             )),
                             Err(e) => ToolOutput::error(format!(
-                                "The page was fetched, but {e}. Call web_fetch again without \
-                                 `prompt` to read the page yourself."
+                                "The page was fetched, but {} Call web_fetch again without \
+                                 `prompt` to read the page yourself.",
+                                sentence(&e)
                             )),
                         },
                     }
@@ -262,8 +261,25 @@ impl Tool for WebFetch {
                 timed_out()
             }
         };
-        out.events.extend(journal.into_events());
+        out.events.extend(journal.drain_events());
         out
+    }
+}
+
+/// Where the answer to a `prompt` comes from.
+enum Summarize<'a> {
+    /// The operator's summarizer (live).
+    Service(&'a web::Summarizer),
+    /// The record of the call a replay re-runs.
+    Record(&'a Recorded),
+}
+
+/// `text` as a sentence: with a full stop at its end.
+fn sentence(text: &str) -> String {
+    if text.ends_with('.') {
+        text.to_owned()
+    } else {
+        format!("{text}.")
     }
 }
 

@@ -10,7 +10,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use toolexec_core::{ExchangeErrorKind, ExchangeRole};
 
-use crate::observe::{Journal, Observed};
+use crate::observe::{Observed, Unserved};
 use crate::search::{DEFAULT_RESULTS, MAX_RESULTS};
 use crate::{Tool, ToolContext, ToolOutput, parse_args};
 
@@ -99,9 +99,17 @@ impl Tool for WebSearch {
             Err(output) => return output,
         };
         let web = ctx.web.as_ref();
-        if let (Observed::Live, None) = (&ctx.observed, &web.search) {
-            return not_available();
-        }
+        // A replay serves the recorded answer whether or not a provider is configured now; one
+        // whose record has none answers as the live call would have, without asking anyone.
+        let source = match (&ctx.observed, &web.search) {
+            (Observed::Replay(record), provider)
+                if provider.is_some() || record.has(ExchangeRole::Search) =>
+            {
+                Source::Record(record)
+            }
+            (Observed::Live, Some(provider)) => Source::Provider(provider),
+            (_, _) => return not_available(),
+        };
         if let Some(denied) = web.denied_without_network("web_search", &ctx.policy) {
             return denied;
         }
@@ -110,11 +118,9 @@ impl Tool for WebSearch {
         if let Some(left) = ctx.deadline.remaining() {
             timeout = timeout.min(left);
         }
-        let mut journal = Journal::default();
-        // A replay serves the recorded answer whether or not a provider is configured now.
-        let asked = match (&ctx.observed, &web.search) {
-            (Observed::Replay(record), _) => {
-                let answer = record.answer(ExchangeRole::Search, &mut journal);
+        let journal = ctx.journal.as_ref();
+        let asked = match source {
+            Source::Record(record) => {
                 let name = record
                     .exchanges
                     .iter()
@@ -122,20 +128,26 @@ impl Tool for WebSearch {
                     .find(|x| x.record.role == ExchangeRole::Search)
                     .and_then(|x| x.record.service.clone())
                     .unwrap_or_default();
-                Ok(answer.map(|a| (name, a)))
+                Ok(record
+                    .answer(ExchangeRole::Search, journal)
+                    .map(|a| (name, a)))
             }
-            (Observed::Live, Some(provider)) => {
-                if let Err(wait) = web.paid.take(ctx.tenant_id) {
-                    return ToolOutput::error(web.paid.refusal("web_search", wait));
+            Source::Provider(provider) => match web.paid.take(ctx.tenant_id) {
+                Err(wait) => {
+                    let message = web.paid.refusal("web_search", wait);
+                    journal.not_sent(ExchangeRole::Search, message.clone());
+                    Ok(Err(Unserved {
+                        kind: ExchangeErrorKind::Quota,
+                        message,
+                    }))
                 }
-                tokio::time::timeout(
+                Ok(()) => tokio::time::timeout(
                     timeout,
-                    crate::web::ask_search_provider(provider, &args.query, count, &mut journal),
+                    crate::web::ask_search_provider(provider, &args.query, count, journal),
                 )
                 .await
-                .map(|answer| answer.map(|a| (provider.name().to_owned(), a)))
-            }
-            (Observed::Live, None) => return not_available(),
+                .map(|answer| answer.map(|a| (provider.name().to_owned(), a))),
+            },
         };
         let timed_out = || {
             ToolOutput::timed_out(format!(
@@ -149,6 +161,7 @@ impl Tool for WebSearch {
                 Err(why) => ToolOutput::error(format!("The search failed: {why}.")),
             },
             Ok(Err(e)) if e.kind == ExchangeErrorKind::TimedOut => timed_out(),
+            Ok(Err(e)) if e.kind == ExchangeErrorKind::Quota => ToolOutput::error(e.message),
             Ok(Err(e)) => ToolOutput::error(format!("The search failed: {}.", e.message)),
             Err(_) => {
                 journal.fail_last(
@@ -159,9 +172,17 @@ impl Tool for WebSearch {
                 timed_out()
             }
         };
-        out.events.extend(journal.into_events());
+        out.events.extend(journal.drain_events());
         out
     }
+}
+
+/// Where the answer comes from.
+enum Source<'a> {
+    /// The operator's provider (live).
+    Provider(&'a crate::search::Provider),
+    /// The record of the call a replay re-runs.
+    Record(&'a crate::observe::Recorded),
 }
 
 fn not_available() -> ToolOutput {

@@ -183,7 +183,10 @@ pub struct EngineConfig {
     /// Parent directory of the session workspaces (`<root>/<session id>`).
     pub workspace_root: PathBuf,
     pub limits: Limits,
-    /// Concurrent group-commit loops. Two keep one transaction filling while another commits.
+    /// Concurrent group-commit loops. One by default: with one commit in flight the next batch
+    /// fills while it commits, and batches are about twice as large as with two, which cut
+    /// Postgres's CPU per recorded call by a third (docs/benchmarks.md); two commits of one
+    /// session also wait for each other's row lock and then miss the store's one-statement path.
     pub recorder_writers: usize,
     /// Record `invocation.started` durably before read-only tools run too (two writes per call
     /// instead of one). Off by default: a read-only tool has no side effect to guard, and its
@@ -204,7 +207,7 @@ impl EngineConfig {
             node: node.into(),
             workspace_root: workspace_root.into(),
             limits: Limits::default(),
-            recorder_writers: 2,
+            recorder_writers: 1,
             durable_start_for_read_only: false,
             sandbox: None,
             web: std::sync::Arc::new(toolexec_tools::web::WebAccess::default()),

@@ -530,9 +530,10 @@ async fn a_5xx_answer_names_the_request_but_no_database_text(backend: Backend) {
     db.set_reachable(true).await;
 }
 
-/// A session whose log holds 60,000 events and 101 shell calls, one of which started `p2` in an
-/// earlier run of the service: 64 lookups of ids the log may hold cost 64 indexed queries (no
-/// paging through the log), ids it cannot hold cost none, and the query's plan uses the index.
+/// A session whose log holds 60,000 events and 101 shell calls, two of which started `p2` and
+/// `p64` in an earlier run of the service: 64 lookups of ids the log may hold cost 64 indexed
+/// queries (no paging through the log), ids it cannot hold cost none, and the query's plan uses
+/// the index.
 async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend) {
     let app = backend.spawn().await;
     let sid = new_session(&app, json!({})).await;
@@ -580,7 +581,15 @@ async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend
             .collect();
         writes.push(shell(n, effects));
     }
-    writes.extend((4..=100).map(|n| shell(n, vec![])));
+    writes.extend((4..100).map(|n| shell(n, vec![])));
+    // The last process id that run gave: the restarted service numbers its own above it.
+    writes.push(shell(
+        100,
+        vec![NewEvent {
+            kind: EventKind::ProcessStarted,
+            data: json!({"process_id": "p64", "command": "sleep 64"}),
+        }],
+    ));
     for w in writes {
         let r = store.commit(&[w]).await.unwrap();
         assert!(r[0].is_ok(), "{r:?}");
@@ -635,9 +644,9 @@ async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend
     // It took 25 s by paging; one probe per id is far under this (generous, for a busy machine).
     assert!(took < Duration::from_secs(5), "64 lookups took {took:?}");
 
-    // Ids no run of the service could have given (p102 on is this runtime's own range, which it
+    // Ids no run of the service could have given (p65 on is this runtime's own range, which it
     // knows): answered without a query.
-    let impossible: Vec<Value> = ["p102", "p999999", "p0", "p01", "x7", "p", "p-1"]
+    let impossible: Vec<Value> = ["p65", "p102", "p999999", "p0", "p01", "x7", "p", "p-1"]
         .iter()
         .enumerate()
         .map(|(i, id)| json!({"id": format!("i{i}"), "name": "process_kill", "arguments": {"process_id": id}}))

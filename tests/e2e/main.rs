@@ -8,6 +8,7 @@ mod binary;
 mod budget_scan;
 mod budget_store;
 mod budget_tools;
+mod call_index;
 mod cancel;
 mod descriptors;
 mod http_jail;

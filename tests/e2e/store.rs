@@ -60,6 +60,8 @@ store_suite!(
     interrupting_a_node_finishes_only_its_own_running_calls,
     events_are_paged_by_after_and_limit,
     lookup_calls_returns_the_session_and_the_calls_it_already_has,
+    the_call_ids_of_a_session_are_read_page_by_page,
+    the_last_process_number_is_the_highest_process_id_started,
     the_event_log_refuses_updates_and_deletes,
     blobs_beyond_the_statement_bound_are_stored_once_in_bounded_statements,
     a_batch_the_database_refuses_writes_nothing_and_says_why_in_plain_words,
@@ -1135,6 +1137,79 @@ async fn lookup_calls_returns_the_session_and_the_calls_it_already_has(db: &Test
     let (session, none) = db.store.lookup_calls(acme.id, s.id, &[]).await.unwrap();
     assert_eq!(session.id, s.id);
     assert!(none.is_empty());
+}
+
+async fn the_call_ids_of_a_session_are_read_page_by_page(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let other = session(db, &acme).await;
+    let empty = session(db, &acme).await;
+    let mut ids: Vec<String> = (0..25).map(|i| format!("toolu_{i:03}")).collect();
+    ids.extend(["A", "b", "call 1", "é"].map(String::from));
+    let writes: Vec<Write> = ids.iter().map(|id| record(call(s.id, id), "x")).collect();
+    db.store.commit(&writes).await.unwrap();
+    db.store
+        .commit(&[record(call(other.id, "elsewhere"), "y")])
+        .await
+        .unwrap();
+
+    let mut read = Vec::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let page = db.store.call_ids(s.id, &after, 10).await.unwrap();
+        pages += 1;
+        assert!(page.len() <= 10, "{page:?}");
+        read.extend(page.iter().cloned());
+        match page.last() {
+            Some(last) if page.len() == 10 => after = last.clone(),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(read.len(), ids.len(), "each id once: {read:?}");
+    assert_eq!(
+        read.into_iter().collect::<BTreeSet<_>>(),
+        ids.into_iter().collect::<BTreeSet<_>>()
+    );
+    assert!(
+        db.store
+            .call_ids(empty.id, "", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn the_last_process_number_is_the_highest_process_id_started(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let t = session(db, &acme).await;
+    assert_eq!(db.store.last_process_number(s.id).await.unwrap(), 0);
+    let event = |kind, id: &str| NewEvent {
+        kind,
+        data: json!({"process_id": id}),
+    };
+    db.store
+        .commit(&[Write::Record {
+            invocation: call(s.id, "c1"),
+            outcome: ok("started"),
+            side_effects: vec![
+                event(EventKind::ProcessStarted, "p2"),
+                // Compared as numbers: "p10" sorts before "p2" as text.
+                event(EventKind::ProcessStarted, "p10"),
+                // Not starts, or not ids this service gives: not counted.
+                event(EventKind::ProcessExited, "p99"),
+                event(EventKind::ProcessStarted, "q500"),
+                event(EventKind::ProcessStarted, "p7x"),
+                event(EventKind::ProcessStarted, "p123456789012345678901"),
+            ],
+            blobs: vec![],
+        }])
+        .await
+        .unwrap();
+    assert_eq!(db.store.last_process_number(s.id).await.unwrap(), 10);
+    assert_eq!(db.store.last_process_number(t.id).await.unwrap(), 0);
 }
 
 async fn the_event_log_refuses_updates_and_deletes(db: &TestStore) {

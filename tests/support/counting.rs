@@ -5,9 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use toolexec_core::{Event, EventKind, Invocation, Replay, Session, Tenant};
-use toolexec_store::{
-    Assigned, Blob, CallKey, NewEvent, Result, SessionPage, Store, Write, WriteError,
-};
+use toolexec_store::{Assigned, Blob, NewEvent, Result, SessionPage, Store, Write, WriteError};
 use uuid::Uuid;
 
 /// Delegates everything to `inner`; counts the log reads.
@@ -17,6 +15,8 @@ pub struct CountingStore {
     pub process_lookups: AtomicU64,
     /// Calls of [`Store::events`] (a page of the log each).
     pub event_pages: AtomicU64,
+    /// Calls of [`Store::lookup_calls`] (recorded calls looked up by id).
+    pub call_lookups: AtomicU64,
 }
 
 impl CountingStore {
@@ -25,6 +25,7 @@ impl CountingStore {
             inner,
             process_lookups: AtomicU64::new(0),
             event_pages: AtomicU64::new(0),
+            call_lookups: AtomicU64::new(0),
         })
     }
 
@@ -95,12 +96,16 @@ impl Store for CountingStore {
         session_id: Uuid,
         call_ids: &[String],
     ) -> Result<(Session, Vec<Invocation>)> {
+        self.call_lookups.fetch_add(1, Ordering::SeqCst);
         self.inner
             .lookup_calls(tenant_id, session_id, call_ids)
             .await
     }
-    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>> {
-        self.inner.call_index(session_id).await
+    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
+        self.inner.call_ids(session_id, after, limit).await
+    }
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        self.inner.last_process_number(session_id).await
     }
     async fn commit(
         &self,

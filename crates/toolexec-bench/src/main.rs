@@ -7,15 +7,19 @@
 //!
 //! - `history`: rebuilding a session at a seq (next to `cp -a` of its workspace), forks (latency
 //!   and disk), and the log streamed to 100 subscribers (next to the events the calls wrote).
+//! - `session`: one session grown to a million calls: the service's memory and a call's latency
+//!   at each point, next to a fresh session measured at the same moments; then a restart.
 //!
 //! - `web`: `web_fetch` of a 1 MB page from a loopback server (next to a plain GET of it), and
 //!   the process's memory while 16 fetches read endless bodies.
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `web`; Postgres on 127.0.0.1:5432,
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
+mod cpu;
 mod history;
+mod session;
 mod shell;
 mod web;
 
@@ -58,6 +62,9 @@ enum Command {
         /// `shared`: all clients call one session.
         #[arg(long, default_value = "per-client")]
         sessions: SessionMode,
+        /// The service's group-commit loops (default: the service's default).
+        #[arg(long)]
+        recorder_writers: Option<usize>,
     },
     /// Sandboxed `shell` calls (`true`) over HTTP, with a raw bash spawn as the baseline.
     Shell {
@@ -101,6 +108,26 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// One session grown to many calls: memory and latency at each point, with a fresh session
+    /// as the baseline.
+    Session {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Session lengths (calls) at which to measure.
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+        calls: Vec<u64>,
+        /// Timed single-call requests of each kind at each point.
+        #[arg(long, default_value_t = 500)]
+        probes: usize,
+        /// Concurrent requests (of 64 calls each) while filling the session.
+        #[arg(long, default_value_t = 4)]
+        fill_clients: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -119,12 +146,14 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             clients,
             sessions,
+            recorder_writers,
         } => {
             calls(
                 &admin_url,
                 Duration::from_secs(seconds),
                 &clients,
                 sessions == SessionMode::Shared,
+                recorder_writers,
             )
             .await
         }
@@ -139,6 +168,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Web { admin_url, seconds } => {
             web::run(&admin_url, Duration::from_secs(seconds)).await
         }
+        Command::Session {
+            admin_url,
+            calls,
+            probes,
+            fill_clients,
+        } => session::run(&admin_url, &calls, probes, fill_clients).await,
     }
 }
 
@@ -204,9 +239,17 @@ async fn calls(
     dur: Duration,
     client_counts: &[usize],
     shared_session: bool,
+    recorder_writers: Option<usize>,
 ) -> anyhow::Result<()> {
     let db = BenchDb::create(admin_url).await?;
-    let result = run_all(&db.url, dur, client_counts, shared_session).await;
+    let result = run_all(
+        &db.url,
+        dur,
+        client_counts,
+        shared_session,
+        recorder_writers,
+    )
+    .await;
     db.drop().await?;
     result
 }
@@ -259,10 +302,14 @@ impl Server {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || -> anyhow::Result<()> {
-            let rt = tokio::runtime::Builder::new_multi_thread()
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder
                 .worker_threads(2)
-                .enable_all()
-                .build()?;
+                .thread_name(cpu::SERVICE_THREADS)
+                // Blocking threads live through a run, so that their CPU time stays counted.
+                .thread_keep_alive(Duration::from_secs(3600))
+                .enable_all();
+            let rt = builder.build()?;
             rt.block_on(async move {
                 let state = toolexec_server::build_state(&config).await?;
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -304,8 +351,10 @@ async fn run_all(
     dur: Duration,
     client_counts: &[usize],
     shared_session: bool,
+    recorder_writers: Option<usize>,
 ) -> anyhow::Result<()> {
     let data = tempdir()?;
+    let defaults = toolexec_server::Config::default();
     let config = toolexec_server::Config {
         bind: "127.0.0.1:0".into(),
         database_url: Some(db_url.to_owned()),
@@ -314,8 +363,10 @@ async fn run_all(
         max_db_connections: 16,
         // The benchmark measures throughput, not admission control.
         rate_limit_per_second: 0.0,
+        recorder_writers: recorder_writers.unwrap_or(defaults.recorder_writers),
         ..Default::default()
     };
+    let writers = config.recorder_writers;
     let server = Server::start(config).await?;
     let base = server.base.clone();
     let http = reqwest::Client::builder()
@@ -359,20 +410,23 @@ async fn run_all(
     }
 
     println!(
-        "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row, {}",
+        "toolexec-bench calls: read_file over HTTP, Postgres store, {}s per row, {}, {writers} recorder loop(s)",
         dur.as_secs(),
         if shared_session {
             "all clients in one session"
         } else {
             "one session per client"
-        }
+        },
     );
     println!(
         "{:>7} | {:>12} {:>9} {:>9} | {:>14} {:>9} {:>9} | {:>8}",
         "clients", "toolexec/s", "p50 ms", "p99 ms", "pg inserts/s", "p50 ms", "p99 ms", "ratio"
     );
+    let database = db_url.rsplit('/').next().unwrap_or_default().to_owned();
+    let mut costs = Vec::new();
     for &clients in client_counts {
         // Baseline: the rows one call records, inserted plainly, one transaction per call.
+        let cpu_before = cpu::Sample::now(&database);
         let seq = Arc::new(AtomicU64::new(0));
         let baseline_session = uuid::Uuid::now_v7();
         let p = pool.clone();
@@ -410,7 +464,9 @@ async fn run_all(
             }
         })
         .await?;
+        let cpu_base = cpu::Sample::now(&database).since(cpu_before);
 
+        let cpu_before = cpu::Sample::now(&database);
         let http2 = http.clone();
         let urls = calls_urls.clone();
         let run = uuid::Uuid::new_v4().simple().to_string();
@@ -431,6 +487,12 @@ async fn run_all(
             }
         })
         .await?;
+        let cpu_svc = cpu::Sample::now(&database).since(cpu_before);
+        costs.push((
+            clients,
+            cpu_svc.per_op(svc_stats.calls),
+            cpu_base.per_op(base_stats.calls),
+        ));
         println!(
             "{:>7} | {:>12.0} {:>9.2} {:>9.2} | {:>14.0} {:>9.2} {:>9.2} | {:>8.2}",
             clients,
@@ -446,6 +508,16 @@ async fn run_all(
     println!(
         "ratio = toolexec recorded calls/s ÷ plain-insert transactions/s (same rows, same database, same run)"
     );
+    println!(
+        "CPU µs per call (toolexec: service threads + load generator + Postgres backends) and per transaction (baseline: client + backends):"
+    );
+    for (clients, (svc, client, pg), (_, base_client, base_pg)) in costs {
+        println!(
+            "{clients:>7} | toolexec {:>6.0} = service {svc:>5.0} + client {client:>5.0} + postgres {pg:>5.0} | baseline {:>6.0} = client {base_client:>5.0} + postgres {base_pg:>5.0}",
+            svc + client + pg,
+            base_client + base_pg,
+        );
+    }
     print_recorder_stats(&http, &base).await?;
     server.stop().await?;
     pool.close().await;

@@ -20,6 +20,11 @@ pub struct Limits {
     pub max_blob_bytes: usize,
     /// Most seed files in `POST /v1/sessions`.
     pub max_seed_files: usize,
+    /// Memory one session's call index may take on the node serving it (bytes). The index
+    /// tells a new call id from a possible retry without a store read (a Bloom filter, ~2.5
+    /// bytes per call, 1 % of new calls checked against the store); a session too long for it
+    /// keeps this much, and more of its new calls are checked against the store.
+    pub call_index_max_bytes: usize,
     /// Most sessions whose runtime (workspace descriptor, inotify instance, process table,
     /// read-state) a node keeps at once; the least recently used idle ones are dropped beyond it
     /// (and rebuilt on their next call, with their read-state forgotten). The service lowers it
@@ -125,6 +130,9 @@ impl Default for Limits {
             max_timeout_ms: 600_000,
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
+            // A million calls at a 1 % false-positive rate (~3.1 MB); ~1.4 KB for a session's
+            // first thousand.
+            call_index_max_bytes: 4 * 1024 * 1024,
             max_cached_sessions: 10_000,
             request_timeout_ms: 900_000,
             lease_ttl_ms: 10_000,
@@ -175,7 +183,10 @@ pub struct EngineConfig {
     /// Parent directory of the session workspaces (`<root>/<session id>`).
     pub workspace_root: PathBuf,
     pub limits: Limits,
-    /// Concurrent group-commit loops. Two keep one transaction filling while another commits.
+    /// Concurrent group-commit loops. One by default: with one commit in flight the next batch
+    /// fills while it commits, and batches are about twice as large as with two, which cut
+    /// Postgres's CPU per recorded call by a third (docs/benchmarks.md); two commits of one
+    /// session also wait for each other's row lock and then miss the store's one-statement path.
     pub recorder_writers: usize,
     /// Record `invocation.started` durably before read-only tools run too (two writes per call
     /// instead of one). Off by default: a read-only tool has no side effect to guard, and its
@@ -196,7 +207,7 @@ impl EngineConfig {
             node: node.into(),
             workspace_root: workspace_root.into(),
             limits: Limits::default(),
-            recorder_writers: 2,
+            recorder_writers: 1,
             durable_start_for_read_only: false,
             sandbox: None,
             web: std::sync::Arc::new(toolexec_tools::web::WebAccess::default()),

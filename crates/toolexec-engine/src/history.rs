@@ -568,12 +568,7 @@ impl Engine {
             Arc::try_unwrap(ws)
                 .map_err(|_| EngineError::Internal("workspace still shared".into()))?
         };
-        let rt = Arc::new(SessionRuntime::new(
-            session.clone(),
-            workspace,
-            Vec::new(),
-            self.config.sandbox.as_ref(),
-        ));
+        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
         let event = self.session_created(&session, Some(state.len()));
         let cap = self.config.limits.max_open_sessions_per_tenant;
         match self

@@ -6,6 +6,7 @@
 //! (the API maps [`EngineError`]) nor about SQL (it speaks [`toolexec_store::Store`]).
 #![forbid(unsafe_code)]
 
+mod callindex;
 mod calls;
 mod canonical;
 mod config;

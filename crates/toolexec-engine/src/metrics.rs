@@ -30,6 +30,13 @@ pub struct Metrics {
     sessions_evicted: Counter,
     blob_statement_bytes: Histogram,
     writes_refused: Counter,
+    call_index: Family<AnswerLabel, Counter>,
+}
+
+/// What a session's call index answered for a call id about to run (`crate::callindex`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct AnswerLabel {
+    pub answer: &'static str,
 }
 
 /// How a workspace scan found its changes: `events` (inotify) or why it walked the tree.
@@ -105,7 +112,14 @@ impl Default for Metrics {
             "Writes the store cannot hold, answered alone (the call is recorded as failed instead)",
             writes_refused.clone(),
         );
+        let call_index = Family::<AnswerLabel, Counter>::default();
+        registry.register(
+            "call_index_answers",
+            "Call ids checked against a session's call index before running: new (no store read), recorded (a retry, read from the store) or not_recorded (a false positive of the filter, or an index still loading: one store read for nothing)",
+            call_index.clone(),
+        );
         Self {
+            call_index,
             registry: Mutex::new(registry),
             blob_statement_bytes,
             writes_refused,
@@ -155,6 +169,22 @@ impl Metrics {
                 mode: mode.to_owned(),
             })
             .inc();
+    }
+
+    /// Call ids the index answered: `new` without a store read; `recorded` and `not_recorded`
+    /// after one.
+    pub fn call_index_answers(&self, new: u64, recorded: u64, not_recorded: u64) {
+        for (answer, n) in [
+            ("new", new),
+            ("recorded", recorded),
+            ("not_recorded", not_recorded),
+        ] {
+            if n > 0 {
+                self.call_index
+                    .get_or_create(&AnswerLabel { answer })
+                    .inc_by(n);
+            }
+        }
     }
 
     pub fn sessions_evicted(&self, n: u64) {

@@ -1,8 +1,8 @@
 //! Group commit: many calls' writes share one transaction — and one write can neither exhaust the
 //! service nor sink the writes it shares a commit with.
 //!
-//! Every caller submits a [`Write`] and awaits its own result. A few writer loops each take
-//! whatever is queued (up to [`MAX_BATCH`]) and commit it in one transaction, so under load one
+//! Every caller submits a [`Write`] and awaits its own result. A writer loop (one by default,
+//! `recorder_writers`) takes whatever is queued (up to [`MAX_BATCH`]) and commit it in one transaction, so under load one
 //! fsync serves dozens of calls, and with no load a write is committed at once (no timer wait).
 //!
 //! What keeps one write from hurting the others:

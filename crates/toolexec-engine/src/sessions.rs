@@ -1,7 +1,7 @@
 //! Sessions: creation (workspace + seed files + the first events), listing, closing, and the
 //! per-session runtime state kept on the node that holds the workspace.
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use serde_json::json;
 use toolexec_core::ProblemCode;
@@ -12,7 +12,16 @@ use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
 use toolexec_workspace::scan::{InotifyPool, ScanBudget, Snapshot};
 use uuid::Uuid;
 
+use crate::callindex::{CallIndex, Seen};
 use crate::{Engine, EngineError, Result};
+
+/// Call ids read from the store per query while a runtime's call index is filled: one indexed
+/// range, ~0.5 MB of ids at most; a session of a million calls takes a hundred of them.
+const CALL_ID_PAGE: u32 = 10_000;
+
+/// Longest pause between two attempts to read a runtime's call ids while the store fails
+/// (meanwhile every call of the session asks the store, which is failing too).
+const CALL_ID_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What a node keeps for an active session it serves. A session's calls run on the node that
 /// holds its workspace, so this node sees every call recorded for it; the store still checks every
@@ -25,8 +34,9 @@ pub struct SessionRuntime {
     /// Read-only calls share it; a mutating call holds it alone, so it never overlaps another
     /// call of the same session — also across concurrent requests.
     pub schedule: tokio::sync::RwLock<()>,
-    /// Every call id recorded for the session: answers "is this a retry?" without a store read.
-    pub calls: Mutex<HashMap<String, CallKey>>,
+    /// The call ids recorded for the session, in bounded memory: tells a new call from a
+    /// possible retry without a store read (`crate::callindex`).
+    pub(crate) calls: CallIndex,
     /// The session's sandbox and background processes (when the engine has a sandbox).
     pub processes: Option<Arc<ProcessTable>>,
     /// When the session was last used on this node (milliseconds on the engine's clock): the
@@ -114,16 +124,17 @@ impl OutputSource for RecordedOutputs {
 pub const MAX_PAGE: u32 = 200;
 
 impl SessionRuntime {
+    /// `first_process_id`: above every process id the session's log holds (see
+    /// [`toolexec_store::Store::last_process_number`]), so that an id never repeats within a
+    /// session, also across restarts.
     pub(crate) fn new(
         session: Session,
         workspace: Workspace,
-        calls: Vec<CallKey>,
+        calls: CallIndex,
+        first_process_id: u64,
         sandbox: Option<&Arc<Sandbox>>,
     ) -> Self {
-        // Each shell call starts at most one background process, so numbering above the
-        // session's recorded shell calls never reuses an id of an earlier run of the service.
-        let first_id = calls.iter().filter(|k| k.name == "shell").count() as u64 + 1;
-        let first_process_id = first_id;
+        let first_id = first_process_id.max(1);
         let processes = sandbox.map(|s| {
             Arc::new(ProcessTable::new(
                 s.clone(),
@@ -137,11 +148,11 @@ impl SessionRuntime {
             workspace: Arc::new(workspace),
             reads: Arc::new(ReadTracker::default()),
             schedule: tokio::sync::RwLock::new(()),
-            calls: Mutex::new(calls.into_iter().map(|k| (k.call_id.clone(), k)).collect()),
+            calls,
             processes,
             last_used: std::sync::atomic::AtomicU64::new(0),
             snapshot: tokio::sync::Mutex::new(None),
-            first_process_id,
+            first_process_id: first_id,
         }
     }
 
@@ -188,15 +199,14 @@ impl SessionRuntime {
         })
     }
 
-    /// The recorded call with this id, if any.
-    pub(crate) fn known(&self, call_id: &str) -> Option<CallKey> {
-        self.calls.lock().ok()?.get(call_id).cloned()
+    /// Whether a call id may be recorded for the session (then the store says whether it is).
+    pub(crate) fn seen(&self, call_id: &str) -> Seen {
+        self.calls.seen(call_id)
     }
 
+    /// Remembers a call recorded for the session.
     pub(crate) fn remember(&self, key: CallKey) {
-        if let Ok(mut calls) = self.calls.lock() {
-            calls.insert(key.call_id.clone(), key);
-        }
+        self.calls.add(&key.call_id);
     }
 }
 
@@ -235,14 +245,83 @@ impl Engine {
                 ))
             })
         })?;
-        let calls = self.store.call_index(session.id).await?;
+        let first_process_id = self.store.last_process_number(session.id).await? + 1;
+        // The first page of call ids now: a session of up to a page of calls has its whole
+        // index before its first call is planned; a longer one goes on filling it in the
+        // background, its calls asking the store meanwhile.
+        let calls = CallIndex::loading(self.config.limits.call_index_max_bytes);
+        let first = self.store.call_ids(session.id, "", CALL_ID_PAGE).await?;
+        calls.add_all(first.iter().map(String::as_str));
+        let rest = match first.last() {
+            Some(last) if first.len() >= CALL_ID_PAGE as usize => Some(last.clone()),
+            _ => {
+                calls.mark_complete();
+                None
+            }
+        };
         let rt = Arc::new(SessionRuntime::new(
             session.clone(),
             workspace,
             calls,
+            first_process_id,
             self.config.sandbox.as_ref(),
         ));
-        Ok(self.keep_runtime(rt))
+        let kept = self.keep_runtime(rt.clone());
+        if let Some(after) = rest
+            && Arc::ptr_eq(&kept, &rt)
+        {
+            self.fill_call_index(&kept, after);
+        }
+        Ok(kept)
+    }
+
+    /// The runtime of a session made on this node just now: no call recorded yet.
+    pub(crate) fn fresh_runtime(&self, session: Session, workspace: Workspace) -> SessionRuntime {
+        SessionRuntime::new(
+            session,
+            workspace,
+            CallIndex::complete(self.config.limits.call_index_max_bytes),
+            1,
+            self.config.sandbox.as_ref(),
+        )
+    }
+
+    /// Reads the rest of a runtime's call ids from the store (those after `after`), page by
+    /// page, into its index, then marks it complete. Stops when the runtime is dropped; retries
+    /// while the store fails.
+    fn fill_call_index(&self, rt: &Arc<SessionRuntime>, mut after: String) {
+        let store = self.store.clone();
+        let session_id = rt.session.id;
+        let rt: Weak<SessionRuntime> = Arc::downgrade(rt);
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                if rt.strong_count() == 0 {
+                    return;
+                }
+                match store.call_ids(session_id, &after, CALL_ID_PAGE).await {
+                    Ok(page) => {
+                        let Some(rt) = rt.upgrade() else { return };
+                        rt.calls.add_all(page.iter().map(String::as_str));
+                        match page.last() {
+                            Some(last) if page.len() >= CALL_ID_PAGE as usize => {
+                                after = last.clone();
+                            }
+                            _ => {
+                                rt.calls.mark_complete();
+                                tracing::debug!(%session_id, bytes = rt.calls.bytes(), "call index loaded");
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, %session_id, "reading the session's call ids failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(CALL_ID_RETRY_MAX);
+                    }
+                }
+            }
+        });
     }
 
     /// Drops this node's runtime of a session (another node ran its calls since): the next
@@ -444,12 +523,7 @@ impl Engine {
             out_of_descriptors(&e)
                 .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
         })?;
-        let rt = Arc::new(SessionRuntime::new(
-            session.clone(),
-            workspace,
-            Vec::new(),
-            self.config.sandbox.as_ref(),
-        ));
+        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
 
         let mut events = vec![self.session_created(&session, None)];
         let mut blobs = Vec::new();

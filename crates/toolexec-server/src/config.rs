@@ -31,7 +31,8 @@ pub struct Config {
     pub trusted_identity_header: Option<String>,
     /// `json` (default) or `text`.
     pub log_format: String,
-    /// Concurrent group-commit loops of the recorder.
+    /// Concurrent group-commit loops of the recorder (1: the largest batches, the least
+    /// database CPU per call; docs/benchmarks.md).
     pub recorder_writers: usize,
     /// Record `invocation.started` durably before read-only tools run too (see docs/design.md).
     pub durable_start_for_read_only: bool,
@@ -71,7 +72,7 @@ impl Default for Config {
             body_limit_bytes: toolexec_api::DEFAULT_BODY_LIMIT_BYTES,
             trusted_identity_header: None,
             log_format: "json".into(),
-            recorder_writers: 2,
+            recorder_writers: 1,
             durable_start_for_read_only: false,
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,

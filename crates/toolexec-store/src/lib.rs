@@ -317,9 +317,17 @@ pub trait Store: Send + Sync + 'static {
         call_ids: &[String],
     ) -> Result<(Session, Vec<Invocation>)>;
 
-    /// Every call id recorded in a session, for the node that serves it to answer "already
-    /// recorded?" from memory.
-    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>>;
+    /// A page of the call ids recorded in a session: those after `after` in the order of the
+    /// `(session_id, call_id)` index (`""`: from the first), at most `limit`. The node serving
+    /// the session reads them all once, page by page, into its call index; each page is one
+    /// range of that index, so a page costs the same whatever the session's length.
+    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>>;
+
+    /// The highest `N` of the process ids (`p<N>`) in the session's `process.started` events
+    /// (0: none). A node that makes a new runtime for the session numbers its processes above
+    /// it, so an id is never given twice. One probe of the partial index of those events: it
+    /// reads the session's background processes, not its calls.
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64>;
 
     /// Applies a batch of writes in one transaction (group commit). The outer error means nothing
     /// was written: [`StoreError::Unavailable`] (store down; the same batch may succeed later) or

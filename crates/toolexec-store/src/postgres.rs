@@ -33,8 +33,7 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, CallKey, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write,
-    WriteError,
+    Assigned, Blob, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -944,22 +943,30 @@ impl Store for PgStore {
         )
     }
 
-    async fn call_index(&self, session_id: Uuid) -> Result<Vec<CallKey>> {
-        let rows = sqlx::query_as::<_, (String, String, String, Uuid)>(
-            "SELECT call_id, name, arguments_sha256, id FROM invocations WHERE session_id = $1",
+    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar::<_, String>(
+            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
+             ORDER BY call_id LIMIT $3",
         )
         .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        // The kind is a literal, so that the partial index `events_process_started`
+        // (migration 0002) serves it; only well-formed ids are read as numbers.
+        let n = sqlx::query_scalar::<_, i64>(
+            "SELECT COALESCE(max(substr(data->>'process_id', 2)::bigint), 0) FROM events \
+             WHERE session_id = $1 AND kind = 'process.started' \
+             AND data->>'process_id' ~ '^p[0-9]{1,18}$'",
+        )
+        .bind(session_id)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(call_id, name, arguments_sha256, invocation_id)| CallKey {
-                call_id,
-                name,
-                arguments_sha256,
-                invocation_id,
-            })
-            .collect())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {

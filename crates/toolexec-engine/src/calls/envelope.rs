@@ -9,6 +9,7 @@ use toolexec_core::{Call, Invocation, Session, SessionStatus};
 use toolexec_tools::Resolved;
 use uuid::Uuid;
 
+use crate::callindex::Seen;
 use crate::canonical::arguments_sha256;
 use crate::sessions::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
@@ -121,29 +122,28 @@ impl Engine {
         }
         let ids: Vec<String> = first.keys().map(|s| (*s).to_owned()).collect();
         let (session, existing, cached) = match self.cached_runtime(tenant_id, session_id)? {
-            // The node serving the session knows every call id recorded for it: only retries
-            // need a store read.
+            // The node serving the session knows which call ids are new: only possible
+            // retries (and the index's rare false positives) need a store read.
             Some(rt) => {
-                let mut hits = Vec::new();
-                for (i, c) in calls.iter().enumerate() {
-                    if plans[i].is_some() {
-                        continue;
-                    }
-                    if let Some(k) = rt.known(&c.id) {
-                        if k.name != c.name || k.arguments_sha256 != hashes[i] {
-                            return Err(reused(&c.id));
-                        }
-                        hits.push(c.id.clone());
-                    }
-                }
-                let existing = if hits.is_empty() {
+                let ask: Vec<String> = calls
+                    .iter()
+                    .zip(&plans)
+                    .filter(|(c, p)| p.is_none() && rt.seen(&c.id) == Seen::Maybe)
+                    .map(|(c, _)| c.id.clone())
+                    .collect();
+                let existing = if ask.is_empty() {
                     Vec::new()
                 } else {
                     self.store
-                        .lookup_calls(tenant_id, session_id, &hits)
+                        .lookup_calls(tenant_id, session_id, &ask)
                         .await?
                         .1
                 };
+                self.metrics.call_index_answers(
+                    (ids.len() - ask.len()) as u64,
+                    existing.len() as u64,
+                    (ask.len() - existing.len()) as u64,
+                );
                 (rt.session.clone(), existing, Some(rt))
             }
             None => {

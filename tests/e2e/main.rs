@@ -10,6 +10,7 @@ mod budget_store;
 mod budget_tools;
 mod call_index;
 mod cancel;
+mod cluster;
 mod descriptors;
 mod http_jail;
 mod http_limits;

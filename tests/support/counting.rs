@@ -208,4 +208,28 @@ impl Store for CountingStore {
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
         self.inner.release_leases(node, session_ids).await
     }
+    async fn node_heartbeat(
+        &self,
+        node: &str,
+        address: Option<&str>,
+        draining: bool,
+    ) -> Result<()> {
+        self.inner.node_heartbeat(node, address, draining).await
+    }
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        self.inner.remove_node(node).await
+    }
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: std::time::Duration,
+    ) -> Result<Option<toolexec_store::SessionOwner>> {
+        self.inner.session_owner(session_id, alive_within).await
+    }
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
+        self.inner.invocation_session(invocation_id).await
+    }
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
+        self.inner.interrupt_session(session_id, content).await
+    }
 }

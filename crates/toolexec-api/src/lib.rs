@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod extract;
+pub mod forward;
 pub mod limits;
 mod openapi;
 pub mod problem;
@@ -130,6 +131,11 @@ pub fn app(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state.clone())
+        // Innermost: the body is already bounded when a request is forwarded.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::forward_to_owner,
+        ))
         .layer(axum::Extension(schemas))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(

@@ -54,10 +54,15 @@ pub enum EventKind {
     /// record instead of asking the network.
     #[serde(rename = "web.exchange")]
     WebExchange,
+    /// A node took the session over from one that is gone (or rebuilt a workspace it lost):
+    /// calls and background processes that were running there are recorded interrupted
+    /// (before this event), and the workspace was rebuilt from the log.
+    #[serde(rename = "session.taken_over")]
+    SessionTakenOver,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -72,6 +77,7 @@ impl EventKind {
         EventKind::WorkspaceRewound,
         EventKind::NetworkRequest,
         EventKind::WebExchange,
+        EventKind::SessionTakenOver,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -90,6 +96,7 @@ impl EventKind {
             EventKind::WorkspaceRewound => "workspace.rewound",
             EventKind::NetworkRequest => "network.request",
             EventKind::WebExchange => "web.exchange",
+            EventKind::SessionTakenOver => "session.taken_over",
         }
     }
 

@@ -199,6 +199,22 @@ pub struct EngineConfig {
     /// What the web tools may reach (the network policy, the resolver) and `web_fetch`'s
     /// summarizer. Tests put a `StaticResolver` here: the rest of the path is production's.
     pub web: std::sync::Arc<toolexec_tools::web::WebAccess>,
+    /// How this node works with the other replicas of the service (`[cluster]`).
+    pub cluster: ClusterConfig,
+}
+
+/// How a node works with the other replicas that share its store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The URL the other replicas reach this node at (`http://toolexec-0.toolexec-headless:8080`):
+    /// requests for a session that lives here are forwarded to it. Unset: this node takes no
+    /// forwarded requests, and one that gets a request for a session living on another node
+    /// waits for that node's lease (workspaces on shared storage) instead of forwarding it.
+    pub advertise_url: Option<String>,
+    /// Workspaces are on storage every replica mounts at the same path: a node that takes a
+    /// session over uses its workspace as it is instead of rebuilding it from the log.
+    pub shared_workspaces: bool,
 }
 
 impl EngineConfig {
@@ -211,6 +227,7 @@ impl EngineConfig {
             durable_start_for_read_only: false,
             sandbox: None,
             web: std::sync::Arc::new(toolexec_tools::web::WebAccess::default()),
+            cluster: ClusterConfig::default(),
         }
     }
 }

@@ -65,12 +65,6 @@ const FILE_KINDS: [EventKind; 4] = [
 ];
 
 impl Engine {
-    /// Gives up every session lease this node holds (at shutdown, once its batches are done),
-    /// so that another node can take its sessions at once instead of after their TTL.
-    pub async fn release_leases(&self) {
-        self.leases.release_all().await;
-    }
-
     /// The seq `at` stands for in `session` (its last event when absent), checked.
     fn resolve_at(session: &Session, at: Option<i64>) -> Result<i64> {
         let at = at.unwrap_or(session.last_seq);
@@ -322,7 +316,7 @@ impl Engine {
     /// Writes a plan's entries into `ws`, fetching their contents from the store in bounded
     /// batches. Returns the files whose contents the store did not have, and the entries that
     /// could not be written (the others are).
-    async fn fill(
+    pub(crate) async fn fill(
         &self,
         ws: &Arc<Workspace>,
         plan: &Plan<'_>,
@@ -403,8 +397,8 @@ impl Engine {
         // mutating one on this node (its scheduling lock).
         let _lease = match (req.at_seq, source.status) {
             (None, SessionStatus::Active) => {
-                let (lease, taken_over) = self.leases.hold(source_id).await?;
-                if taken_over {
+                let (lease, previous) = self.leases.hold(source_id).await?;
+                if previous.is_some() {
                     self.forget_runtime(source_id);
                 }
                 Some(lease)
@@ -578,6 +572,7 @@ impl Engine {
         {
             Ok(stored) => {
                 self.keep_runtime(rt);
+                self.settle(stored.id).await;
                 Ok((stored, shares))
             }
             Err(e) => {
@@ -625,11 +620,11 @@ impl Engine {
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
         }
-        let (_lease, taken_over) = self.leases.hold(session_id).await?;
-        if taken_over {
+        let (_lease, previous) = self.leases.hold(session_id).await?;
+        if previous.is_some() {
             self.forget_runtime(session_id);
         }
-        let rt = self.runtime(&session).await?;
+        let rt = self.runtime(&session, previous.as_deref()).await?;
         let _turn = rt.schedule.write().await;
         // Read again under the lock: calls that ran while it was awaited moved last_seq.
         let session = self.store.get_session(tenant_id, session_id).await?;

@@ -44,6 +44,12 @@ struct Held {
 pub(crate) struct Leases {
     store: Arc<dyn Store>,
     node: String,
+    /// Where the other replicas reach this node (`cluster.advertise_url`), told with each
+    /// heartbeat.
+    address: Option<String>,
+    /// This node is shutting down: its heartbeat says so, and requests for its sessions wait
+    /// for it to hand them over.
+    draining: std::sync::atomic::AtomicBool,
     times: LeaseTimes,
     held: Mutex<HashMap<Uuid, Held>>,
     /// Taking, renewing and releasing leases in the store, one at a time: a release of an idle
@@ -70,10 +76,17 @@ impl Drop for LeaseGuard {
 }
 
 impl Leases {
-    pub(crate) fn start(store: Arc<dyn Store>, node: String, times: LeaseTimes) -> Arc<Self> {
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        node: String,
+        address: Option<String>,
+        times: LeaseTimes,
+    ) -> Arc<Self> {
         let leases = Arc::new(Self {
             store,
             node,
+            address,
+            draining: std::sync::atomic::AtomicBool::new(false),
             times,
             held: Mutex::new(HashMap::new()),
             store_turn: tokio::sync::Mutex::new(()),
@@ -90,10 +103,45 @@ impl Leases {
                 if last_renewal.elapsed() >= leases.times.ttl / 3 {
                     last_renewal = Instant::now();
                     leases.renew().await;
+                    leases.heartbeat().await;
                 }
             }
         });
         leases
+    }
+
+    /// Tells the store this node is alive (and where it is reached, and whether it drains).
+    pub(crate) async fn heartbeat(&self) {
+        let draining = self.draining.load(std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = self
+            .store
+            .node_heartbeat(&self.node, self.address.as_deref(), draining)
+            .await
+        {
+            tracing::warn!(error = %e, "this node's heartbeat could not be recorded");
+        }
+    }
+
+    /// From now on the heartbeat says this node is draining (and says it at once).
+    pub(crate) async fn drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.heartbeat().await;
+    }
+
+    /// Whether this node is draining.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The lease TTL: a node whose heartbeat is older is gone.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.times.ttl
+    }
+
+    /// How long a request may wait for a session's lease (or its node's hand-over).
+    pub(crate) fn wait(&self) -> Duration {
+        self.times.wait
     }
 
     /// Uses the lease of `session` if this node holds it and the store confirmed it recently.
@@ -112,11 +160,14 @@ impl Leases {
         }
     }
 
-    /// Holds the lease of `session` for this node, waiting while another node holds it. The
-    /// flag says whether another node held it last (what this node remembers is stale).
-    pub(crate) async fn hold(self: &Arc<Self>, session: Uuid) -> Result<(LeaseGuard, bool)> {
+    /// Holds the lease of `session` for this node, waiting while another node holds it. Also
+    /// says which other node held it last, if one did (what this node remembers is stale).
+    pub(crate) async fn hold(
+        self: &Arc<Self>,
+        session: Uuid,
+    ) -> Result<(LeaseGuard, Option<String>)> {
         if self.use_held(session) {
-            return Ok((self.guard(session), false));
+            return Ok((self.guard(session), None));
         }
         let started = Instant::now();
         loop {
@@ -124,7 +175,7 @@ impl Leases {
                 let _turn = self.store_turn.lock().await;
                 // Another task of this node may have taken it while this one waited.
                 if self.use_held(session) {
-                    return Ok((self.guard(session), false));
+                    return Ok((self.guard(session), None));
                 }
                 let asked = Instant::now();
                 let outcome = self
@@ -147,7 +198,7 @@ impl Leases {
             };
             match outcome {
                 Lease::Held { previous } => {
-                    return Ok((self.guard(session), previous.is_some()));
+                    return Ok((self.guard(session), previous));
                 }
                 Lease::Busy { holder } => {
                     if started.elapsed() >= self.times.wait {

@@ -9,6 +9,7 @@
 mod callindex;
 mod calls;
 mod canonical;
+mod cluster;
 mod config;
 mod deadlines;
 mod effects;
@@ -34,7 +35,8 @@ use uuid::Uuid;
 
 pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
 pub use canonical::arguments_sha256;
-pub use config::{EngineConfig, Limits};
+pub use cluster::Route;
+pub use config::{ClusterConfig, EngineConfig, Limits};
 pub use history::{DEFAULT_TREE_PAGE, FileAt, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
 pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
 pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
@@ -177,6 +179,7 @@ impl Engine {
         let leases = leases::Leases::start(
             store.clone(),
             config.node.clone(),
+            config.cluster.advertise_url.clone(),
             leases::LeaseTimes {
                 ttl: ms(config.limits.lease_ttl_ms.max(100)),
                 linger: ms(config.limits.lease_linger_ms),
@@ -196,6 +199,8 @@ impl Engine {
             "limits.max_replays_per_tenant",
             config.limits.max_replays_per_tenant,
         );
+        // Alive before it serves: the other replicas forward to a node they know is there.
+        leases.heartbeat().await;
         Ok(Arc::new(Self {
             store,
             registry,

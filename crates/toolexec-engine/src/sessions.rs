@@ -232,19 +232,38 @@ impl Engine {
     }
 
     /// The runtime of an active session, opening its workspace and loading its call index on
-    /// first use.
-    pub(crate) async fn runtime(&self, session: &Session) -> Result<Arc<SessionRuntime>> {
+    /// first use. `from` is the other node that held the session's lease last, if one did:
+    /// this node then takes the session over ([`Engine::take_over`]), as it does when the
+    /// workspace is not here (a node that lost its disk).
+    pub(crate) async fn runtime(
+        &self,
+        session: &Session,
+        from: Option<&str>,
+    ) -> Result<Arc<SessionRuntime>> {
         if let Some(rt) = self.cached_runtime(session.tenant_id, session.id)? {
             return Ok(rt);
         }
-        let workspace = self.workspaces.open(&session.id.to_string()).map_err(|e| {
+        let name = session.id.to_string();
+        let unavailable = |e: std::io::Error| {
             out_of_descriptors(&e).unwrap_or_else(|| {
                 EngineError::Unavailable(format!(
-                    "the workspace of session {} is not on this node ({e}); route a session's requests to the node that created it",
+                    "the workspace of session {} cannot be opened on this node ({e})",
                     session.id
                 ))
             })
-        })?;
+        };
+        let (workspace, gone) = match (from, self.workspaces.open(&name)) {
+            (None, Ok(ws)) => (ws, Vec::new()),
+            (Some(_), _) => {
+                let gone = self.take_over(session, from).await?;
+                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+            }
+            (None, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                let gone = self.take_over(session, None).await?;
+                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+            }
+            (None, Err(e)) => return Err(unavailable(e)),
+        };
         let first_process_id = self.store.last_process_number(session.id).await? + 1;
         // The first page of call ids now: a session of up to a page of calls has its whole
         // index before its first call is planned; a longer one goes on filling it in the
@@ -266,6 +285,12 @@ impl Engine {
             first_process_id,
             self.config.sandbox.as_ref(),
         ));
+        // Recorded as gone by the take-over: not again by the first call that asks.
+        if let Some(table) = &rt.processes {
+            for id in &gone {
+                table.first_report_of_gone(id);
+            }
+        }
         let kept = self.keep_runtime(rt.clone());
         if let Some(after) = rest
             && Arc::ptr_eq(&kept, &rt)
@@ -550,6 +575,7 @@ impl Engine {
         {
             Ok(stored) => {
                 self.keep_runtime(rt);
+                self.settle(stored.id).await;
                 Ok(stored)
             }
             Err(e) => {

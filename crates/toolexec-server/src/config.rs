@@ -57,6 +57,9 @@ pub struct Config {
     /// What the web tools may do (see docs/operator.md, "Web tools"); the networks they may
     /// reach beyond the public internet are `sandbox.egress_allow_cidrs`.
     pub web: toolexec_tools::web::WebConfig,
+    /// How this node works with other replicas on the same database (see docs/operator.md,
+    /// "Several replicas").
+    pub cluster: toolexec_engine::ClusterConfig,
 }
 
 impl Default for Config {
@@ -84,6 +87,7 @@ impl Default for Config {
             limits: toolexec_engine::Limits::default(),
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
+            cluster: toolexec_engine::ClusterConfig::default(),
         }
     }
 }
@@ -123,6 +127,7 @@ impl std::fmt::Debug for Config {
             .field("limits", &self.limits)
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -670,6 +675,7 @@ mod tests {
             "web.search_provider" => ("searxng", json!("searxng")),
             "web.search_url" => ("http://searx:8888", json!("http://searx:8888")),
             "web.search_api_key" => ("bsk-test", json!("bsk-test")),
+            "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
             _ => return None,
         })
     }

@@ -122,6 +122,11 @@ pub async fn build_state_with(
         engine_config.limits.max_cached_sessions = cached;
     }
     engine_config.recorder_writers = config.recorder_writers;
+    if let Some(url) = &config.cluster.advertise_url {
+        url::Url::parse(url)
+            .map_err(|e| anyhow::anyhow!("cluster.advertise_url {url:?} is not a URL: {e}"))?;
+    }
+    engine_config.cluster = config.cluster.clone();
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let sandbox =
         toolexec_sandbox::Sandbox::probe(config.sandbox.clone(), &config.workspace_root()).await;
@@ -178,12 +183,20 @@ pub async fn serve(
         write_stall_timeout: state.config.write_stall_timeout,
     };
     let engine = state.engine.clone();
+    let draining = engine.clone();
+    // Draining first: the other replicas hold requests for this node's sessions instead of
+    // forwarding them here while it finishes what it runs.
+    let shutdown = async move {
+        shutdown.await;
+        draining.drain().await;
+    };
     let served = http::serve_app(toolexec_api::app(state), listener, limits, shutdown)
         .await
         .context("serving HTTP");
     // In-flight requests are done; batches whose clients went away may still be finishing
     // their running call (SPEC §7: finish in-flight calls and record the outcome).
     engine.wait_for_batches().await;
-    engine.release_leases().await;
+    // Then the sessions are handed over: the next call of each, on any node, takes it over.
+    engine.leave().await;
     served
 }

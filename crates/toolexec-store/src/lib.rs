@@ -244,6 +244,19 @@ pub enum Lease {
     Busy { holder: String },
 }
 
+/// Where a session lives ([`Store::session_owner`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOwner {
+    /// The node that last held the session's lease (and has its workspace).
+    pub node: String,
+    /// Where the other nodes reach it; `None`: it takes no forwarded requests (or is gone).
+    pub address: Option<String>,
+    /// Its heartbeat is recent (within the TTL asked for).
+    pub alive: bool,
+    /// It is shutting down and handing its sessions over.
+    pub draining: bool,
+}
+
 /// A page of sessions, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionPage {
@@ -448,4 +461,32 @@ pub trait Store: Send + Sync + 'static {
     /// Gives up `node`'s leases of these sessions (the row stays, expired, so that the next
     /// holder learns who held it last).
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()>;
+
+    // --- nodes: replicas that share the store ---
+
+    /// `node` is alive now (its heartbeat), reachable by the others at `address`, and
+    /// `draining` or not.
+    async fn node_heartbeat(&self, node: &str, address: Option<&str>, draining: bool)
+    -> Result<()>;
+
+    /// `node` is gone (a drained node, once it has handed its sessions over).
+    async fn remove_node(&self, node: &str) -> Result<()>;
+
+    /// Where a session lives: the node that last held its lease, with that node's address and
+    /// whether its heartbeat is within `alive_within`. `None` for a session no node has held
+    /// (or that does not exist). No tenant check: it routes requests, which the owner then
+    /// checks.
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: std::time::Duration,
+    ) -> Result<Option<SessionOwner>>;
+
+    /// The session an invocation belongs to (no tenant check: it routes a request, which the
+    /// owner then checks).
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>>;
+
+    /// Marks every invocation of one session still `running` as `interrupted` (a node took the
+    /// session over from one that is gone) and appends their `invocation.finished` events.
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64>;
 }

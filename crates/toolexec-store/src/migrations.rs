@@ -25,6 +25,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "time travel",
         include_str!("../../../migrations/postgres/0003_time_travel.sql"),
     ),
+    (
+        4,
+        "cluster",
+        include_str!("../../../migrations/postgres/0004_cluster.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -42,6 +47,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         3,
         "time travel",
         include_str!("../../../migrations/sqlite/0003_time_travel.sql"),
+    ),
+    (
+        4,
+        "cluster",
+        include_str!("../../../migrations/sqlite/0004_cluster.sql"),
     ),
 ];
 

@@ -33,7 +33,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+    Assigned, Blob, Lease, NewEvent, Result, SessionOwner, SessionPage, Store, StoreError, Write,
+    WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -793,33 +794,74 @@ impl Store for PgStore {
     }
 
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
-        let running = sqlx::query(
-            "SELECT id, session_id, started_at FROM invocations \
-             WHERE node = $1 AND status = 'running'",
+        self.interrupt(Running::OfNode(node), content).await
+    }
+
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
+        self.interrupt(Running::OfSession(session_id), content)
+            .await
+    }
+
+    async fn node_heartbeat(
+        &self,
+        node: &str,
+        address: Option<&str>,
+        draining: bool,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO nodes (node, address, heartbeat_at, draining) \
+             VALUES ($1, $2, clock_timestamp(), $3) \
+             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = clock_timestamp(), \
+             draining = $3",
         )
         .bind(node)
-        .fetch_all(&mut *tx)
+        .bind(address)
+        .bind(draining)
+        .execute(&self.pool)
         .await?;
-        let now = Utc::now();
-        let mut batch = Vec::with_capacity(running.len());
-        for row in &running {
-            batch.push(plan::interrupted(
-                row.uuid("session_id")?,
-                row.uuid("id")?,
-                row.time("started_at")?,
-                now,
-                content,
-            ));
-        }
-        // Re-checked under the session locks: one that finished meanwhile comes back NotRunning.
-        let (plan, _) = apply(&mut tx, batch).await?;
-        let results = plan.results;
-        tx.commit().await?;
-        if let Ok(mut cache) = self.cache.lock() {
-            *cache = Cache::default();
-        }
-        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
+        Ok(())
+    }
+
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        sqlx::query("DELETE FROM nodes WHERE node = $1")
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: std::time::Duration,
+    ) -> Result<Option<SessionOwner>> {
+        let ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX) as f64;
+        let row: Option<(String, Option<String>, Option<bool>, Option<bool>)> = sqlx::query_as(
+            "SELECT l.node, n.address, \
+                    n.heartbeat_at > clock_timestamp() - $2 * interval '1 millisecond', \
+                    n.draining \
+             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
+             WHERE l.session_id = $1",
+        )
+        .bind(session_id)
+        .bind(ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(node, address, alive, draining)| SessionOwner {
+            node,
+            address,
+            alive: alive.unwrap_or(false),
+            draining: draining.unwrap_or(false),
+        }))
+    }
+
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
+                .bind(invocation_id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     async fn events(
@@ -1162,5 +1204,53 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+}
+
+/// Which running invocations [`PgStore::interrupt`] marks.
+enum Running<'a> {
+    OfNode(&'a str),
+    OfSession(Uuid),
+}
+
+impl PgStore {
+    /// Marks running invocations `interrupted` and appends their `invocation.finished` events.
+    async fn interrupt(&self, which: Running<'_>, content: &str) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let select =
+            "SELECT id, session_id, started_at FROM invocations WHERE status = 'running' AND ";
+        let running = match which {
+            Running::OfNode(node) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{select}node = $1")))
+                    .bind(node)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            Running::OfSession(id) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{select}session_id = $1")))
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
+        let now = Utc::now();
+        let mut batch = Vec::with_capacity(running.len());
+        for row in &running {
+            batch.push(plan::interrupted(
+                row.uuid("session_id")?,
+                row.uuid("id")?,
+                row.time("started_at")?,
+                now,
+                content,
+            ));
+        }
+        // Re-checked under the session locks: one that finished meanwhile comes back NotRunning.
+        let (plan, _) = apply(&mut tx, batch).await?;
+        let results = plan.results;
+        tx.commit().await?;
+        if let Ok(mut cache) = self.cache.lock() {
+            *cache = Cache::default();
+        }
+        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
     }
 }

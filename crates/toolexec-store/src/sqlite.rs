@@ -24,7 +24,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Lease, NewEvent, Result, SessionPage, Store, StoreError, Write, WriteError,
+    Assigned, Blob, Lease, NewEvent, Result, SessionOwner, SessionPage, Store, StoreError, Write,
+    WriteError,
 };
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
@@ -586,28 +587,78 @@ impl Store for SqliteStore {
     }
 
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
+        self.interrupt(Running::OfNode(node), content).await
+    }
+
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
+        self.interrupt(Running::OfSession(session_id), content)
+            .await
+    }
+
+    async fn node_heartbeat(
+        &self,
+        node: &str,
+        address: Option<&str>,
+        draining: bool,
+    ) -> Result<()> {
         let mut tx = self.begin().await?;
-        let running = sqlx::query(
-            "SELECT id, session_id, started_at FROM invocations \
-             WHERE node = $1 AND status = 'running'",
+        sqlx::query(
+            "INSERT INTO nodes (node, address, heartbeat_at, draining) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = $3, draining = $4",
         )
         .bind(node)
-        .fetch_all(&mut *tx)
+        .bind(address)
+        .bind(Utc::now().timestamp_millis())
+        .bind(draining)
+        .execute(&mut *tx)
         .await?;
-        let now = Utc::now();
-        let mut batch = Vec::with_capacity(running.len());
-        for row in &running {
-            batch.push(plan::interrupted(
-                row.uuid("session_id")?,
-                row.uuid("id")?,
-                row.time("started_at")?,
-                now,
-                content,
-            ));
-        }
-        let results = apply(&mut tx, batch).await?;
         tx.commit().await?;
-        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
+        Ok(())
+    }
+
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query("DELETE FROM nodes WHERE node = $1")
+            .bind(node)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: Duration,
+    ) -> Result<Option<SessionOwner>> {
+        let since = Utc::now()
+            .timestamp_millis()
+            .saturating_sub(i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX));
+        let row: Option<(String, Option<String>, Option<i64>, Option<bool>)> = sqlx::query_as(
+            "SELECT l.node, n.address, n.heartbeat_at, n.draining \
+             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
+             WHERE l.session_id = $1",
+        )
+        .bind(session_id)
+        .fetch_optional(&self.reader)
+        .await?;
+        Ok(
+            row.map(|(node, address, heartbeat, draining)| SessionOwner {
+                node,
+                address,
+                alive: heartbeat.is_some_and(|at| at > since),
+                draining: draining.unwrap_or(false),
+            }),
+        )
+    }
+
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
+                .bind(invocation_id)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
     }
 
     async fn events(
@@ -951,6 +1002,49 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Which running invocations [`SqliteStore::interrupt`] marks.
+enum Running<'a> {
+    OfNode(&'a str),
+    OfSession(Uuid),
+}
+
+impl SqliteStore {
+    /// Marks running invocations `interrupted` and appends their `invocation.finished` events.
+    async fn interrupt(&self, which: Running<'_>, content: &str) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let select =
+            "SELECT id, session_id, started_at FROM invocations WHERE status = 'running' AND ";
+        let running = match which {
+            Running::OfNode(node) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{select}node = $1")))
+                    .bind(node)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            Running::OfSession(id) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{select}session_id = $1")))
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
+        let now = Utc::now();
+        let mut batch = Vec::with_capacity(running.len());
+        for row in &running {
+            batch.push(plan::interrupted(
+                row.uuid("session_id")?,
+                row.uuid("id")?,
+                row.time("started_at")?,
+                now,
+                content,
+            ));
+        }
+        let results = apply(&mut tx, batch).await?;
+        tx.commit().await?;
+        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
     }
 }
 

@@ -447,6 +447,23 @@ pub fn search_hits(provider: &str, answer: &Answer, count: usize) -> Result<Vec<
         .map_err(|e| e.to_string())
 }
 
+/// A client for requests between the service's own replicas (an API request forwarded to the
+/// node a session lives on): no proxy from the environment, no redirects, TLS as for fetches,
+/// connections kept for reuse, a short connect timeout (a node that does not answer is treated
+/// as gone by the caller). Not subject to the network policy: the addresses are the
+/// operator's (`cluster.advertise_url`).
+pub fn replica_client() -> Result<reqwest::Client, String> {
+    let tls = tls_config().map_err(|e| e.to_string())?;
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(2))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 /// A client for the operator's own services (search provider, summarizer): no proxy from the
 /// environment, no redirects, TLS as for fetches. Not subject to the network policy: the
 /// operator chose these endpoints.

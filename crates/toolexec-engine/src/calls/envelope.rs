@@ -183,8 +183,8 @@ impl Engine {
             }
             // One node at a time runs the session's calls; one that takes the session over
             // from another forgets what it remembered of it.
-            let (lease, taken_over) = self.leases.hold(session_id).await?;
-            let cached = if taken_over {
+            let (lease, previous) = self.leases.hold(session_id).await?;
+            let cached = if previous.is_some() {
                 self.forget_runtime(session_id);
                 None
             } else {
@@ -193,7 +193,7 @@ impl Engine {
             Some((
                 match cached {
                     Some(rt) => rt,
-                    None => self.runtime(&session).await?,
+                    None => self.runtime(&session, previous.as_deref()).await?,
                 },
                 lease,
             ))

@@ -69,6 +69,12 @@ impl Engine {
             if let Some(r) = result_of(&inv) {
                 return Ok(r);
             }
+            // Waiting for a node that is gone would wait the whole FOREIGN_WAIT: this node takes
+            // its session over instead, which records the call interrupted.
+            if delay >= Duration::from_secs(1) {
+                self.take_over_if_orphaned(tenant_id, inv.session_id)
+                    .await?;
+            }
             if Instant::now() > deadline {
                 return Err(EngineError::Unavailable(
                     "the call is still running elsewhere; retry the same call id later".into(),

@@ -1,0 +1,251 @@
+//! Requests that must run where their session lives — its calls, rewinds, cancels, forks and
+//! its close, and the cancel of one of its invocations — are forwarded to the replica it lives
+//! on when they reach another one (the engine decides where: [`Engine::route`]). Everything
+//! else (the log, the tree at a seq, replays, new sessions) is answered by whichever replica
+//! gets it, from the shared store.
+//!
+//! The forwarded request is the client's, byte for byte, with its own credentials (the owner
+//! authenticates it again) and one header more, `x-toolexec-forwarded-by`: a request that
+//! carries it is never forwarded again. The answer comes back as the owner gave it, streamed.
+//! If the owner cannot be reached (no connection: the request was not sent), the route is asked
+//! again — the owner may be handing its sessions over, or gone, and this node then takes the
+//! session over — until `limits.lease_wait_ms`, then the client gets 503. If the connection
+//! breaks after the request went out, it may have run: the client gets 503 and a retry of the
+//! same call ids returns what was recorded.
+//!
+//! [`Engine::route`]: toolexec_engine::Engine::route
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use toolexec_core::ProblemCode;
+use toolexec_engine::Route;
+use uuid::Uuid;
+
+use crate::SharedState;
+use crate::problem::ApiError;
+
+/// Set on a forwarded request (the forwarding node's name): never forwarded again.
+pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-toolexec-forwarded-by");
+
+/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1), and the ones
+/// the client library sets itself.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+/// What a request is about, when it must run where a session lives.
+enum Target {
+    Session(Uuid),
+    Invocation(Uuid),
+}
+
+fn target(method: &Method, path: &str) -> Option<Target> {
+    let id = |s: &str| Uuid::parse_str(s).ok();
+    if let Some(rest) = path.strip_prefix("/v1/sessions/") {
+        let mut parts = rest.split('/');
+        let session = id(parts.next()?)?;
+        return match (method, parts.next(), parts.next()) {
+            (&Method::POST, Some("calls" | "rewind" | "cancel" | "fork"), None)
+            | (&Method::DELETE, None, None) => Some(Target::Session(session)),
+            _ => None,
+        };
+    }
+    let rest = path.strip_prefix("/v1/invocations/")?;
+    let mut parts = rest.split('/');
+    let invocation = id(parts.next()?)?;
+    match (method, parts.next(), parts.next()) {
+        (&Method::POST, Some("cancel"), None) => Some(Target::Invocation(invocation)),
+        _ => None,
+    }
+}
+
+fn client() -> Option<&'static reqwest::Client> {
+    static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| match toolexec_tools::web::replica_client() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "no client for forwarding requests to other replicas");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// The middleware: runs the request here, or forwards it to the session's node.
+pub(crate) async fn forward_to_owner(
+    State(state): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let engine = &state.engine;
+    if engine.config().cluster.advertise_url.is_none() || req.headers().contains_key(&FORWARDED_BY)
+    {
+        return next.run(req).await;
+    }
+    let session = match target(req.method(), req.uri().path()) {
+        None => return next.run(req).await,
+        Some(Target::Session(id)) => id,
+        Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
+            Ok(Some(session)) => session,
+            // Unknown here too: the handler answers (404), as for any id.
+            _ => return next.run(req).await,
+        },
+    };
+    let (parts, body) = req.into_parts();
+    // The body guard already bounded it in size and time.
+    let body = match axum::body::to_bytes(body, state.config.body_limit_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                ProblemCode::UnreadableBody,
+                "the request body could not be read to its end",
+            )
+            .into_response();
+        }
+    };
+    let started = Instant::now();
+    let wait = Duration::from_millis(engine.config().limits.lease_wait_ms);
+    loop {
+        let route = match engine.route(session).await {
+            Ok(route) => route,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        let Route::Forward { node, address } = route else {
+            let req = Request::from_parts(parts, Body::from(body));
+            return next.run(req).await;
+        };
+        match send(&address, engine.node(), &parts, body.clone()).await {
+            Ok(response) => return response,
+            Err(Failed::Answering(e)) => {
+                // It may have run: only the client can tell a retry (the same call ids) apart.
+                tracing::warn!(%session, %node, error = %e, "the node a session lives on failed while answering a forwarded request");
+                return ApiError::new(
+                    ProblemCode::Unavailable,
+                    format!(
+                        "session {session} lives on node {node}, which failed while answering; what was sent may have run. Send the same request again (the same call ids): recorded calls return their results and none runs twice"
+                    ),
+                )
+                .into_response();
+            }
+            Err(Failed::Connecting(e)) => {
+                tracing::warn!(%session, %node, error = %e, "the node a session lives on did not take a forwarded request");
+                if started.elapsed() >= wait {
+                    return ApiError::new(
+                        ProblemCode::Unavailable,
+                        format!(
+                            "session {session} lives on node {node}, which cannot be reached now; nothing was run. Retry shortly: once that node is gone, another one takes the session over"
+                        ),
+                    )
+                    .into_response();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Why a forwarded request got no answer.
+enum Failed {
+    /// No connection: the request was not sent (sending it elsewhere is safe).
+    Connecting(String),
+    /// The connection broke after the request went out: it may have run.
+    Answering(String),
+}
+
+/// Sends the request to `address` and streams its answer back.
+async fn send(
+    address: &str,
+    node: &str,
+    parts: &axum::http::request::Parts,
+    body: bytes::Bytes,
+) -> Result<Response, Failed> {
+    let client = client().ok_or_else(|| Failed::Connecting("no client".to_owned()))?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let url = format!("{}{path}", address.trim_end_matches('/'));
+    let mut headers = end_to_end(&parts.headers);
+    if let Ok(value) = HeaderValue::from_str(node) {
+        headers.insert(FORWARDED_BY.clone(), value);
+    }
+    let answer = client
+        .request(parts.method.clone(), url)
+        .headers(headers)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| {
+            if e.is_connect() {
+                Failed::Connecting(e.to_string())
+            } else {
+                Failed::Answering(e.to_string())
+            }
+        })?;
+    let mut response = Response::builder().status(answer.status());
+    if let Some(h) = response.headers_mut() {
+        *h = end_to_end(answer.headers());
+    }
+    response
+        .body(Body::from_stream(answer.bytes_stream()))
+        .map_err(|e| Failed::Answering(e.to_string()))
+}
+
+fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_needs_the_sessions_node_is_forwarded() {
+        let s = "01a2282a-7bae-7178-9bcd-084cb54c55a9";
+        let forwarded = |m: Method, p: &str| target(&m, p).is_some();
+        for (m, p) in [
+            (Method::POST, format!("/v1/sessions/{s}/calls")),
+            (Method::POST, format!("/v1/sessions/{s}/rewind")),
+            (Method::POST, format!("/v1/sessions/{s}/cancel")),
+            (Method::POST, format!("/v1/sessions/{s}/fork")),
+            (Method::DELETE, format!("/v1/sessions/{s}")),
+            (Method::POST, format!("/v1/invocations/{s}/cancel")),
+        ] {
+            assert!(forwarded(m.clone(), &p), "{m} {p}");
+        }
+        for (m, p) in [
+            (Method::GET, format!("/v1/sessions/{s}")),
+            (Method::GET, format!("/v1/sessions/{s}/events")),
+            (Method::GET, format!("/v1/sessions/{s}/events/stream")),
+            (Method::GET, format!("/v1/sessions/{s}/tree")),
+            (Method::POST, format!("/v1/sessions/{s}/replay")),
+            (Method::POST, "/v1/sessions".to_owned()),
+            (Method::POST, "/v1/sessions/not-a-uuid/calls".to_owned()),
+            (Method::POST, format!("/v1/sessions/{s}/calls/x")),
+            (Method::GET, format!("/v1/invocations/{s}")),
+        ] {
+            assert!(!forwarded(m.clone(), &p), "{m} {p}");
+        }
+    }
+}

@@ -13,12 +13,20 @@
 //! - `web`: `web_fetch` of a 1 MB page from a loopback server (next to a plain GET of it), and
 //!   the process's memory while 16 fetches read endless bodies.
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`; Postgres on 127.0.0.1:5432,
+//! - `cluster`: calls sent round robin over 1, 2 and 3 replicas of the release binary (the
+//!   forwarding's cost next to one replica), and a take-over after a replica is killed.
+//!
+//! - `load`: the release binary over its limits for minutes (several tenants, many sessions,
+//!   mixed calls): served, shed and rate-limited with p50/p99, and its memory over the run.
+//!
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`, `cluster`, `load`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod cpu;
 mod history;
+mod load;
 mod session;
 mod shell;
 mod web;
@@ -108,6 +116,41 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// The release binary over its limits for minutes: served, shed, rate-limited; memory.
+    Load {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 180)]
+        seconds: u64,
+        /// Tenants, each with an API key.
+        #[arg(long, default_value_t = 4)]
+        tenants: usize,
+        /// Sessions (and clients) per tenant.
+        #[arg(long, default_value_t = 10)]
+        sessions: usize,
+    },
+    /// Replicas of the release binary: calls round robin over 1, 2, 3 of them; a take-over.
+    Cluster {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Concurrent clients (a session each).
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+    },
     /// One session grown to many calls: memory and latency at each point, with a fresh session
     /// as the baseline.
     Session {
@@ -168,6 +211,17 @@ async fn main() -> anyhow::Result<()> {
         Command::Web { admin_url, seconds } => {
             web::run(&admin_url, Duration::from_secs(seconds)).await
         }
+        Command::Cluster {
+            admin_url,
+            seconds,
+            clients,
+        } => cluster::run(&admin_url, Duration::from_secs(seconds), clients).await,
+        Command::Load {
+            admin_url,
+            seconds,
+            tenants,
+            sessions,
+        } => load::run(&admin_url, Duration::from_secs(seconds), tenants, sessions).await,
         Command::Session {
             admin_url,
             calls,

@@ -89,6 +89,12 @@ impl Replica {
         }
     }
 
+    fn signal(&self, signal: rustix::process::Signal) {
+        let child = self.child.as_ref().expect("running");
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
     /// SIGTERM; the replica drains and exits by itself.
     fn terminate(&mut self) -> Child {
         let child = self.child.take().expect("running");
@@ -255,6 +261,20 @@ async fn placement(db: &TestPgDatabase) -> (HashMap<String, String>, Vec<(String
             .collect(),
         ran.into_iter().map(|(s, n)| (s.to_string(), n)).collect(),
     )
+}
+
+/// The node that ran one call.
+async fn ran_on(db: &TestPgDatabase, sid: &str, call_id: &str) -> String {
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let node: String =
+        sqlx::query_scalar("SELECT node FROM invocations WHERE session_id = $1 AND call_id = $2")
+            .bind(uuid::Uuid::parse_str(sid).unwrap())
+            .bind(call_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    node
 }
 
 /// The workspace as the log's latest state has it (path → sha256), from `GET …/tree`.
@@ -461,6 +481,71 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
             .await;
         assert_eq!(r["status"], "ok", "{r}");
     }
+
+    // A node that freezes (SIGSTOP) keeps its connections open and answers nothing: a request
+    // forwarded to it is given up once its heartbeat is old, and its session is taken over.
+    // Back (SIGCONT), it forwards the session's calls to where it now lives instead of taking
+    // it back.
+    let (owners, _) = placement(&db).await;
+    let frozen_sid = sessions
+        .iter()
+        .find(|s| owners[*s] != victim)
+        .unwrap()
+        .clone();
+    let frozen = owners[&frozen_sid].clone();
+    let heir = nodes
+        .iter()
+        .find(|n| n.name != victim && n.name != frozen)
+        .unwrap();
+    let (heir_name, heir_port) = (heir.name.clone(), heir.port);
+    let frozen_port = nodes.iter().find(|n| n.name == frozen).unwrap().port;
+    let takeovers = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["kind"] == "session.taken_over")
+            .count()
+    };
+    let before = takeovers(&assert_gapless(&c, &frozen_sid).await);
+    let direct = |port: u16| Client {
+        http: c.http.clone(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    nodes
+        .iter()
+        .find(|n| n.name == frozen)
+        .unwrap()
+        .signal(rustix::process::Signal::STOP);
+    let r = direct(heir_port)
+        .call(
+            &frozen_sid,
+            "while-frozen",
+            "read_file",
+            json!({"file_path": "a.txt"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(ran_on(&db, &frozen_sid, "while-frozen").await, heir_name);
+    nodes
+        .iter()
+        .find(|n| n.name == frozen)
+        .unwrap()
+        .signal(rustix::process::Signal::CONT);
+    let r = direct(frozen_port)
+        .call(
+            &frozen_sid,
+            "after-thaw",
+            "read_file",
+            json!({"file_path": "a.txt"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(ran_on(&db, &frozen_sid, "after-thaw").await, heir_name);
+    let events = assert_gapless(&c, &frozen_sid).await;
+    assert_eq!(
+        takeovers(&events),
+        before + 1,
+        "taken over once, not taken back"
+    );
 
     // A SIGTERM drain: a node with sessions stops while one of its calls runs; the call ends
     // and is recorded, and calls sent meanwhile run once, on the node that takes over.

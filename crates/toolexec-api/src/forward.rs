@@ -129,7 +129,7 @@ pub(crate) async fn forward_to_owner(
             let req = Request::from_parts(parts, Body::from(body));
             return next.run(req).await;
         };
-        match send(&address, engine.node(), &parts, body.clone()).await {
+        match send(engine, session, &node, &address, &parts, body.clone()).await {
             Ok(response) => return response,
             Err(Failed::Answering(e)) => {
                 // It may have run: only the client can tell a retry (the same call ids) apart.
@@ -167,10 +167,14 @@ enum Failed {
     Answering(String),
 }
 
-/// Sends the request to `address` and streams its answer back.
+/// Sends the request to `node` at `address` and streams its answer back. While no answer has
+/// come, the node's heartbeat is checked every half lease TTL: a node that froze keeps the
+/// connection open but never answers, and its sessions are taken over once it is gone.
 async fn send(
-    address: &str,
+    engine: &toolexec_engine::Engine,
+    session: Uuid,
     node: &str,
+    address: &str,
     parts: &axum::http::request::Parts,
     body: bytes::Bytes,
 ) -> Result<Response, Failed> {
@@ -181,22 +185,33 @@ async fn send(
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     let url = format!("{}{path}", address.trim_end_matches('/'));
     let mut headers = end_to_end(&parts.headers);
-    if let Ok(value) = HeaderValue::from_str(node) {
+    if let Ok(value) = HeaderValue::from_str(engine.node()) {
         headers.insert(FORWARDED_BY.clone(), value);
     }
-    let answer = client
+    let sent = client
         .request(parts.method.clone(), url)
         .headers(headers)
         .body(body)
-        .send()
-        .await
-        .map_err(|e| {
-            if e.is_connect() {
-                Failed::Connecting(e.to_string())
-            } else {
-                Failed::Answering(e.to_string())
+        .send();
+    tokio::pin!(sent);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut sent => break answer.map_err(|e| {
+                if e.is_connect() {
+                    Failed::Connecting(e.to_string())
+                } else {
+                    Failed::Answering(e.to_string())
+                }
+            })?,
+            () = tokio::time::sleep(engine.liveness_check_interval()) => {
+                if !engine.still_lives_on(session, node).await {
+                    return Err(Failed::Answering(format!(
+                        "node {node} stopped answering (its heartbeat is older than the lease TTL)"
+                    )));
+                }
             }
-        })?;
+        }
+    };
     let mut response = Response::builder().status(answer.status());
     if let Some(h) = response.headers_mut() {
         *h = end_to_end(answer.headers());

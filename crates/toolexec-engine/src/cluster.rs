@@ -53,10 +53,13 @@ impl Engine {
     /// Where a request that must run where `session_id` lives goes: here if this node serves
     /// the session (or the session lives nowhere alive, or on a node that takes no forwarded
     /// requests), else the node it lives on. A node handing its sessions over (draining) is
-    /// waited for, up to `limits.lease_wait_ms`. Answers from memory when this node has the
-    /// session's runtime: the hot path costs nothing.
+    /// waited for, up to `limits.lease_wait_ms`. Answers from memory while this node holds the
+    /// session's lease (it ran a call of it within `limits.lease_linger_ms`): a session in use
+    /// costs nothing; otherwise one read of the store. A runtime this node still has cached is
+    /// not enough: another node may have taken the session over since, and running here would
+    /// take it back (and rebuild it) on every call.
     pub async fn route(&self, session_id: Uuid) -> Result<Route> {
-        if self.config.cluster.advertise_url.is_none() || self.serves(session_id) {
+        if self.config.cluster.advertise_url.is_none() || self.leases.holds(session_id) {
             return Ok(Route::Here);
         }
         let started = Instant::now();
@@ -99,11 +102,25 @@ impl Engine {
         }
     }
 
-    /// Whether this node has the session's runtime (it serves the session now).
-    fn serves(&self, session_id: Uuid) -> bool {
-        self.runtimes
-            .lock()
-            .is_ok_and(|map| map.contains_key(&session_id))
+    /// Whether `node` is still where `session_id` lives, and alive: a request forwarded there
+    /// that has not been answered is given up once it is not (a node that froze or lost the
+    /// network keeps connections open but answers nothing).
+    pub async fn still_lives_on(&self, session_id: Uuid, node: &str) -> bool {
+        match self
+            .store
+            .session_owner(session_id, self.leases.ttl())
+            .await
+        {
+            Ok(Some(owner)) => owner.node == node && owner.alive,
+            Ok(None) => false,
+            // The store is down: nothing can be decided; keep waiting for the answer.
+            Err(_) => true,
+        }
+    }
+
+    /// How often a forwarded request that has not been answered checks that its node is alive.
+    pub fn liveness_check_interval(&self) -> Duration {
+        self.leases.ttl() / 2
     }
 
     /// The session an invocation belongs to (for routing a cancel to where it runs).

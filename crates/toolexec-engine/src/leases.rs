@@ -144,6 +144,16 @@ impl Leases {
         self.times.wait
     }
 
+    /// Whether this node holds the lease of `session` now (in use, or lingering after use) and
+    /// the store confirmed it recently: then the session lives here, without asking the store.
+    pub(crate) fn holds(&self, session: Uuid) -> bool {
+        let trusted_for = self.times.ttl.mul_f64(0.8);
+        self.held.lock().is_ok_and(|held| {
+            held.get(&session)
+                .is_some_and(|h| h.confirmed.elapsed() < trusted_for)
+        })
+    }
+
     /// Uses the lease of `session` if this node holds it and the store confirmed it recently.
     fn use_held(&self, session: Uuid) -> bool {
         let trusted_for = self.times.ttl.mul_f64(0.8);

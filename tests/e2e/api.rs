@@ -427,7 +427,14 @@ async fn the_catalog_speaks_openai_anthropic_and_mcp() {
         .await
         .unwrap();
     assert_eq!(oa["tools"][0]["type"], "function");
-    assert!(oa["tools"][0]["function"]["parameters"].is_object());
+    assert!(oa["tools"][0]["parameters"].is_object());
+    let chat: Value = app
+        .get("/v1/tools?format=openai_chat")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(chat["tools"][0]["function"]["parameters"].is_object());
     let an: Value = app
         .get("/v1/tools?format=anthropic")
         .await

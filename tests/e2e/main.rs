@@ -12,6 +12,7 @@ mod call_index;
 mod cancel;
 mod cluster;
 mod descriptors;
+mod dialects;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;

@@ -433,7 +433,7 @@ async fn no_client_call_runs_in_a_replay_session_while_the_replay_runs(backend: 
             &sid,
             "s1",
             "shell",
-            json!({"command": "sleep 2; echo done"}),
+            json!({"command": "sleep 5; echo done", "timeout_ms": 20000}),
         )
         .await;
     assert_eq!(r["status"], "ok", "{r}");
@@ -478,8 +478,9 @@ async fn no_client_call_runs_in_a_replay_session_while_the_replay_runs(backend: 
             &json!({"calls": [{"id": "s1", "name": "shell", "arguments": {"command": "echo sneaked in"}}]}),
         )
         .await;
-    assert_eq!(resp.status(), 409);
+    let status = resp.status();
     let problem: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(status, 409, "{problem}");
     assert_eq!(problem["code"], "replay_running", "{problem}");
     let report = replay.await.unwrap();
     assert_eq!(report["status"], "finished", "{report:#}");

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod dialects;
 pub mod extract;
 pub mod forward;
 pub mod limits;

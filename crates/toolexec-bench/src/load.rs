@@ -86,8 +86,8 @@ async fn measure(
         .local_addr()?
         .port();
     let log = data.join("log");
-    let mut child = Command::new(&bin)
-        .arg("serve")
+    let mut cmd = Command::new(&bin);
+    cmd.arg("serve")
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("TOOLEXEC_BIND", format!("127.0.0.1:{port}"))
@@ -99,8 +99,14 @@ async fn measure(
         .env("TOOLEXEC_LOG_FORMAT", "json")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
+        .stderr(std::fs::File::create(&log)?);
+    // glibc's allocator settings, passed through to compare how memory grows with them.
+    for var in ["MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_"] {
+        if let Ok(v) = std::env::var(var) {
+            cmd.env(var, v);
+        }
+    }
+    let mut child = cmd.spawn()?;
     let pid = child.id();
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -448,7 +448,7 @@ impl Engine {
             seq: at,
         };
         let (session, shares_contents) = self
-            .create_from_state(tenant_id, new, origin, &state)
+            .create_from_state(tenant_id, new_id(), new, origin, &state)
             .await?;
         Ok(Forked {
             session,
@@ -510,6 +510,7 @@ impl Engine {
     pub(crate) async fn create_from_state(
         &self,
         tenant_id: Uuid,
+        id: Uuid,
         new: NewSession,
         origin: Origin,
         state: &State,
@@ -517,7 +518,6 @@ impl Engine {
         self.check_new_session(&new)?;
         self.check_origin_depth(tenant_id, origin.session_id)
             .await?;
-        let id = new_id();
         let name = id.to_string();
         let session = Session {
             id,

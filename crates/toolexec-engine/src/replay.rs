@@ -93,12 +93,13 @@ impl Engine {
             session_id: source.id,
             seq: initial,
         };
+        // Before the session exists (a listing could show it): no client's batch runs in it
+        // while the replay re-runs the source's calls.
+        let id = new_id();
+        let replaying = Replaying::start(self, id);
         let (session, _) = self
-            .create_from_state(tenant_id, new, origin, &state)
+            .create_from_state(tenant_id, id, new, origin, &state)
             .await?;
-        // Before anyone can know the replay session's id: no client's batch runs in it while
-        // the replay re-runs the source's calls.
-        let replaying = Replaying::start(self, session.id);
         drop(state);
         drop(permit);
         let replay = Replay {

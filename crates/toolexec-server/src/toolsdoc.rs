@@ -12,7 +12,7 @@ pub fn tools_markdown(registry: &Registry) -> String {
         "# Tools reference\n\n\
          Generated from the tool catalog by `cargo run -p toolexec-server -- tools-doc --write docs/tools.md`;\n\
          a test fails when it differs from the code. The same data is served at `GET /v1/tools`\n\
-         (also as `?format=openai|anthropic|mcp`).\n\n\
+         (also as `?format=openai|openai_chat|anthropic|mcp`).\n\n\
          Every call's arguments are validated against the tool's schema before it runs; a call that\n\
          fails validation is recorded with status `invalid_arguments` and a message naming the JSON\n\
          pointer and the schema rule. Output longer than the tool's limit is cut (head, tail or both)\n\

@@ -33,6 +33,7 @@ pub mod observe;
 pub mod patch;
 pub mod reads;
 pub mod registry;
+pub mod schema;
 pub mod search;
 pub(crate) mod text;
 pub(crate) mod walk;

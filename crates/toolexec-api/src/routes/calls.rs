@@ -4,13 +4,14 @@ use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
 use toolexec_core::{Call, CallResult};
 use toolexec_engine::CallBatch;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::{ApiJson, parse_id};
+use crate::dialects::{ResultFormat, render_result};
+use crate::extract::{ApiJson, ApiQuery, parse_id};
 use crate::problem::{ApiError, Problem, or_not_found};
 
 pub fn router() -> OpenApiRouter<SharedState> {
@@ -30,7 +31,31 @@ pub struct CallsRequest {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CallsResponse {
     /// One result per call, in request order.
-    pub results: Vec<CallResult>,
+    pub results: Vec<CallResultOut>,
+}
+
+/// A call's result, and with `?format=` the same result as that ecosystem expects it back in
+/// the model's next request.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CallResultOut {
+    #[serde(flatten)]
+    pub result: CallResult,
+    /// The result in the shape `format` asked for: OpenAI's `function_call_output` item
+    /// (`openai`; no error flag there, so a failed call's output starts with its status in
+    /// brackets), a Chat Completions `tool` message (`openai_chat`), an Anthropic
+    /// `tool_result` block with `is_error` (`anthropic`), an MCP `CallToolResult` with
+    /// `isError` (`mcp`). Absent without `format`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>, nullable = false)]
+    pub rendered: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CallsQuery {
+    /// Also give each result in this ecosystem's shape (`rendered`).
+    #[param(inline)]
+    pub format: Option<ResultFormat>,
 }
 
 /// Run a batch of tool calls.
@@ -46,7 +71,7 @@ pub struct CallsResponse {
 /// `cancelled` without running; a retry of the batch returns those records. To stop calls, use
 /// `POST /v1/invocations/{id}/cancel` or `POST /v1/sessions/{id}/cancel`.
 #[utoipa::path(post, path = "/v1/sessions/{id}/calls", tag = "calls", security(("bearer" = [])),
-    params(("id" = Uuid, Path, description = "Session id")),
+    params(("id" = Uuid, Path, description = "Session id"), CallsQuery),
     request_body = CallsRequest,
     responses(
         (status = 200, description = "One result per call, in request order", body = CallsResponse),
@@ -59,6 +84,7 @@ async fn run_calls(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
     Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<CallsQuery>,
     ApiJson(req): ApiJson<CallsRequest>,
 ) -> Result<Json<CallsResponse>, ApiError> {
     let id = parse_id(&id, "session")?;
@@ -67,5 +93,13 @@ async fn run_calls(
         .run_calls(tenant.id, id, CallBatch::new(req.calls))
         .await
         .map_err(or_not_found("session"))?;
-    Ok(Json(CallsResponse { results }))
+    Ok(Json(CallsResponse {
+        results: results
+            .into_iter()
+            .map(|result| CallResultOut {
+                rendered: q.format.map(|f| render_result(&result, f)),
+                result,
+            })
+            .collect(),
+    }))
 }

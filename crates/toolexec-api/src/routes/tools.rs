@@ -2,7 +2,6 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use toolexec_core::ToolSpec;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -10,6 +9,7 @@ use utoipa_axum::routes;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
+use crate::dialects;
 use crate::extract::ApiQuery;
 use crate::problem::ApiError;
 
@@ -20,14 +20,18 @@ pub fn router() -> OpenApiRouter<SharedState> {
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum CatalogFormat {
-    /// toolexec's own shape (`ToolSpec`).
+    /// toolexec's own shape (`ToolSpec` and what this service says of it).
     #[default]
     Toolexec,
-    /// OpenAI Chat Completions `tools`: `{"type":"function","function":{name,description,parameters}}`.
+    /// OpenAI Responses `tools`: `{"type":"function", name, description, parameters, "strict":true}`,
+    /// the schema in OpenAI's strict form.
     Openai,
-    /// Anthropic Messages `tools`: `{name, description, input_schema}`.
+    /// OpenAI Chat Completions `tools`: `{"type":"function","function":{name, description, parameters, "strict":true}}`.
+    OpenaiChat,
+    /// Anthropic Messages `tools`: `{name, description, input_schema, "strict":true}`, the schema
+    /// in Anthropic's strict form.
     Anthropic,
     /// MCP `tools/list` entries: `{name, description, inputSchema, annotations}`.
     Mcp,
@@ -40,59 +44,6 @@ pub struct CatalogQuery {
     #[serde(default)]
     #[param(inline)]
     pub format: CatalogFormat,
-}
-
-/// An OpenAI Chat Completions tool definition.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OpenAiTool {
-    /// Always `function`.
-    #[schema(value_type = String, example = "function")]
-    pub r#type: &'static str,
-    pub function: OpenAiFunction,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OpenAiFunction {
-    pub name: String,
-    pub description: String,
-    /// The tool's input JSON Schema.
-    #[schema(value_type = Object)]
-    pub parameters: Value,
-}
-
-/// An Anthropic Messages tool definition.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AnthropicTool {
-    pub name: String,
-    pub description: String,
-    #[schema(value_type = Object)]
-    pub input_schema: Value,
-}
-
-/// An MCP `tools/list` entry.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct McpTool {
-    pub name: String,
-    pub description: String,
-    #[serde(rename = "inputSchema")]
-    #[schema(value_type = Object)]
-    pub input_schema: Value,
-    pub annotations: McpAnnotations,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct McpAnnotations {
-    #[serde(rename = "readOnlyHint")]
-    pub read_only_hint: bool,
-    #[serde(rename = "destructiveHint")]
-    pub destructive_hint: bool,
-    #[serde(rename = "openWorldHint")]
-    pub open_world_hint: bool,
 }
 
 /// A tool as toolexec's catalog shows it: its spec, and whether this service can run it.
@@ -121,9 +72,10 @@ pub struct CatalogEntry {
 #[serde(untagged)]
 pub enum ToolDefinition {
     Toolexec(CatalogEntry),
-    Openai(OpenAiTool),
-    Anthropic(AnthropicTool),
-    Mcp(McpTool),
+    Openai(dialects::OpenAiTool),
+    OpenaiChat(dialects::OpenAiChatTool),
+    Anthropic(dialects::AnthropicTool),
+    Mcp(dialects::McpTool),
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -158,29 +110,10 @@ fn render(spec: &ToolSpec, here: Deployment, format: CatalogFormat) -> ToolDefin
                 .has(toolexec_core::Capability::Network)
                 .then_some(!here.web_without_session_network),
         }),
-        CatalogFormat::Openai => ToolDefinition::Openai(OpenAiTool {
-            r#type: "function",
-            function: OpenAiFunction {
-                name: spec.name.clone(),
-                description: spec.description.clone(),
-                parameters: spec.input_schema.clone(),
-            },
-        }),
-        CatalogFormat::Anthropic => ToolDefinition::Anthropic(AnthropicTool {
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            input_schema: spec.input_schema.clone(),
-        }),
-        CatalogFormat::Mcp => ToolDefinition::Mcp(McpTool {
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            input_schema: spec.input_schema.clone(),
-            annotations: McpAnnotations {
-                read_only_hint: spec.read_only,
-                destructive_hint: !spec.read_only,
-                open_world_hint: spec.has(toolexec_core::Capability::Network),
-            },
-        }),
+        CatalogFormat::Openai => ToolDefinition::Openai(dialects::openai(spec)),
+        CatalogFormat::OpenaiChat => ToolDefinition::OpenaiChat(dialects::openai_chat(spec)),
+        CatalogFormat::Anthropic => ToolDefinition::Anthropic(dialects::anthropic(spec)),
+        CatalogFormat::Mcp => ToolDefinition::Mcp(dialects::mcp(spec)),
     }
 }
 

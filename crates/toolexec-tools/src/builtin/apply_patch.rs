@@ -12,8 +12,8 @@
 //! move, a move's existing destination, an existing file an `Add File` overwrites — must have
 //! been read in this session and be unchanged since. Files the patch itself creates need no read.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use similar::{ChangeTag, TextDiff};
 use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
@@ -85,18 +85,7 @@ impl ApplyPatch {
             spec: ToolSpec {
                 name: "apply_patch".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "patch": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The whole patch, from '*** Begin Patch' to '*** End Patch'."
-                        }
-                    },
-                    "required": ["patch"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::FsRead, Capability::FsWrite],
                 output_limit: OutputLimit::new(10_000, TruncationMode::Tail),
@@ -105,9 +94,12 @@ impl ApplyPatch {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `apply_patch`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The whole patch, from '*** Begin Patch' to '*** End Patch'.
+    #[schemars(length(min = 1))]
     patch: String,
 }
 

@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
 };
@@ -78,32 +78,7 @@ impl EditFile {
             spec: ToolSpec {
                 name: "edit_file".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "file_path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The file to edit: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs)."
-                        },
-                        "old_string": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The exact text to replace, as it appears in the file (without read_file's line numbers)."
-                        },
-                        "new_string": {
-                            "type": "string",
-                            "description": "The text to put in its place (may be empty to delete old_string)."
-                        },
-                        "replace_all": {
-                            "type": "boolean",
-                            "default": false,
-                            "description": "Replace every occurrence of old_string. Default false: old_string must occur exactly once."
-                        }
-                    },
-                    "required": ["file_path", "old_string", "new_string"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::FsRead, Capability::FsWrite],
                 output_limit: OutputLimit::new(10_000, TruncationMode::Tail),
@@ -112,14 +87,20 @@ impl EditFile {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `edit_file`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The file to edit: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs).
+    #[schemars(length(min = 1))]
     file_path: String,
+    /// The exact text to replace, as it appears in the file (without read_file's line numbers).
+    #[schemars(length(min = 1))]
     old_string: String,
+    /// The text to put in its place (may be empty to delete old_string).
     new_string: String,
-    #[serde(default)]
-    replace_all: bool,
+    /// Replace every occurrence of old_string. Default false: old_string must occur exactly once.
+    replace_all: Option<bool>,
 }
 
 #[async_trait]
@@ -178,7 +159,7 @@ fn edit(
         Some(found) => found,
         None => return ToolOutput::error(not_found(path, text, args)),
     };
-    if starts.len() > 1 && !args.replace_all {
+    if starts.len() > 1 && !args.replace_all.unwrap_or(false) {
         return ToolOutput::error(several_matches(path, text, &starts));
     }
 

@@ -6,8 +6,8 @@
 //! name). Clobbering is guarded instead by an explicit `overwrite` flag: an existing destination
 //! is replaced only when the call says so.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
@@ -58,28 +58,7 @@ impl FileCopy {
             spec: ToolSpec {
                 name: "file_copy".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "source": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The file to copy: relative to /workspace or absolute under it."
-                        },
-                        "dest": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The path of the copy (a file path, not a directory)."
-                        },
-                        "overwrite": {
-                            "type": "boolean",
-                            "default": false,
-                            "description": "Replace dest if it already exists. Default false: an existing dest is refused."
-                        }
-                    },
-                    "required": ["source", "dest"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![
                     Capability::FsRead,
@@ -92,13 +71,18 @@ impl FileCopy {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `file_copy`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The file to copy: relative to /workspace or absolute under it.
+    #[schemars(length(min = 1))]
     source: String,
+    /// The path of the copy (a file path, not a directory).
+    #[schemars(length(min = 1))]
     dest: String,
-    #[serde(default)]
-    overwrite: bool,
+    /// Replace dest if it already exists. Default false: an existing dest is refused.
+    overwrite: Option<bool>,
 }
 
 /// Why a copy was not made.
@@ -147,7 +131,7 @@ fn copy(
         &args.dest,
         MAX_RECORDED_BYTES,
         |path, before| {
-            if before.exists() && !args.overwrite {
+            if before.exists() && !args.overwrite.unwrap_or(false) {
                 return Err(Refusal::Exists(format!(
                     "Cannot copy to '{}': it already exists{}. Set overwrite to true to \
                      replace it, or choose another dest.",
@@ -206,6 +190,7 @@ fn copy(
     reason = "tests build their fixtures on the host"
 )]
 mod tests {
+    use serde_json::json;
     use std::sync::Arc;
 
     use super::*;

@@ -1,7 +1,7 @@
 //! `file_delete`: delete one regular file the session has read.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{
     Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode,
 };
@@ -44,18 +44,7 @@ impl FileDelete {
             spec: ToolSpec {
                 name: "file_delete".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The file to delete: relative to /workspace or absolute under it."
-                        }
-                    },
-                    "required": ["path"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::FsWrite],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -64,9 +53,12 @@ impl FileDelete {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `file_delete`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The file to delete: relative to /workspace or absolute under it.
+    #[schemars(length(min = 1))]
     path: String,
 }
 

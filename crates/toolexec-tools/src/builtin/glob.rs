@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use globset::GlobBuilder;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure};
@@ -57,24 +57,7 @@ impl Glob {
             spec: ToolSpec {
                 name: "glob".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "pattern": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": MAX_PATTERN_CHARS,
-                            "description": "The glob to match against paths relative to `path`, like **/*.rs or src/**/*.test.ts."
-                        },
-                        "path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The directory to search: relative to /workspace or absolute under it. Default: the workspace root."
-                        }
-                    },
-                    "required": ["pattern"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::FsRead],
                 output_limit: OutputLimit::new(20_000, TruncationMode::Tail),
@@ -83,10 +66,15 @@ impl Glob {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `glob`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The glob to match against paths relative to `path`, like **/*.rs or src/**/*.test.ts.
+    #[schemars(length(min = 1, max = MAX_PATTERN_CHARS))]
     pattern: String,
+    /// The directory to search: relative to /workspace or absolute under it. Default: the workspace root.
+    #[schemars(length(min = 1))]
     path: Option<String>,
 }
 

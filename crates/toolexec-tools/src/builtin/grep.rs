@@ -10,8 +10,8 @@ use globset::{GlobBuilder, GlobSet};
 use grep_matcher::LineTerminator;
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{MAX_PATTERN_CHARS, blocking, compile_glob, jail_failure};
@@ -97,42 +97,7 @@ impl Grep {
             spec: ToolSpec {
                 name: "grep".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "pattern": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": MAX_PATTERN_CHARS,
-                            "description": "The regular expression to search for (Rust/ripgrep syntax)."
-                        },
-                        "path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The directory (or one file) to search: relative to /workspace or absolute under it. Default: the whole workspace."
-                        },
-                        "glob_filter": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": MAX_PATTERN_CHARS,
-                            "description": "Only search files matching this glob: `*.rs` matches names anywhere; a pattern with `/` matches paths relative to `path`."
-                        },
-                        "case_insensitive": {
-                            "type": "boolean",
-                            "default": false,
-                            "description": "Ignore case. Default false."
-                        },
-                        "max_results": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_RESULTS,
-                            "default": DEFAULT_MAX_RESULTS,
-                            "description": "The most matching lines to return. Default 100, at most 1000."
-                        }
-                    },
-                    "required": ["pattern"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::FsRead],
                 output_limit: OutputLimit::new(30_000, TruncationMode::Tail),
@@ -141,14 +106,23 @@ impl Grep {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `grep`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The regular expression to search for (Rust/ripgrep syntax).
+    #[schemars(length(min = 1, max = MAX_PATTERN_CHARS))]
     pattern: String,
+    /// The directory (or one file) to search: relative to /workspace or absolute under it. Default: the whole workspace.
+    #[schemars(length(min = 1))]
     path: Option<String>,
+    /// Only search files matching this glob: `*.rs` matches names anywhere; a pattern with `/` matches paths relative to `path`.
+    #[schemars(length(min = 1, max = MAX_PATTERN_CHARS))]
     glob_filter: Option<String>,
-    #[serde(default)]
-    case_insensitive: bool,
+    /// Ignore case. Default false.
+    case_insensitive: Option<bool>,
+    /// The most matching lines to return. Default 100, at most 1000.
+    #[schemars(range(min = 1, max = MAX_RESULTS))]
     max_results: Option<u64>,
 }
 
@@ -217,7 +191,7 @@ struct Filter {
 type Searched = (ToolOutput, Vec<(String, String)>);
 
 fn grep(workspace: &Workspace, args: &Args, bounds: &Bounds) -> Searched {
-    let matcher = match compile_regex(&args.pattern, args.case_insensitive) {
+    let matcher = match compile_regex(&args.pattern, args.case_insensitive.unwrap_or(false)) {
         Ok(matcher) => matcher,
         Err(refusal) => return (refusal, Vec::new()),
     };
@@ -558,6 +532,7 @@ impl Sink for Collect {
     reason = "tests build their fixtures on the host"
 )]
 mod tests {
+    use serde_json::json;
     use std::sync::Arc;
 
     use super::*;

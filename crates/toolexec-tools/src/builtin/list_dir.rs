@@ -1,7 +1,7 @@
 //! `list_dir`: a directory's tree, a few levels deep, without following symlinks.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure};
@@ -55,26 +55,7 @@ impl ListDir {
             spec: ToolSpec {
                 name: "list_dir".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "default": ".",
-                            "description": "The directory to list: relative to /workspace or absolute under it. Default: the workspace root."
-                        },
-                        "depth": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_DEPTH,
-                            "default": 1,
-                            "description": "How many levels to show. Default 1."
-                        }
-                    },
-                    "required": [],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::FsRead],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -83,10 +64,15 @@ impl ListDir {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `list_dir`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The directory to list: relative to /workspace or absolute under it. Default: the workspace root.
+    #[schemars(length(min = 1))]
     path: Option<String>,
+    /// How many levels to show. Default 1.
+    #[schemars(range(min = 1, max = MAX_DEPTH))]
     depth: Option<u64>,
 }
 

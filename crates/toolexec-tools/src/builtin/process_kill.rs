@@ -1,5 +1,6 @@
 //! `process_kill`: stop a background process and everything it started.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{Capability, EventKind, OutputLimit, ToolSpec, TruncationMode};
@@ -36,15 +37,7 @@ impl ProcessKill {
             spec: ToolSpec {
                 name: "process_kill".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "process_id": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The id shell returned (\"p1\")."},
-                        "signal": {"type": "string", "enum": ["TERM", "INT", "HUP", "KILL"], "description": "Signal to send first (default TERM)."}
-                    },
-                    "required": ["process_id"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::Process],
                 output_limit: OutputLimit::new(1_000, TruncationMode::Tail),
@@ -53,11 +46,28 @@ impl ProcessKill {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The signals `process_kill` sends first.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+enum FirstSignal {
+    #[serde(rename = "TERM")]
+    Term,
+    #[serde(rename = "INT")]
+    Int,
+    #[serde(rename = "HUP")]
+    Hup,
+    #[serde(rename = "KILL")]
+    Kill,
+}
+
+/// `process_kill`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The id shell returned ("p1").
+    #[schemars(length(min = 1, max = 64))]
     process_id: String,
-    signal: Option<String>,
+    /// Signal to send first (default TERM).
+    signal: Option<FirstSignal>,
 }
 
 /// A process state in words.
@@ -141,11 +151,11 @@ impl Tool for ProcessKill {
         let Some(table) = ctx.processes.clone() else {
             return no_sandbox();
         };
-        let signal = match args.signal.as_deref() {
-            None | Some("TERM") => Signal::TERM,
-            Some("INT") => Signal::INT,
-            Some("HUP") => Signal::HUP,
-            _ => Signal::KILL,
+        let signal = match args.signal {
+            None | Some(FirstSignal::Term) => Signal::TERM,
+            Some(FirstSignal::Int) => Signal::INT,
+            Some(FirstSignal::Hup) => Signal::HUP,
+            Some(FirstSignal::Kill) => Signal::KILL,
         };
         match table.kill(&args.process_id, signal).await {
             Ok(state) => {

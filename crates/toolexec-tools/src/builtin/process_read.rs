@@ -2,8 +2,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::process_kill::{describe_state, exit_event, unknown_process};
@@ -41,16 +41,7 @@ impl ProcessRead {
             spec: ToolSpec {
                 name: "process_read".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "process_id": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The id shell returned (\"p1\")."},
-                        "after": {"type": "integer", "minimum": 0, "description": "Cursor from the previous process_read: only output after it is returned."},
-                        "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30_000, "description": "Wait up to this long for new output (or the exit) when there is none yet. Default 0."}
-                    },
-                    "required": ["process_id"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::Process],
                 output_limit: OutputLimit::new(70_000, TruncationMode::Tail),
@@ -59,11 +50,18 @@ impl ProcessRead {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `process_read`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The id shell returned ("p1").
+    #[schemars(length(min = 1, max = 64))]
     process_id: String,
+    /// Cursor from the previous process_read: only output after it is returned.
+    #[schemars(range(min = 0))]
     after: Option<u64>,
+    /// Wait up to this long for new output (or the exit) when there is none yet. Default 0.
+    #[schemars(range(min = 0, max = 30_000))]
     wait_ms: Option<u64>,
 }
 

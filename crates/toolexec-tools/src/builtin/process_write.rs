@@ -1,7 +1,7 @@
 //! `process_write`: send input to a background process's stdin.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::shell::no_sandbox;
@@ -34,15 +34,7 @@ impl ProcessWrite {
             spec: ToolSpec {
                 name: "process_write".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "process_id": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The id shell returned (\"p1\")."},
-                        "input": {"type": "string", "maxLength": 65_536, "description": "The text to write to its stdin, newline included if needed."}
-                    },
-                    "required": ["process_id", "input"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::Process],
                 output_limit: OutputLimit::new(1_000, TruncationMode::Tail),
@@ -51,10 +43,15 @@ impl ProcessWrite {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `process_write`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The id shell returned ("p1").
+    #[schemars(length(min = 1, max = 64))]
     process_id: String,
+    /// The text to write to its stdin, newline included if needed.
+    #[schemars(length(max = 65_536))]
     input: String,
 }
 

@@ -1,7 +1,7 @@
 //! `read_file`: a text file's lines, numbered, a window at a time.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{blocking, jail_failure};
@@ -56,28 +56,7 @@ impl ReadFile {
             spec: ToolSpec {
                 name: "read_file".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "file_path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The file to read: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs)."
-                        },
-                        "offset": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "description": "1-based line number to start reading at. Default 1."
-                        },
-                        "limit": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "description": "Maximum number of lines to return. Default 2000."
-                        }
-                    },
-                    "required": ["file_path"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::FsRead],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -86,11 +65,18 @@ impl ReadFile {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `read_file`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The file to read: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs).
+    #[schemars(length(min = 1))]
     file_path: String,
+    /// 1-based line number to start reading at. Default 1.
+    #[schemars(range(min = 1))]
     offset: Option<usize>,
+    /// Maximum number of lines to return. Default 2000.
+    #[schemars(range(min = 1))]
     limit: Option<usize>,
 }
 

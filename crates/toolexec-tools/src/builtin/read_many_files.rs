@@ -1,7 +1,7 @@
 //! `read_many_files`: several files in one call, each shown exactly as read_file shows it.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use std::collections::HashSet;
@@ -56,20 +56,7 @@ impl ReadManyFiles {
             spec: ToolSpec {
                 name: "read_many_files".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "paths": {
-                            "type": "array",
-                            "items": {"type": "string", "minLength": 1},
-                            "minItems": 1,
-                            "maxItems": MAX_PATHS,
-                            "description": "The files to read: each relative to /workspace or absolute under it."
-                        }
-                    },
-                    "required": ["paths"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::FsRead],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -78,9 +65,12 @@ impl ReadManyFiles {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `read_many_files`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The files to read: each relative to /workspace or absolute under it.
+    #[schemars(length(min = 1, max = MAX_PATHS), inner(length(min = 1)))]
     paths: Vec<String>,
 }
 
@@ -227,6 +217,7 @@ fn read_all(
     reason = "tests build their fixtures on the host"
 )]
 mod tests {
+    use serde_json::json;
     use std::sync::Arc;
 
     use super::*;

@@ -1,8 +1,8 @@
 //! `read_output`: pages through the full, untruncated output of an earlier call of the same
 //! session, as recorded.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{OutputLimit, ToolSpec, TruncationMode};
 use uuid::Uuid;
 
@@ -46,21 +46,7 @@ impl ReadOutput {
             spec: ToolSpec {
                 name: "read_output".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "invocation_id": {
-                            "type": "string",
-                            "format": "uuid",
-                            "pattern": "^[0-9a-fA-F-]{32,36}$",
-                            "description": "The invocation whose output to read (from the truncation marker)."
-                        },
-                        "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "First character to return."},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_CHARS, "default": DEFAULT_PAGE_CHARS, "description": "Characters to return."}
-                    },
-                    "required": ["invocation_id"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -69,11 +55,18 @@ impl ReadOutput {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `read_output`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The invocation whose output to read (from the truncation marker).
+    #[schemars(regex(pattern = "^[0-9a-fA-F-]{32,36}$"))]
     invocation_id: Uuid,
+    /// First character to return. Default 0.
+    #[schemars(range(min = 0))]
     offset: Option<usize>,
+    /// Characters to return. Default 40000.
+    #[schemars(range(min = 1, max = MAX_PAGE_CHARS))]
     limit: Option<usize>,
 }
 
@@ -132,6 +125,7 @@ impl Tool for ReadOutput {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
     use std::sync::Arc;
 
     use super::*;

@@ -2,6 +2,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use toolexec_core::{CallStatus, Capability, EventKind, OutputLimit, ToolSpec, TruncationMode};
@@ -65,45 +66,7 @@ impl Shell {
             spec: ToolSpec {
                 name: "shell".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "command": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": 100_000,
-                            "description": "The bash command line to run (bash -c)."
-                        },
-                        "timeout_ms": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": 600_000,
-                            "description": "Stop the command after this many milliseconds (default: the session's default timeout, 10000 unless set; capped by the operator's maximum). Ignored with background: true unless given."
-                        },
-                        "idle_timeout_ms": {
-                            "type": "integer",
-                            "minimum": 100,
-                            "maximum": 600_000,
-                            "description": "Stop the command if it prints nothing for this many milliseconds."
-                        },
-                        "workdir": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "Working directory, relative to /workspace or absolute under it (default /workspace). It must exist."
-                        },
-                        "description": {
-                            "type": "string",
-                            "maxLength": 1000,
-                            "description": "What the command does, in a few words (recorded, shown to people reviewing the session)."
-                        },
-                        "background": {
-                            "type": "boolean",
-                            "description": "Start the command and return its process id at once, without waiting for it to finish."
-                        }
-                    },
-                    "required": ["command"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::Process, Capability::FsRead, Capability::FsWrite],
                 output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
@@ -112,20 +75,31 @@ impl Shell {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `shell`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The bash command line to run (bash -c).
+    #[schemars(length(min = 1, max = 100_000))]
     command: String,
+    /// Stop the command after this many milliseconds (default: the session's default timeout, 10000 unless set; capped by the operator's maximum). Ignored with background: true unless given.
+    #[schemars(range(min = 1, max = 600_000))]
     timeout_ms: Option<u64>,
+    /// Stop the command if it prints nothing for this many milliseconds.
+    #[schemars(range(min = 100, max = 600_000))]
     idle_timeout_ms: Option<u64>,
+    /// Working directory, relative to /workspace or absolute under it (default /workspace). It must exist.
+    #[schemars(length(min = 1))]
     workdir: Option<String>,
+    /// What the command does, in a few words (recorded, shown to people reviewing the session).
+    #[schemars(length(max = 1000))]
     #[expect(
         dead_code,
         reason = "recorded with the arguments; not used to run the command"
     )]
     description: Option<String>,
-    #[serde(default)]
-    background: bool,
+    /// Start the command and return its process id at once, without waiting for it to finish.
+    background: Option<bool>,
 }
 
 /// The message for a sandbox that cannot run commands (an operator problem, not the model's).
@@ -186,7 +160,7 @@ impl Tool for Shell {
         }
         let unsandboxed = table.sandbox().is_unsandboxed();
         let network = ctx.policy.network == toolexec_core::NetworkPolicy::Allow;
-        if args.background {
+        if args.background.unwrap_or(false) {
             let cfg = table.sandbox().config();
             let lifetime = Duration::from_millis(args.timeout_ms.unwrap_or(cfg.max_background_ms));
             return match table

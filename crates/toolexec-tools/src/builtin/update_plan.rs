@@ -1,6 +1,7 @@
 //! `update_plan`: the session's plan (a todo list the model keeps for itself), replaced whole on
 //! every call and recorded as a `plan.updated` event.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use toolexec_core::{EventKind, OutputLimit, ToolSpec, TruncationMode};
@@ -43,32 +44,7 @@ impl UpdatePlan {
             spec: ToolSpec {
                 name: "update_plan".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "plan": {
-                            "type": "array",
-                            "maxItems": MAX_STEPS,
-                            "description": "The whole plan, in order.",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "step": {"type": "string", "minLength": 1, "maxLength": 500},
-                                    "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}
-                                },
-                                "required": ["step", "status"],
-                                "additionalProperties": false
-                            }
-                        },
-                        "explanation": {
-                            "type": "string",
-                            "maxLength": 2000,
-                            "description": "Why the plan changed (optional)."
-                        }
-                    },
-                    "required": ["plan"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 // Not a workspace change, but it replaces session state: it runs alone and in
                 // order, so two updates in one batch land in the order they were sent.
                 read_only: false,
@@ -79,7 +55,7 @@ impl UpdatePlan {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum Status {
     Pending,
@@ -87,17 +63,25 @@ enum Status {
     Completed,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+/// One step of the plan.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Step {
+    /// What the step is, in a few words.
+    #[schemars(length(min = 1, max = 500))]
     step: String,
     status: Status,
 }
 
-#[derive(Debug, Deserialize)]
+/// `update_plan`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The whole plan, in order.
+    #[schemars(length(max = MAX_STEPS))]
     plan: Vec<Step>,
+    /// Why the plan changed (optional).
+    #[schemars(length(max = 2000))]
     explanation: Option<String>,
 }
 

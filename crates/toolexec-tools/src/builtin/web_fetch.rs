@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use toolexec_workspace::jail::human_bytes;
 
@@ -64,42 +64,7 @@ impl WebFetch {
             spec: ToolSpec {
                 name: "web_fetch".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "url": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": toolexec_net::MAX_URL_LEN,
-                            "description": "The http or https URL to fetch."
-                        },
-                        "prompt": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": 4000,
-                            "description": "A question about the page for the service's summarizer model; its answer is returned instead of the page text."
-                        },
-                        "timeout_ms": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_TIMEOUT_MS,
-                            "description": "Time limit of the whole fetch (redirects, body and summary), milliseconds. Default 30000."
-                        },
-                        "start_index": {
-                            "type": "integer",
-                            "minimum": 0,
-                            "description": "The character of the page text to start at (from a previous result's next start_index). Default 0."
-                        },
-                        "max_length": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_LENGTH,
-                            "description": "Most characters of page text to return. Default and maximum 100000."
-                        }
-                    },
-                    "required": ["url"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::Network],
                 // Room for `max_length` characters and the lines that say what they are.
@@ -109,13 +74,24 @@ impl WebFetch {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `web_fetch`'s arguments.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The http or https URL to fetch.
+    #[schemars(length(min = 1, max = toolexec_net::MAX_URL_LEN))]
     url: String,
+    /// A question about the page for the service's summarizer model; its answer is returned instead of the page text.
+    #[schemars(length(min = 1, max = 4000))]
     prompt: Option<String>,
+    /// Time limit of the whole fetch (redirects, body and summary), milliseconds. Default 30000.
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     timeout_ms: Option<u64>,
+    /// The character of the page text to start at (from a previous result's next start_index). Default 0.
+    #[schemars(range(min = 0))]
     start_index: Option<u64>,
+    /// Most characters of page text to return. Default and maximum 100000.
+    #[schemars(range(min = 1, max = MAX_LENGTH))]
     max_length: Option<u64>,
 }
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use toolexec_core::{ExchangeErrorKind, ExchangeRole};
@@ -47,25 +47,7 @@ impl WebSearch {
             spec: ToolSpec {
                 name: "web_search".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "query": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": MAX_QUERY_CHARS,
-                            "description": "What to search for."
-                        },
-                        "max_results": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": MAX_RESULTS,
-                            "description": "Most results to return. Default 5."
-                        }
-                    },
-                    "required": ["query"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: true,
                 capabilities: vec![Capability::Network],
                 output_limit: OutputLimit::new(30_000, TruncationMode::Head),
@@ -74,10 +56,15 @@ impl WebSearch {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `web_search`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// What to search for.
+    #[schemars(length(min = 1, max = MAX_QUERY_CHARS))]
     query: String,
+    /// Most results to return. Default 5.
+    #[schemars(range(min = 1, max = MAX_RESULTS))]
     max_results: Option<usize>,
 }
 

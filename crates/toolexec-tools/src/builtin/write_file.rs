@@ -1,7 +1,7 @@
 //! `write_file`: create a file or replace one the session has read.
 use async_trait::async_trait;
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
 use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
@@ -45,22 +45,7 @@ impl WriteFile {
             spec: ToolSpec {
                 name: "write_file".to_owned(),
                 description: DESCRIPTION.to_owned(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "file_path": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": "The file to write: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs)."
-                        },
-                        "content": {
-                            "type": "string",
-                            "description": "The complete new contents of the file."
-                        }
-                    },
-                    "required": ["file_path", "content"],
-                    "additionalProperties": false
-                }),
+                input_schema: crate::schema::arguments_schema::<Args>(),
                 read_only: false,
                 capabilities: vec![Capability::FsWrite],
                 output_limit: OutputLimit::new(1_000, TruncationMode::Tail),
@@ -69,10 +54,14 @@ impl WriteFile {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// `write_file`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
+    /// The file to write: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs).
+    #[schemars(length(min = 1))]
     file_path: String,
+    /// The complete new contents of the file.
     content: String,
 }
 

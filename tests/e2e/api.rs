@@ -584,7 +584,14 @@ async fn update_plan_records_the_plan_in_the_log() {
     assert_eq!(plan["data"]["plan"][1]["step"], "edit");
     assert_eq!(plan["invocation_id"], r["invocation_id"]);
     let inv: Value = app.invocation_of(&r).await;
-    assert_eq!(inv["side_effects"][0]["kind"], "plan.updated");
+    let kinds: Vec<&str> = inv["side_effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    // A todo per step, then the plan as a whole.
+    assert_eq!(kinds, ["todo.created", "todo.created", "plan.updated"]);
 }
 
 #[tokio::test]

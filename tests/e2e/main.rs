@@ -26,5 +26,6 @@ mod shell;
 mod store;
 mod tenancy;
 mod time_travel;
+mod todos;
 mod tool_deadlines;
 mod web_fetch;

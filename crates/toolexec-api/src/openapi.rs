@@ -41,6 +41,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::cancel::router())
         .merge(routes::log::router())
         .merge(routes::history::router())
+        .merge(routes::todos::router())
 }
 
 /// The router and its finished document: shared errors and the tool catalog's schemas added.

@@ -59,10 +59,19 @@ pub enum EventKind {
     /// (before this event), and the workspace was rebuilt from the log.
     #[serde(rename = "session.taken_over")]
     SessionTakenOver,
+    /// A todo (a plan step or a task) was created ([`crate::todo::Todo`]).
+    #[serde(rename = "todo.created")]
+    TodoCreated,
+    /// A todo changed: the event has it whole, as it is now.
+    #[serde(rename = "todo.updated")]
+    TodoUpdated,
+    /// A todo was removed (a task set to `deleted`, a step gone from the plan).
+    #[serde(rename = "todo.deleted")]
+    TodoDeleted,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -78,6 +87,9 @@ impl EventKind {
         EventKind::NetworkRequest,
         EventKind::WebExchange,
         EventKind::SessionTakenOver,
+        EventKind::TodoCreated,
+        EventKind::TodoUpdated,
+        EventKind::TodoDeleted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +109,9 @@ impl EventKind {
             EventKind::NetworkRequest => "network.request",
             EventKind::WebExchange => "web.exchange",
             EventKind::SessionTakenOver => "session.taken_over",
+            EventKind::TodoCreated => "todo.created",
+            EventKind::TodoUpdated => "todo.updated",
+            EventKind::TodoDeleted => "todo.deleted",
         }
     }
 
@@ -117,6 +132,9 @@ impl EventKind {
                 | EventKind::FilesChanged
                 | EventKind::NetworkRequest
                 | EventKind::WebExchange
+                | EventKind::TodoCreated
+                | EventKind::TodoUpdated
+                | EventKind::TodoDeleted
         )
     }
 

@@ -14,6 +14,7 @@ pub mod names;
 pub mod problem;
 pub mod replay;
 pub mod session;
+pub mod todo;
 pub mod tool;
 pub mod truncate;
 

@@ -602,6 +602,13 @@ fn comparable(event: &Event) -> Option<(String, String)> {
             d["role"].as_str().unwrap_or_default(),
             d["hop"]
         ),
+        EventKind::TodoCreated | EventKind::TodoUpdated | EventKind::TodoDeleted => {
+            format!(
+                "todo {} {}",
+                d["id"].as_str().unwrap_or_default(),
+                event.kind.as_str()
+            )
+        }
         _ => return None,
     };
     let value = match event.kind {

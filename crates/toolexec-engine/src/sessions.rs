@@ -50,6 +50,9 @@ pub struct SessionRuntime {
     /// The first process id (`p<N>`) this runtime assigns: ids below it belong to earlier runs
     /// (or earlier runtimes) of the session and may be in its log; ids from it on are known here.
     pub first_process_id: u64,
+    /// The session's todos (plan steps and tasks), folded from its log when the runtime is
+    /// made and kept current by the tools that change them.
+    pub todos: Arc<std::sync::Mutex<toolexec_core::todo::Todos>>,
 }
 
 /// `read_output`'s view of the store: full outputs of this session's invocations only.
@@ -153,6 +156,7 @@ impl SessionRuntime {
             last_used: std::sync::atomic::AtomicU64::new(0),
             snapshot: tokio::sync::Mutex::new(None),
             first_process_id: first_id,
+            todos: Arc::default(),
         }
     }
 
@@ -285,6 +289,10 @@ impl Engine {
             first_process_id,
             self.config.sandbox.as_ref(),
         ));
+        let todos = self.todos_of(&session.tenant_id, session.id).await?;
+        if let Ok(mut t) = rt.todos.lock() {
+            *t = todos;
+        }
         // Recorded as gone by the take-over: not again by the first call that asks.
         if let Some(table) = &rt.processes {
             for id in &gone {
@@ -298,6 +306,37 @@ impl Engine {
             self.fill_call_index(&kept, after);
         }
         Ok(kept)
+    }
+
+    /// A session's todos as its log folds them (plan steps and tasks).
+    pub async fn todos_of(
+        &self,
+        tenant_id: &Uuid,
+        session_id: Uuid,
+    ) -> Result<toolexec_core::todo::Todos> {
+        let kinds = [
+            toolexec_core::EventKind::TodoCreated,
+            toolexec_core::EventKind::TodoUpdated,
+            toolexec_core::EventKind::TodoDeleted,
+        ];
+        let mut todos = toolexec_core::todo::Todos::default();
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .events_of_kinds(*tenant_id, session_id, &kinds, after, i64::MAX, 1000)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            let full = page.len() == 1000;
+            for e in &page {
+                todos.apply(e);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(todos)
     }
 
     /// The runtime of a session made on this node just now: no call recorded yet.
@@ -427,6 +466,7 @@ impl Engine {
             observed: toolexec_tools::observe::Observed::Live,
             journal: Arc::new(toolexec_tools::observe::Journal::default()),
             tenant_id: session.tenant_id,
+            todos: rt.todos.clone(),
         }
     }
 

@@ -84,6 +84,8 @@ pub struct ToolContext {
     pub journal: Arc<observe::Journal>,
     /// The tenant the session belongs to (per-tenant quotas of the operator's paid services).
     pub tenant_id: Uuid,
+    /// The session's todos (plan steps and tasks), as its log folds them.
+    pub todos: Arc<std::sync::Mutex<toolexec_core::todo::Todos>>,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
@@ -116,6 +118,7 @@ impl ToolContext {
             observed: observe::Observed::Live,
             journal: Arc::new(observe::Journal::default()),
             tenant_id: Uuid::nil(),
+            todos: Arc::default(),
         }
     }
 }

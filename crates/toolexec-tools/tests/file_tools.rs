@@ -60,7 +60,7 @@ fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
     use Capability::{ContentFromSource, FsRead, FsWrite, Network, Process};
     use TruncationMode::{Head, HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 18] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 22] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -88,6 +88,10 @@ fn the_catalog_describes_every_tool_truthfully() {
         ("process_write", false, &[Process], 1_000, Tail),
         ("process_kill", false, &[Process], 1_000, Tail),
         ("update_plan", false, &[], 50_000, HeadTail),
+        ("TaskCreate", false, &[], 50_000, HeadTail),
+        ("TaskUpdate", false, &[], 50_000, HeadTail),
+        ("TaskGet", true, &[], 50_000, HeadTail),
+        ("TaskList", true, &[], 50_000, HeadTail),
         ("read_output", true, &[], 50_000, HeadTail),
         ("web_fetch", true, &[Network], 101_000, Head),
         ("web_search", true, &[Network], 30_000, Head),

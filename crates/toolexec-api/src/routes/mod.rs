@@ -6,4 +6,5 @@ pub mod health;
 pub mod history;
 pub mod log;
 pub mod sessions;
+pub mod todos;
 pub mod tools;

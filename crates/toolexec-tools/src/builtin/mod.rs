@@ -24,6 +24,7 @@ pub mod read_file;
 pub mod read_many_files;
 pub mod read_output;
 pub mod shell;
+pub mod tasks;
 pub mod update_plan;
 pub mod web_fetch;
 pub mod web_search;
@@ -47,6 +48,10 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(process_write::ProcessWrite::new()),
         Arc::new(process_kill::ProcessKill::new()),
         Arc::new(update_plan::UpdatePlan::new()),
+        Arc::new(tasks::TaskCreate::new()),
+        Arc::new(tasks::TaskUpdate::new()),
+        Arc::new(tasks::TaskGet::new()),
+        Arc::new(tasks::TaskList::new()),
         Arc::new(read_output::ReadOutput::new()),
         Arc::new(web_fetch::WebFetch::new()),
         Arc::new(web_search::WebSearch::new()),

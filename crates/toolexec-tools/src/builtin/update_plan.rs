@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use toolexec_core::todo::{Todo, TodoSource, TodoStatus};
 use toolexec_core::{EventKind, OutputLimit, ToolSpec, TruncationMode};
 
 use crate::{Tool, ToolContext, ToolEvent, ToolOutput, parse_args};
@@ -91,11 +92,18 @@ impl Tool for UpdatePlan {
         &self.spec
     }
 
-    async fn run(&self, _ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
         let args: Args = match parse_args(args) {
             Ok(args) => args,
             Err(out) => return out,
         };
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = args.plan.iter().find(|s| !seen.insert(s.step.as_str())) {
+            return ToolOutput::error(format!(
+                "The plan has the step {:?} twice; each step's text must be unique (steps are matched by their text). Merge or rename them and send the plan again.",
+                dup.step
+            ));
+        }
         let count = |s: Status| args.plan.iter().filter(|p| p.status == s).count();
         let (done, doing, todo) = (
             count(Status::Completed),
@@ -118,6 +126,7 @@ impl Tool for UpdatePlan {
             text.push_str(&format!("{mark} {}. {}\n", i + 1, s.step));
         }
         let mut out = ToolOutput::ok(text);
+        out.events.extend(reconcile(ctx, &args.plan));
         out.events.push(ToolEvent {
             blob: None,
             kind: EventKind::PlanUpdated,
@@ -131,6 +140,64 @@ impl Tool for UpdatePlan {
         });
         out
     }
+}
+
+/// The plan's steps as todos: each new step matched to the current one with the same text
+/// (updated if its status or place changed), the others created, and current steps missing
+/// from the new plan deleted. The session's todos are changed to match; the events say how.
+fn reconcile(ctx: &ToolContext, plan: &[Step]) -> Vec<ToolEvent> {
+    let mut todos = ctx
+        .todos
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let current: Vec<Todo> = todos.plan().cloned().collect();
+    let mut events = Vec::new();
+    for old in &current {
+        if !plan.iter().any(|s| s.step == old.subject) {
+            todos.remove(&old.id);
+            events.push(ToolEvent::new(
+                EventKind::TodoDeleted,
+                json!({"id": old.id}),
+            ));
+        }
+    }
+    for (i, step) in plan.iter().enumerate() {
+        let status = match step.status {
+            Status::Pending => TodoStatus::Pending,
+            Status::InProgress => TodoStatus::InProgress,
+            Status::Completed => TodoStatus::Completed,
+        };
+        let (kind, todo) = match current.iter().find(|t| t.subject == step.step) {
+            Some(old) if old.status == status && old.position == Some(i) => continue,
+            Some(old) => (
+                EventKind::TodoUpdated,
+                Todo {
+                    status,
+                    position: Some(i),
+                    ..old.clone()
+                },
+            ),
+            None => (
+                EventKind::TodoCreated,
+                Todo {
+                    id: todos.next_id(),
+                    source: TodoSource::Plan,
+                    subject: step.step.clone(),
+                    description: None,
+                    active_form: None,
+                    status,
+                    metadata: Vec::new(),
+                    position: Some(i),
+                },
+            ),
+        };
+        events.push(ToolEvent::new(
+            kind,
+            serde_json::to_value(&todo).unwrap_or_default(),
+        ));
+        todos.put(todo);
+    }
+    events
 }
 
 #[cfg(test)]
@@ -165,10 +232,45 @@ mod tests {
                 .contains("1 completed, 1 in progress, 1 pending")
         );
         assert!(out.content.contains("[~] 2. rename"));
-        assert_eq!(out.events.len(), 1);
-        assert_eq!(out.events[0].kind, EventKind::PlanUpdated);
-        assert_eq!(out.events[0].data["plan"][1]["status"], "in_progress");
-        assert_eq!(out.events[0].data["explanation"], "found 3");
+        // A todo per step, then the plan as a whole.
+        assert_eq!(out.events.len(), 4);
+        assert!(
+            out.events[..3]
+                .iter()
+                .all(|e| e.kind == EventKind::TodoCreated)
+        );
+        let plan = &out.events[3];
+        assert_eq!(plan.kind, EventKind::PlanUpdated);
+        assert_eq!(plan.data["plan"][1]["status"], "in_progress");
+        assert_eq!(plan.data["explanation"], "found 3");
+        // Sent again with one step done, one gone and one new: matched by text.
+        let out = UpdatePlan::new()
+            .run(
+                &ctx,
+                json!({"plan": [
+                    {"step": "find callers", "status": "completed"},
+                    {"step": "rename", "status": "completed"},
+                    {"step": "document", "status": "in_progress"}
+                ]}),
+            )
+            .await;
+        let kinds: Vec<(EventKind, String)> = out
+            .events
+            .iter()
+            .map(|e| (e.kind, e.data["id"].as_str().unwrap_or("").to_owned()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EventKind::TodoDeleted, "t3".into()),
+                (EventKind::TodoUpdated, "t2".into()),
+                (EventKind::TodoCreated, "t4".into()),
+                (EventKind::PlanUpdated, String::new()),
+            ]
+        );
+        let todos = ctx.todos.lock().unwrap();
+        let plan: Vec<&str> = todos.plan().map(|t| t.subject.as_str()).collect();
+        assert_eq!(plan, ["find callers", "rename", "document"]);
     }
 
     #[tokio::test]

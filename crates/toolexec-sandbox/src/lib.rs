@@ -568,6 +568,7 @@ impl Sandbox {
                 .into_iter()
                 .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
                 .collect(),
+            agent: false,
         })
     }
 

@@ -77,6 +77,7 @@ fn bash_spec(workspace: &str, script: &str) -> Spec {
             script.as_bytes().to_vec(),
         ],
         env: vec![(b"PATH".to_vec(), b"/usr/bin:/bin".to_vec())],
+        agent: false,
     }
 }
 

@@ -266,11 +266,15 @@ async fn read_control(shared: Arc<Shared>, ready: oneshot::Sender<Result<(), Str
         let mut outer = shared.outer.lock().await;
         match outer.as_mut() {
             Some(child) => {
-                let _ = child.start_kill();
-                tokio::time::timeout(Duration::from_secs(2), child.wait())
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
+                // It exits as soon as pid 1 is gone; killed only if it does not.
+                let waited = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
+                match waited {
+                    Ok(status) => status.ok(),
+                    Err(_) => {
+                        let _ = child.start_kill();
+                        None
+                    }
+                }
             }
             None => None,
         }
@@ -377,9 +381,17 @@ impl Agent {
             *next = Some(self.prepare_task());
             pending
         };
-        pending
+        let first = pending
             .await
-            .map_err(|e| setup("preparing the command's process", e))?
+            .map_err(|e| setup("preparing the command's process", e))?;
+        match first {
+            // A spare can die on its own while it waits (the OOM killer, the session's process
+            // limit): one fresh try before the command fails.
+            Err(SandboxError::Setup(_)) if self.is_alive() => {
+                prepare(self.shared.clone(), self.tree.clone()).await
+            }
+            other => other,
+        }
     }
 
     /// Starts a command: its spec (a [`crate::init::CommandSpec`], encoded) and its stdin,

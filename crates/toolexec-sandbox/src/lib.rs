@@ -83,8 +83,14 @@ pub struct SandboxConfig {
     /// Host directories bound read-only at the same place in the sandbox (besides `/usr`, whose
     /// `/bin`, `/lib`, `/lib64`, `/sbin` links are recreated). Each must exist.
     pub ro_binds: Vec<PathBuf>,
-    /// Size of the private `/tmp` (a tmpfs), bytes.
+    /// Size of the private `/tmp` (a tmpfs), bytes: a session's, for as long as its resident
+    /// sandbox lives (its contents count against the session's memory), or a command's.
     pub tmp_size_bytes: u64,
+    /// One sandbox per session, kept while the session runs commands (an agent forks each
+    /// command: a fork and an exec per command), rather than one built and torn down for every
+    /// command. Needs the service to be root with the cgroup v2 hierarchy (each command gets its
+    /// own cgroup); otherwise commands get a sandbox each whatever this says.
+    pub resident: bool,
     /// Memory of all the session's processes together, bytes.
     pub memory_bytes: u64,
     /// Processes (and threads) of all the session's processes together.
@@ -123,6 +129,7 @@ impl Default for SandboxConfig {
             gid: 65534,
             ro_binds: vec![PathBuf::from("/etc")],
             tmp_size_bytes: 256 * 1024 * 1024,
+            resident: true,
             memory_bytes: 1024 * 1024 * 1024,
             pids: 256,
             cpu_cores: 1.0,
@@ -579,7 +586,7 @@ impl Sandbox {
     /// hierarchy: a command's own cgroup is what kills its tree when the PID namespace is the
     /// session's, not the command's.
     pub fn is_resident(&self) -> bool {
-        !self.is_unsandboxed() && self.cgroups.is_some()
+        self.config.resident && !self.is_unsandboxed() && self.cgroups.is_some()
     }
 
     /// What a session's agent is told: the layout and limits, no command.

@@ -31,7 +31,7 @@ use rustix::net::{
 };
 
 use crate::protocol::{
-    COMMAND_FDS, CONTROL_FD, FromAgent, FromSpare, MAX_MESSAGE, ToAgent, ToSpare,
+    COMMAND_FDS, CONTROL_FD, FromAgent, FromSpare, MAX_INLINE_SPEC, MAX_MESSAGE, ToAgent, ToSpare,
 };
 use crate::spec::{CommandSpec, InitLimits, MAX_SPEC_BYTES, Spec};
 use crate::{ERROR_PREFIX, Never, Prepared, SETUP_FAILED};
@@ -279,24 +279,38 @@ fn become_command(limits: &InitLimits, scope: &RulesetCreated) -> Result<Never, 
     crate::close_from(CONTROL_FD as libc::c_uint + 1)?;
     let sock = control();
     send_message(sock, &FromSpare::Hello.encode()).map_err(|e| format!("hello: {e}"))?;
-    let mut buf = [0u8; 64];
-    let Some((n, fds)) = receive(sock, &mut buf)? else {
+    let mut buf = vec![0u8; MAX_INLINE_SPEC + 1];
+    let Some((n, mut fds)) = receive(sock, &mut buf)? else {
         // Not needed after all (the session closed).
         // SAFETY: ends this process.
         unsafe { libc::_exit(0) }
     };
-    ToSpare::decode(&buf[..n])?;
-    let [stdin, stdout, stderr, spec]: [OwnedFd; COMMAND_FDS] = fds
-        .try_into()
-        .map_err(|fds: Vec<OwnedFd>| format!("{} descriptors instead of 4", fds.len()))?;
-    let mut bytes = Vec::new();
-    std::fs::File::from(spec)
-        .take(MAX_SPEC_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("reading the command: {e}"))?;
-    if bytes.len() > MAX_SPEC_BYTES {
-        return Err(format!("the command is larger than {MAX_SPEC_BYTES} bytes"));
+    let message = ToSpare::decode(&buf[..n])?;
+    if fds.len() != message.fds() {
+        return Err(format!(
+            "{} descriptors instead of {}",
+            fds.len(),
+            message.fds()
+        ));
     }
+    let bytes = match message {
+        ToSpare::Command { spec } => spec,
+        ToSpare::CommandInMemfd => {
+            let mut bytes = Vec::new();
+            let spec = fds.pop().ok_or("no spec descriptor")?;
+            std::fs::File::from(spec)
+                .take(MAX_SPEC_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("reading the command: {e}"))?;
+            if bytes.len() > MAX_SPEC_BYTES {
+                return Err(format!("the command is larger than {MAX_SPEC_BYTES} bytes"));
+            }
+            bytes
+        }
+    };
+    let [stdin, stdout, stderr]: [OwnedFd; 3] = fds
+        .try_into()
+        .map_err(|fds: Vec<OwnedFd>| format!("{} descriptors instead of 3", fds.len()))?;
     let command = CommandSpec::decode(&bytes)?;
     let prepared = Prepared::new(command.argv, command.env)?;
     for (fd, target) in [(stdin, 0), (stdout, 1), (stderr, 2)] {

@@ -14,7 +14,9 @@
 //!   spare → service   Hello                       the kernel attaches the spare's credentials
 //!                                                 (SO_PASSCRED): its pid in the service's PID
 //!                                                 namespace, to put it in its cgroup
-//!   service → spare   Command                     + 4 fds: stdin, stdout, stderr, the spec
+//!   service → spare   Command{spec}               + 3 fds: stdin, stdout, stderr
+//!                     CommandInMemfd              + 4 fds: the same and a memfd with the spec
+//!                                                 (a spec too large for one message)
 //!   spare → service   Failed{reason}              the command could not be started
 //!                     (end of file)               exec happened: the socket was close-on-exec
 //! ```
@@ -29,8 +31,14 @@ pub const CONTROL_FD: i32 = 3;
 /// Largest message either side sends (a reason is cut to fit).
 pub const MAX_MESSAGE: usize = 4096;
 
-/// Descriptors that come with [`ToSpare::Command`]: stdin, stdout, stderr, the command's spec.
+/// Most descriptors that come with a message: stdin, stdout, stderr and, with
+/// [`ToSpare::CommandInMemfd`], the command's spec.
 pub const COMMAND_FDS: usize = 4;
+
+/// Largest spec sent inside [`ToSpare::Command`]; larger ones go in a memfd. Well below the
+/// smallest send buffer a `SOCK_SEQPACKET` message must fit in (`net.core.wmem_default`, 208 KiB
+/// by default).
+pub const MAX_INLINE_SPEC: usize = 60 * 1024;
 
 /// Service → agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +68,10 @@ pub enum FromAgent {
 /// Service → spare.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToSpare {
-    Command,
+    /// The command's spec (a [`crate::CommandSpec`], encoded), at most [`MAX_INLINE_SPEC`].
+    Command { spec: Vec<u8> },
+    /// The spec is in the fourth descriptor.
+    CommandInMemfd,
 }
 
 /// Spare → service.
@@ -165,16 +176,37 @@ impl FromAgent {
 
 impl ToSpare {
     pub fn encode(&self) -> Vec<u8> {
-        vec![b'C']
+        match self {
+            ToSpare::Command { spec } => {
+                let mut out = Vec::with_capacity(spec.len() + 1);
+                out.push(b'C');
+                out.extend_from_slice(spec);
+                out
+            }
+            ToSpare::CommandInMemfd => vec![b'M'],
+        }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        match bytes {
-            [b'C'] => Ok(ToSpare::Command),
+        match bytes.split_first() {
+            Some((b'C', spec)) if !spec.is_empty() && spec.len() <= MAX_INLINE_SPEC => {
+                Ok(ToSpare::Command {
+                    spec: spec.to_vec(),
+                })
+            }
+            Some((b'M', [])) => Ok(ToSpare::CommandInMemfd),
             _ => Err(format!(
                 "an unknown message to a spare ({} bytes)",
                 bytes.len()
             )),
+        }
+    }
+
+    /// Descriptors that come with it.
+    pub fn fds(&self) -> usize {
+        match self {
+            ToSpare::Command { .. } => 3,
+            ToSpare::CommandInMemfd => 4,
         }
     }
 }
@@ -227,9 +259,13 @@ mod tests {
         let p = ToAgent::Prepare { slot: 1 << 40 };
         assert_eq!(ToAgent::decode(&p.encode()).unwrap(), p);
         assert_eq!(
-            ToSpare::decode(&ToSpare::Command.encode()).unwrap(),
-            ToSpare::Command
+            ToSpare::decode(&ToSpare::CommandInMemfd.encode()).unwrap(),
+            ToSpare::CommandInMemfd
         );
+        let inline = ToSpare::Command {
+            spec: b"arg=/bin/true\0".to_vec(),
+        };
+        assert_eq!(ToSpare::decode(&inline.encode()).unwrap(), inline);
         for m in [
             FromSpare::Hello,
             FromSpare::Failed {
@@ -251,7 +287,11 @@ mod tests {
         for bad in [&b""[..], b"H1", b"C"] {
             assert!(FromSpare::decode(bad).is_err(), "{bad:?}");
         }
-        assert!(ToSpare::decode(b"CC").is_err());
+        let mut too_long = vec![b'C'];
+        too_long.resize(MAX_INLINE_SPEC + 2, b'x');
+        for bad in [&b""[..], b"C", b"MM", b"X", &too_long] {
+            assert!(ToSpare::decode(bad).is_err(), "{} bytes", bad.len());
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (started with the first command, when the sandbox is resident), foreground commands, and its
 //! background processes with their output kept for polling.
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -317,9 +318,14 @@ impl ProcessTable {
             let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
                 SandboxError::Setup(format!("the command cannot be passed on: {e}"))
             })?;
-            let Started { group, exit } = agent
-                .start_command(&spec, [stdin_r, write_end, write_err])
-                .await?;
+            let started = agent
+                .start_command(
+                    &spec,
+                    [stdin_r.as_fd(), write_end.as_fd(), write_err.as_fd()],
+                )
+                .await;
+            drop((stdin_r, write_end, write_err));
+            let Started { group, exit } = started?;
             let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
                 .map_err(|e| SandboxError::Setup(format!("input pipe: {e}")))?;
             let output = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)

@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// The limits a session's cgroups enforce.
@@ -189,6 +189,7 @@ impl Cgroups {
         Ok(SessionTree {
             dir,
             next: AtomicU64::new(1),
+            free: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -197,7 +198,7 @@ impl Cgroups {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let dir = self.v2.join(format!("c{n}"));
         fs::create_dir(&dir)?;
-        Ok(CommandGroup { dir })
+        Ok(CommandGroup { dir, free: None })
     }
 }
 
@@ -254,7 +255,13 @@ impl Drop for SessionGroup {
 pub struct SessionTree {
     dir: PathBuf,
     next: AtomicU64,
+    /// Command cgroups found empty when their command was done, for the next commands: making
+    /// and removing a cgroup per command is work on every command's path otherwise.
+    free: Arc<Mutex<Vec<PathBuf>>>,
 }
+
+/// Empty command cgroups a session keeps for reuse.
+const KEPT_FREE: usize = 4;
 
 impl SessionTree {
     /// `cgroup.procs` of `agent/`, for the agent to join when it is started.
@@ -262,12 +269,23 @@ impl SessionTree {
         open_procs(&self.dir.join("agent"))
     }
 
-    /// A fresh cgroup for one command of the session.
+    /// An empty cgroup for one command of the session: one an earlier command left empty, or
+    /// a new one.
     pub fn command(&self) -> io::Result<CommandGroup> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let dir = self.dir.join(format!("c{n}"));
-        fs::create_dir(&dir)?;
-        Ok(CommandGroup { dir })
+        let reused = self.free.lock().ok().and_then(|mut f| f.pop());
+        let dir = match reused {
+            Some(dir) => dir,
+            None => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let dir = self.dir.join(format!("c{n}"));
+                fs::create_dir(&dir)?;
+                dir
+            }
+        };
+        Ok(CommandGroup {
+            dir,
+            free: Some(self.free.clone()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -292,6 +310,8 @@ impl Drop for SessionTree {
 #[derive(Debug)]
 pub struct CommandGroup {
     dir: PathBuf,
+    /// Where it goes back to when it is found empty (a session's command cgroups).
+    free: Option<Arc<Mutex<Vec<PathBuf>>>>,
 }
 
 impl CommandGroup {
@@ -336,7 +356,18 @@ impl Drop for CommandGroup {
     /// The cgroup is emptied and removed by a reaper thread: a command's answer does not wait
     /// for the kernel to finish tearing its processes down.
     fn drop(&mut self) {
-        remove_later(std::mem::take(&mut self.dir));
+        let dir = std::mem::take(&mut self.dir);
+        // Reused only if nothing is in it: a process the kill has not taken yet goes to the
+        // reaper with its cgroup.
+        if let Some(free) = &self.free
+            && !populated(&dir)
+            && let Ok(mut free) = free.lock()
+            && free.len() < KEPT_FREE
+        {
+            free.push(dir);
+            return;
+        }
+        remove_later(dir);
     }
 }
 

@@ -204,6 +204,8 @@ pub struct Sandbox {
     /// Where the sessions' egress proxy sockets live (beside the workspaces, never inside one).
     egress_dir: PathBuf,
     drop_privileges: bool,
+    /// `/dev/null`, opened once: a resident command's stdin.
+    null: Result<std::fs::File, String>,
 }
 
 /// A command to start.
@@ -296,6 +298,7 @@ impl Sandbox {
                 .map(|p| Arc::new(p.refusing_this_host()))
                 .map_err(|e| e.to_string()),
             egress_dir: workspace_root.join(".egress"),
+            null: std::fs::File::open("/dev/null").map_err(|e| e.to_string()),
             cgroups,
             passthrough,
             status: Mutex::new(SandboxStatus {
@@ -336,6 +339,14 @@ impl Sandbox {
 
     pub fn is_unsandboxed(&self) -> bool {
         self.config.mode == SandboxMode::Unsandboxed
+    }
+
+    pub(crate) fn dev_null(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.null
+            .as_ref()
+            .map(|f| f.as_fd())
+            .map_err(|e| io::Error::other(e.clone()))
     }
 
     /// Starts a session's egress proxy: a UNIX socket beside the workspaces that the sandbox of

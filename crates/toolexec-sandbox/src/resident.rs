@@ -40,7 +40,9 @@ use tokio::task::JoinHandle;
 
 use crate::SandboxError;
 use crate::cgroup::{CommandGroup, SessionTree};
-use crate::init::protocol::{COMMAND_FDS, FromAgent, FromSpare, MAX_MESSAGE, ToAgent, ToSpare};
+use crate::init::protocol::{
+    COMMAND_FDS, FromAgent, FromSpare, MAX_INLINE_SPEC, MAX_MESSAGE, ToAgent, ToSpare,
+};
 
 /// Longest the agent may take to build the sandbox, and a spare to get ready.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -395,26 +397,33 @@ impl Agent {
     }
 
     /// Starts a command: its spec (a [`crate::init::CommandSpec`], encoded) and its stdin,
-    /// stdout and stderr. Returns once it has been exec'd.
+    /// stdout and stderr (the caller drops its copies of the write ends once this returns).
+    /// Returns once it has been exec'd.
     pub(crate) async fn start_command(
         &self,
         spec: &[u8],
-        stdio: [OwnedFd; 3],
+        stdio: [BorrowedFd<'_>; 3],
     ) -> Result<Started, SandboxError> {
         if !self.is_alive() {
             return Err(self.shared.gone());
         }
         let spare = self.take_spare().await?;
-        let spec = crate::image::spec_memfd(spec).map_err(|e| setup("spec memfd", e))?;
-        let [stdin, stdout, stderr] = &stdio;
-        let sent = send_with_fds(
-            &spare.sock,
-            &ToSpare::Command.encode(),
-            &[stdin.as_fd(), stdout.as_fd(), stderr.as_fd(), spec.as_fd()],
-        )
-        .await;
-        // Only the command holds its pipes' write ends now: their end of file is its end.
-        drop((stdio, spec));
+        let [stdin, stdout, stderr] = stdio;
+        // Small specs (every ordinary command) travel in the message; a large one in a memfd.
+        let sent = if spec.len() <= MAX_INLINE_SPEC {
+            let message = ToSpare::Command {
+                spec: spec.to_vec(),
+            };
+            send_with_fds(&spare.sock, &message.encode(), &[stdin, stdout, stderr]).await
+        } else {
+            let memfd = crate::image::spec_memfd(spec).map_err(|e| setup("spec memfd", e))?;
+            send_with_fds(
+                &spare.sock,
+                &ToSpare::CommandInMemfd.encode(),
+                &[stdin, stdout, stderr, memfd.as_fd()],
+            )
+            .await
+        };
         if let Err(e) = sent {
             return Err(self.lost_or(setup("handing the command to its process", e)));
         }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 
 use crate::cgroup::SessionGroup;
 use crate::resident::{Agent, SpareEnd, Started};
@@ -183,14 +183,17 @@ impl Sandbox {
             .command_spec(launch)
             .encode()
             .map_err(|e| SandboxError::Setup(format!("the command cannot be passed on: {e}")))?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| setup("/dev/null", e))?;
+        let null = self.dev_null().map_err(|e| setup("/dev/null", e))?;
         let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| setup("output pipe", e.into()))?;
         let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| setup("output pipe", e.into()))?;
-        let Started { group, exit } = agent
-            .start_command(&spec, [OwnedFd::from(null), out_w, err_w])
-            .await?;
+        let started = agent
+            .start_command(&spec, [null, out_w.as_fd(), err_w.as_fd()])
+            .await;
+        // Only the command holds its pipes' write ends now: their end of file is its end.
+        drop((out_w, err_w));
+        let Started { group, exit } = started?;
         let pipe = |fd| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
                 .map(|p| Box::new(p) as Pipe)

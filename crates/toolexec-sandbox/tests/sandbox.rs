@@ -485,3 +485,35 @@ async fn a_session_keeps_one_sandbox_unless_told_to_build_one_per_command() {
         table.shutdown().await;
     }
 }
+
+/// A command too large to travel inside one message (the shell tool allows 100,000
+/// characters) reaches its process through a memfd, whole; a small one inside the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_of_any_size_arrive_whole() {
+    let root = open_dir(0);
+    let sandbox = Sandbox::probe(config(), root.path()).await;
+    assert!(sandbox.is_resident(), "{:?}", sandbox.status());
+    let ws = sub_dir(root.path(), "big", 65534);
+    let table = ProcessTable::new(sandbox.clone(), "big", ws, 1);
+    // Command and environment together: about 2 × size (the memfd from ~30 KB on).
+    for size in [10, 30_000, 31_000, 100_000] {
+        let word = "x".repeat(size);
+        let f = table
+            .run(
+                "",
+                &format!("printf %s {word} | wc -c"),
+                &BTreeMap::from([("BIG".to_owned(), word.clone())]),
+                false,
+                &limits(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&f.stdout).trim(),
+            size.to_string(),
+            "{}",
+            String::from_utf8_lossy(&f.stderr)
+        );
+    }
+    table.shutdown().await;
+}

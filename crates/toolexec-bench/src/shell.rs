@@ -84,6 +84,7 @@ async fn measure_with(
     dur: Duration,
     client_counts: &[usize],
 ) -> anyhow::Result<()> {
+    let db_name = db_url.rsplit('/').next().unwrap_or_default().to_owned();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
@@ -180,8 +181,10 @@ async fn measure_with(
     );
     let mut rows = Vec::new();
     let mut breakdown = Vec::new();
+    let mut cpu = Vec::new();
     for &clients in client_counts {
         // Baseline: the same command spawned directly, output read to the end, exit awaited.
+        let cpu0 = busy_cpu_ms(&db_name);
         let raw = drive(clients, dur, |_c, _n| async {
             let out = tokio::process::Command::new("/bin/bash")
                 .args(["-c", "true"])
@@ -195,6 +198,8 @@ async fn measure_with(
             Ok(())
         })
         .await?;
+        let raw_cpu = per_call(&db_name, cpu0, &raw);
+        let cpu0 = busy_cpu_ms(&db_name);
 
         let http2 = http.clone();
         let urls2 = urls.clone();
@@ -217,10 +222,12 @@ async fn measure_with(
             }
         })
         .await?;
+        let sandboxed_cpu = per_call(&db_name, cpu0, &sandboxed);
         // The sandbox alone: the session's resident agent, the command's cgroup, output
         // capture; no HTTP, no JSON, no workspace scan, no recording.
         let t = tables.clone();
         let lim = limits.clone();
+        let cpu0 = busy_cpu_ms(&db_name);
         let alone = drive(clients, dur, move |c, _n| {
             let t = t[c % t.len()].clone();
             let limits = lim.clone();
@@ -236,10 +243,12 @@ async fn measure_with(
             }
         })
         .await?;
+        let alone_cpu = per_call(&db_name, cpu0, &alone);
         // The service's floor: recording a mutating call whose tool does nothing, with no
         // workspace to scan (HTTP, JSON, the durable start, the finish commit).
         let http3 = http.clone();
         let furls = floor_urls.clone();
+        let cpu0 = busy_cpu_ms(&db_name);
         let floor = drive(clients, dur, move |c, n| {
             let http = http3.clone();
             let url = furls[c % furls.len()].clone();
@@ -271,6 +280,8 @@ async fn measure_with(
             overhead,
             sandboxed.pct(0.99) - raw.pct(0.99),
         );
+        let floor_cpu = per_call(&db_name, cpu0, &floor);
+        cpu.push((clients, raw_cpu, sandboxed_cpu, alone_cpu, floor_cpu));
         breakdown.push((clients, alone, floor));
         rows.push((clients, raw, sandboxed, run));
     }
@@ -292,6 +303,13 @@ async fn measure_with(
             floor.pct(0.50),
             floor.pct(0.99),
         );
+    }
+    println!(
+        "{:>7} | CPU time per call (this process, its sandboxes, PostgreSQL): raw bash, sandboxed and recorded, sandbox alone, floor",
+        "clients"
+    );
+    for (clients, raw, sandboxed, alone, floor) in &cpu {
+        println!("{clients:>7} | {raw:.2} ms, {sandboxed:.2} ms, {alone:.2} ms, {floor:.2} ms");
     }
     println!(
         "sandbox alone = ProcessTable::run of `true` (the resident sandbox, its cgroup, output capture; no HTTP, no recording); \
@@ -402,6 +420,65 @@ async fn measure_with(
         );
     }
     Ok(())
+}
+
+/// CPU time this benchmark's whole stack has used so far, milliseconds: this process (the load
+/// generator, the service, and the children it reaped: the raw `bash` baseline), every process
+/// in this process's sandbox cgroups (the agents, whose children's time — the commands' — joins
+/// theirs when they reap them), and the PostgreSQL backends connected to the bench's database
+/// (not Postgres's shared WAL writer and checkpointer). Other load on the machine is left out,
+/// though it still slows the stack down.
+fn busy_cpu_ms(db_name: &str) -> f64 {
+    // utime, stime, cutime, cstime: fields 14-17 of /proc/<pid>/stat (12-15 after the name).
+    let ticks = |pid: &str, children: bool| -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some((_, after)) = stat.rsplit_once(')') else {
+            return 0.0;
+        };
+        let f: Vec<f64> = after
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        let own = f.first().unwrap_or(&0.0) + f.get(1).unwrap_or(&0.0);
+        let reaped = f.get(2).unwrap_or(&0.0) + f.get(3).unwrap_or(&0.0);
+        if children { own + reaped } else { own }
+    };
+    let me = std::process::id();
+    let instance = format!("/toolexec-{me}-");
+    // "postgres: [<cluster>: ]<user> <database> <client> <state>"
+    let backend = format!(" postgres {db_name} ");
+    let mut total = ticks("self", true);
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if pid == me.to_string() {
+            continue;
+        }
+        let sandboxed = std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| {
+            c.lines()
+                .any(|l| l.starts_with("0::") && l.contains(&instance))
+        });
+        if sandboxed {
+            total += ticks(pid, true);
+        } else if std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&backend))
+        {
+            total += ticks(pid, false);
+        }
+    }
+    // USER_HZ is 100 on Linux.
+    total * 10.0
+}
+
+fn per_call(db_name: &str, cpu0: f64, stats: &crate::Stats) -> f64 {
+    (busy_cpu_ms(db_name) - cpu0) / stats.calls.max(1) as f64
 }
 
 /// A Prometheus sample `name{…label…} value`.

@@ -2258,6 +2258,7 @@ async fn sandbox_escape_two_hundred_sessions_each_keep_a_small_sandbox_and_give_
         fds_after <= fds_before + 5 * SESSIONS,
         "service descriptors {fds_before} -> {fds_after}: {kinds_after:?}"
     );
+    // Three v1 limit cgroups, the v2 subtree with agent/, the spare's and one kept empty.
     assert!(
         cgroups_after <= cgroups_before + 8 * SESSIONS,
         "cgroups {cgroups_before} -> {cgroups_after}"

@@ -279,7 +279,17 @@ fn become_command(limits: &InitLimits, scope: &RulesetCreated) -> Result<Never, 
     crate::close_from(CONTROL_FD as libc::c_uint + 1)?;
     let sock = control();
     send_message(sock, &FromSpare::Hello.encode()).map_err(|e| format!("hello: {e}"))?;
-    let mut buf = vec![0u8; MAX_INLINE_SPEC + 1];
+    // A spare waits with no buffer of its own: the message's length first (peeked, the message
+    // and its descriptors stay queued), then a buffer of that size — a spare that zero-filled
+    // the largest one while it waits would hold 60 KiB more in every idle session.
+    let len = loop {
+        let mut probe = [0u8; 1];
+        match rustix::net::recv(sock, &mut probe, RecvFlags::PEEK | RecvFlags::TRUNC) {
+            Err(Errno::INTR) => continue,
+            other => break other.map_err(|e| format!("recv: {e}"))?,
+        }
+    };
+    let mut buf = vec![0u8; len.1.clamp(1, MAX_INLINE_SPEC + 1)];
     let Some((n, mut fds)) = receive(sock, &mut buf)? else {
         // Not needed after all (the session closed).
         // SAFETY: ends this process.

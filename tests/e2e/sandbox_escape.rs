@@ -1752,3 +1752,732 @@ async fn sandbox_escape_a_call_cannot_bring_an_environment() {
     assert_eq!(r["status"], "invalid_arguments", "{r}");
     assert!(content(&r).contains("env"), "{r}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 16. The resident sandbox: one agent per session, pid 1 of its sandbox
+// ---------------------------------------------------------------------------------------------
+
+/// Host pids of every process whose cgroup v2 path contains `needle`, found through the host's
+/// `/proc` (not through the service).
+fn host_pids_in_cgroups(needle: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+                c.lines()
+                    .any(|l| l.starts_with("0::") && l.contains(needle))
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Every process of a session's resident sandbox (outer init, agent, spare, commands).
+fn session_sandbox(sid: &str) -> Vec<i32> {
+    host_pids_in_cgroups(&format!("/s-{sid}."))
+}
+
+/// A process's pids, outermost PID namespace first (`NSpid:`).
+fn nspids(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The host pid of a session's agent: the process that is pid 1 of the session's sandbox.
+fn agent_of(sid: &str) -> Option<i32> {
+    session_sandbox(sid)
+        .into_iter()
+        .find(|p| nspids(*p).last() == Some(&1) && nspids(*p).len() == 2)
+}
+
+/// `starttime` of `/proc/<pid>/stat`: with the pid, names one process even if the pid is reused.
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// Waits (up to 5 s) until none of these processes runs any more; those still running.
+async fn wait_all_gone(procs: &[(i32, Option<String>)]) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<i32> = procs
+            .iter()
+            .filter(|(pid, start)| host_pid_alive(*pid) && start_time(*pid) == *start)
+            .map(|(pid, _)| *pid)
+            .collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn with_start_times(pids: &[i32]) -> Vec<(i32, Option<String>)> {
+    pids.iter().map(|p| (*p, start_time(*p))).collect()
+}
+
+/// A command runs as the same uid as its session's agent, in the same namespaces: it must not
+/// reach the agent by any way a same-uid process has — tracing it, its descriptors through
+/// `/proc`, `pidfd_open`/`pidfd_getfd`/`kcmp`, signals, or its control socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_a_command_cannot_reach_its_sessions_agent() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let r = sh.run("echo warm").await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let agent = agent_of(&sh.sid).expect("the session's agent, seen from the host");
+    let agent_start = start_time(agent);
+    // The agent's control socket, as the host sees it.
+    let control = std::fs::read_link(format!("/proc/{agent}/fd/3"))
+        .expect("the agent's fd 3")
+        .display()
+        .to_string();
+    assert!(control.starts_with("socket:["), "{control}");
+    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+    for want in ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"] {
+        assert!(status.contains(want), "the agent lacks {want:?}: {status}");
+    }
+
+    let py = |code: &str| format!("python3 -c \"{code}\"");
+    // Each prints "<result> <errno>"; the syscalls must fail with EPERM (1) from seccomp before
+    // the kernel even looks at their arguments.
+    let sys = |nr: u32, args: &str| {
+        py(&format!(
+            "import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.syscall({nr}, {args}), ctypes.get_errno())"
+        ))
+    };
+    let calls = [
+        (
+            "ptrace_attach_1",
+            py(
+                "import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.ptrace(16, 1, 0, 0), ctypes.get_errno())",
+            ),
+        ),
+        ("pidfd_open_1", sys(434, "1, 0")),
+        ("pidfd_getfd", sys(438, "0, 3, 0")),
+        ("kcmp", sys(312, "1, 1, 0, 3, 3")),
+        ("process_vm_readv", sys(310, "1, 0, 0, 0, 0, 0")),
+    ];
+    let mut script = String::new();
+    for (label, cmd) in &calls {
+        script.push_str(&format!("echo \"@@{label}:$({cmd} 2>&1 | tail -n 1)\"\n"));
+    }
+    let denied = [
+        ("fdlist", "ls /proc/1/fd".to_owned()),
+        ("fdinfo", "cat /proc/1/fdinfo/3".to_owned()),
+        ("fdwrite", "echo hello > /proc/1/fd/3".to_owned()),
+        ("fdopen", "exec 7<>/proc/1/fd/3".to_owned()),
+        ("mem", "head -c 1 /proc/1/mem".to_owned()),
+        ("environ", "head -c 1 /proc/1/environ".to_owned()),
+        ("root", "ls /proc/1/root/".to_owned()),
+    ];
+    for (label, cmd) in &denied {
+        script.push_str(&attempt(label, cmd));
+    }
+    for sig in ["TERM", "KILL", "SEGV", "HUP", "USR1", "STOP", "INT", "CHLD"] {
+        script.push_str(&attempt(&format!("sig{sig}"), &format!("kill -{sig} 1")));
+    }
+    script.push_str("kill -9 -1; echo still-here\n");
+    let r = sh.run(&script).await;
+    let out = stdout(&r);
+    assert!(out.contains("still-here"), "{r}");
+    for (label, _) in &calls {
+        assert_eq!(
+            attempt_result(&out, label),
+            "-1 1",
+            "{label} must fail with EPERM: {r}"
+        );
+    }
+    for (label, cmd) in &denied {
+        let res = attempt_result(&out, label);
+        assert!(
+            res.starts_with("denied"),
+            "{cmd:?} was allowed ({res}): {r}"
+        );
+    }
+    for sig in ["TERM", "KILL", "SEGV", "HUP", "USR1", "STOP", "INT", "CHLD"] {
+        let res = attempt_result(&out, &format!("sig{sig}"));
+        assert!(res.starts_with("denied"), "kill -{sig} 1: {res}: {r}");
+    }
+
+    // Host side: the same agent, alive, not stopped; no other process of the sandbox holds its
+    // control socket (commands and spares have their own; the outer init closed it).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(agent_of(&sh.sid), Some(agent), "the agent changed");
+    assert_eq!(start_time(agent), agent_start);
+    let state = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+    assert!(
+        state.lines().any(|l| l == "State:\tS (sleeping)"),
+        "the agent is not simply waiting: {state}"
+    );
+    let bg = sleep_arg(1300);
+    let (r, _) = sh
+        .shell(json!({"command": format!("sleep {bg}"), "background": true}))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    wait_for_sleep(&bg).await.expect("the background sleep");
+    for pid in session_sandbox(&sh.sid) {
+        if pid == agent {
+            continue;
+        }
+        let fds = host_fds(pid);
+        assert!(
+            fds.iter().all(|(_, target)| *target != control),
+            "{} holds the agent's control socket {control}: {fds:?}",
+            describe_host_process(pid)
+        );
+    }
+    sh.assert_healthy().await;
+    assert_eq!(agent_of(&sh.sid), Some(agent), "a second agent was started");
+}
+
+/// The agent killed from the host while a command runs: that command fails with an
+/// infrastructure error at once (not at its timeout), the session's background process is
+/// reported stopped, every process of the old sandbox is gone, and the next command gets a fresh
+/// sandbox (a new agent, an empty /tmp).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_an_agent_killed_fails_its_command_and_the_next_gets_a_fresh_sandbox() {
+    let app = spawn_app().await;
+    let sh = Sh::new(&app, json!({})).await;
+    let r = sh.run("echo kept > /tmp/marker; cat /tmp/marker").await;
+    assert_eq!(stdout(&r), "kept\n", "{r}");
+    let r = sh.run("cat /tmp/marker").await;
+    assert_eq!(
+        stdout(&r),
+        "kept\n",
+        "/tmp lasts as long as the session's sandbox: {r}"
+    );
+    let bg = sleep_arg(1310);
+    let (r, _) = sh
+        .shell(json!({"command": format!("sleep {bg}"), "background": true}))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let agent = agent_of(&sh.sid).expect("the session's agent");
+    let old = with_start_times(&session_sandbox(&sh.sid));
+    let fg = sleep_arg(1311);
+    let run = sh.shell(json!({"command": format!("sleep {fg}; echo never"), "timeout_ms": 60_000}));
+    let kill = async {
+        wait_for_sleep(&fg).await.expect("the foreground sleep");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(agent).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+    };
+    let ((r, took), ()) = tokio::join!(run, kill);
+    assert_eq!(r["status"], "error", "{r}");
+    let c = content(&r);
+    assert!(
+        c.contains("Infrastructure error") && c.contains("sandbox stopped"),
+        "{r}"
+    );
+    assert!(
+        c.contains("killed by signal 9"),
+        "says how the agent ended: {r}"
+    );
+    assert!(!c.contains("never"), "{r}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let left = wait_all_gone(&old).await;
+    assert!(
+        left.is_empty(),
+        "processes of the killed sandbox still run:\n{}",
+        toolexec_tests::procs::describe_all(&left)
+    );
+    let read = sh
+        .app
+        .call(
+            &sh.sid,
+            "read-bg",
+            "process_read",
+            json!({"process_id": "p1"}),
+        )
+        .await;
+    assert!(
+        content(&read).contains("stopped by the session's sandbox stopping"),
+        "{read}"
+    );
+
+    let r = sh.run("cat /tmp/marker; echo rc=$?").await;
+    assert!(
+        stdout(&r).contains("rc=1"),
+        "/tmp of the old sandbox survived: {r}"
+    );
+    let fresh = agent_of(&sh.sid).expect("a fresh agent");
+    assert_ne!(fresh, agent);
+    sh.assert_healthy().await;
+}
+
+/// The agent chosen by the kernel's OOM killer: the command that ran the session out of memory
+/// fails with an infrastructure error, and the next command runs in a fresh sandbox. The memory
+/// is the session's own `/tmp` (a tmpfs, charged to the session's memory cgroup for as long as
+/// its sandbox lives, in no process's resident set), so killing processes frees nothing until
+/// the agent goes; the agent is made the OOM killer's first choice from the host, so that the
+/// test does not depend on its order among the sandbox's small processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_an_agent_killed_by_the_oom_killer_is_replaced() {
+    let app = spawn_app_with(|c| c.sandbox.memory_bytes = 128 * 1024 * 1024).await;
+    let sh = Sh::new(&app, json!({})).await;
+    let r = sh.run("echo warm").await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let agent = agent_of(&sh.sid).expect("the session's agent");
+    std::fs::write(format!("/proc/{agent}/oom_score_adj"), "1000").unwrap();
+    let (r, took) = sh
+        .shell(json!({"command": "head -c 200000000 /dev/zero > /tmp/fill; echo wrote", "timeout_ms": 30_000}))
+        .await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(content(&r).contains("sandbox stopped"), "{r}");
+    assert_eq!(stdout(&r), "", "{r}");
+    assert!(took < Duration::from_secs(25), "took {took:?}");
+    assert!(
+        !host_pid_alive(agent) || agent_of(&sh.sid) != Some(agent),
+        "the agent survived"
+    );
+    let memory = find_file(
+        Path::new("/sys/fs/cgroup/memory"),
+        &format!("s-{}", sh.sid),
+        6,
+    )
+    .expect("the session's memory cgroup");
+    let oom = std::fs::read_to_string(memory.join("memory.oom_control")).unwrap();
+    assert!(
+        oom.lines()
+            .any(|l| l.starts_with("oom_kill ") && l != "oom_kill 0"),
+        "{oom}"
+    );
+    sh.assert_healthy().await;
+    assert_ne!(agent_of(&sh.sid), Some(agent));
+}
+
+/// Two sessions run commands at the same time, each in its own sandbox: neither sees the
+/// other's /tmp, processes or agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_two_sessions_run_commands_at_once_and_share_nothing() {
+    let app = spawn_app().await;
+    let a = Sh::new(&app, json!({})).await;
+    let b = Sh::new(&app, json!({})).await;
+    // The same `sleep` in both: a session that saw the other's would count two.
+    let nap = sleep_arg(3);
+    let script = |me: &str| {
+        format!(
+            "echo {me} > /tmp/who-{me}; (sleep {nap} &); sleep 1; cat /tmp/who-*; ls /tmp; \
+             ps -e -o args= | grep -c '^sleep {nap}'; readlink /proc/self/ns/pid /proc/self/ns/mnt /proc/self/ns/net"
+        )
+    };
+    let t0 = Instant::now();
+    let ((ra, _), (rb, _)) = tokio::join!(
+        a.shell(json!({"command": script("A"), "timeout_ms": 20_000})),
+        b.shell(json!({"command": script("B"), "timeout_ms": 20_000}))
+    );
+    let took = t0.elapsed();
+    assert_eq!(ra["status"], "ok", "{ra}");
+    assert_eq!(rb["status"], "ok", "{rb}");
+    let (oa, ob) = (stdout(&ra), stdout(&rb));
+    assert!(oa.starts_with("A\nwho-A\n"), "{ra}");
+    assert!(ob.starts_with("B\nwho-B\n"), "{rb}");
+    assert!(!oa.contains("who-B") && !ob.contains("who-A"), "{ra} {rb}");
+    // Each sees its own sleep, not the other session's.
+    assert!(oa.contains("\n1\n") && ob.contains("\n1\n"), "{ra} {rb}");
+    let ns = |o: &str| -> Vec<String> { o.lines().rev().take(3).map(str::to_owned).collect() };
+    for (x, y) in ns(&oa).iter().zip(ns(&ob).iter()) {
+        assert_ne!(x, y, "the sessions share a namespace: {ra} {rb}");
+    }
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let (aa, ab) = (agent_of(&a.sid).unwrap(), agent_of(&b.sid).unwrap());
+    assert_ne!(aa, ab);
+    for ns in ["pid", "mnt", "net", "user", "ipc", "uts"] {
+        let la = std::fs::read_link(format!("/proc/{aa}/ns/{ns}")).unwrap();
+        let lb = std::fs::read_link(format!("/proc/{ab}/ns/{ns}")).unwrap();
+        assert_ne!(la, lb, "the agents share a {ns} namespace");
+    }
+    a.assert_healthy().await;
+    b.assert_healthy().await;
+}
+
+/// The descriptors the test process (the service) has open, and how many are inotify
+/// instances.
+fn service_fds() -> (usize, usize) {
+    let fds = host_fds(std::process::id() as i32);
+    let inotify = fds
+        .iter()
+        .filter(|(_, t)| t == "anon_inode:inotify")
+        .count();
+    (fds.len(), inotify)
+}
+
+/// The service's descriptors by kind (`socket`, `anon_inode:[pidfd]`, a path's first
+/// component, …).
+fn service_fd_kinds() -> std::collections::BTreeMap<String, usize> {
+    let mut kinds = std::collections::BTreeMap::new();
+    for (_, target) in host_fds(std::process::id() as i32) {
+        let kind = match target.split_once(':') {
+            Some((k, _)) if !target.starts_with('/') => k.to_owned(),
+            _ => target
+                .split('/')
+                .nth(1)
+                .map_or_else(|| target.clone(), |c| format!("/{c}")),
+        };
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    kinds
+}
+
+/// Directories beneath this process's own cgroups (v2 and the v1 controllers sessions use).
+fn own_cgroup_dirs() -> usize {
+    fn count(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| 1 + count(&e.path()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    let prefix = format!("toolexec-{}-", std::process::id());
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mut total = 0;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (
+            parts.next(),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
+        let mount = match ctrls {
+            "" => "/sys/fs/cgroup/unified",
+            "pids" | "memory" | "cpu" => &format!("/sys/fs/cgroup/{ctrls}"),
+            _ => continue,
+        };
+        let parent = Path::new(mount).join(path.trim_start_matches('/'));
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                total += count(&e.path());
+            }
+        }
+    }
+    total
+}
+
+/// Resident set of a process, KiB (and its proportional share, where the kernel reports it).
+fn rss_kib(pid: i32) -> (u64, u64) {
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    (field(&status, "VmRSS:"), field(&rollup, "Pss:"))
+}
+
+/// 200 sessions, each with its resident sandbox, from the host: processes, memory, the
+/// service's descriptors and inotify instances, and cgroups grow by a small constant per
+/// session, the sandboxes hold no inotify instance and no descriptor of the service; closing the
+/// sessions takes every process and cgroup back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_two_hundred_sessions_each_keep_a_small_sandbox_and_give_it_all_back() {
+    const SESSIONS: usize = 200;
+    let app = spawn_app().await;
+    let (fds_before, inotify_before) = service_fds();
+    let kinds_before = service_fd_kinds();
+    let cgroups_before = own_cgroup_dirs();
+    let t0 = Instant::now();
+    let mut sids = Vec::new();
+    for chunk in 0..SESSIONS / 8 {
+        let made = sessions_with_a_command(&app, 8, chunk).await;
+        sids.extend(made);
+    }
+    let took = t0.elapsed();
+    let (fds_after, inotify_after) = service_fds();
+    let kinds_after = service_fd_kinds();
+    let cgroups_after = own_cgroup_dirs();
+    let mut procs = Vec::new();
+    let (mut rss, mut pss) = (0u64, 0u64);
+    let mut per_session = std::collections::BTreeMap::<usize, usize>::new();
+    for sid in &sids {
+        let pids = session_sandbox(sid);
+        *per_session.entry(pids.len()).or_default() += 1;
+        for pid in &pids {
+            let (r, p) = rss_kib(*pid);
+            rss += r;
+            pss += p;
+            let fds = host_fds(*pid);
+            assert!(
+                fds.iter().all(|(_, t)| t != "anon_inode:inotify"),
+                "{} holds an inotify instance",
+                describe_host_process(*pid)
+            );
+            assert!(fds.len() <= 6, "{}: {fds:?}", describe_host_process(*pid));
+        }
+        procs.extend(pids);
+    }
+    let n = SESSIONS as f64;
+    eprintln!(
+        "{SESSIONS} sessions, each with a resident sandbox, made and used in {took:?}: \
+         sandbox processes {} ({per_session:?} sessions by processes each); RSS {} MiB ({:.0} KiB per session), \
+         PSS {} MiB ({:.0} KiB per session); service descriptors {fds_before} -> {fds_after} ({:.2} per session); \
+         service inotify instances {inotify_before} -> {inotify_after}; cgroup directories {cgroups_before} -> {cgroups_after} ({:.1} per session); \
+         service descriptors by kind {kinds_before:?} -> {kinds_after:?}",
+        procs.len(),
+        rss / 1024,
+        rss as f64 / n,
+        pss / 1024,
+        pss as f64 / n,
+        (fds_after as f64 - fds_before as f64) / n,
+        (cgroups_after as f64 - cgroups_before as f64) / n,
+    );
+    // Outer init, agent, the spare for the next command.
+    assert_eq!(
+        per_session.keys().copied().collect::<Vec<_>>(),
+        vec![3],
+        "{per_session:?}"
+    );
+    assert!(
+        pss as f64 / n <= 2048.0,
+        "{:.0} KiB proportional memory per session",
+        pss as f64 / n
+    );
+    // Per session: its workspace directory and a share of the scan's inotify pool (the
+    // engine's), the agent's control socket, the spare's socket, the outer init's pidfd.
+    assert!(
+        fds_after <= fds_before + 5 * SESSIONS,
+        "service descriptors {fds_before} -> {fds_after}: {kinds_after:?}"
+    );
+    // Three v1 limit cgroups, the v2 subtree with agent/, the spare's and one kept empty.
+    assert!(
+        cgroups_after <= cgroups_before + 8 * SESSIONS,
+        "cgroups {cgroups_before} -> {cgroups_after}"
+    );
+    assert!(
+        inotify_after <= inotify_before + SESSIONS,
+        "{inotify_before} -> {inotify_after}"
+    );
+
+    let old = with_start_times(&procs);
+    for sid in &sids {
+        let resp = app.delete(&format!("/v1/sessions/{sid}")).await;
+        assert_eq!(resp.status(), 200);
+    }
+    let left = wait_all_gone(&old).await;
+    assert!(
+        left.is_empty(),
+        "{} processes of closed sessions' sandboxes still run:\n{}",
+        left.len(),
+        toolexec_tests::procs::describe_all(&left[..left.len().min(10)])
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while own_cgroup_dirs() > cgroups_before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        own_cgroup_dirs(),
+        cgroups_before,
+        "cgroups of closed sessions remain"
+    );
+    let (fds_closed, _) = service_fds();
+    let kinds_closed = service_fd_kinds();
+    eprintln!(
+        "after closing them: service descriptors {fds_closed} {kinds_closed:?}, cgroup directories {}",
+        own_cgroup_dirs()
+    );
+    // What stays is the service's own (pooled HTTP and database connections, the scan's
+    // inotify pool), not one descriptor per closed session.
+    assert!(
+        fds_closed <= fds_before + 64 + 40,
+        "descriptors {fds_before} -> {fds_closed} after closing every session: {kinds_closed:?}"
+    );
+    let pidfds =
+        |k: &std::collections::BTreeMap<String, usize>| k.get("anon_inode").copied().unwrap_or(0);
+    assert!(
+        pidfds(&kinds_closed) <= pidfds(&kinds_before) + 64,
+        "{kinds_before:?} -> {kinds_closed:?}"
+    );
+}
+
+/// Makes `n` sessions at once and runs a command in each; their ids.
+async fn sessions_with_a_command(app: &TestApp, n: usize, chunk: usize) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let http = app.http.clone();
+        let base = app.base.clone();
+        tasks.push(tokio::spawn(async move {
+            let s: Value = http
+                .post(format!("{base}/v1/sessions"))
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let sid = s["id"].as_str().unwrap().to_owned();
+            let r: Value = http
+                .post(format!("{base}/v1/sessions/{sid}/calls"))
+                .json(&json!({"calls": [{"id": format!("c{chunk}-{i}"), "name": "shell", "arguments": {"command": "echo ok"}}]}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(r["results"][0]["status"], "ok", "{r}");
+            sid
+        }));
+    }
+    let mut sids = Vec::new();
+    for t in tasks {
+        sids.push(t.await.unwrap());
+    }
+    sids
+}
+
+/// Agents from the host's view across the service's life: closing a session leaves nothing of
+/// its sandbox; a `kill -9` of the service leaves no agent running (PDEATHSIG chain), and its
+/// restart removes the dead instance's cgroups and serves the session in a fresh sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_escape_no_agent_outlives_its_session_or_a_killed_service() {
+    use toolexec_tests::binary::{serve, toolexec};
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let start = || {
+        let mut cmd = toolexec(data.path());
+        cmd.arg("serve")
+            .env("TOOLEXEC_BIND", "127.0.0.1:0")
+            .env("TOOLEXEC_DATA_DIR", data.path())
+            .env("TOOLEXEC_LOG_FORMAT", "json");
+        serve(cmd)
+    };
+    toolexec_tools::web::install_tls_provider();
+    let http = reqwest::Client::new();
+    let session = |base: String| {
+        let http = http.clone();
+        async move {
+            let s: Value = http
+                .post(format!("{base}/v1/sessions"))
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            s["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let call = |base: String, sid: String, id: &'static str, args: Value| {
+        let http = http.clone();
+        async move {
+            let r: Value = http
+                .post(format!("{base}/v1/sessions/{sid}/calls"))
+                .json(&json!({"calls": [{"id": id, "name": "shell", "arguments": args}]}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["results"][0].clone()
+        }
+    };
+    let mut served = start();
+    let service_pid = served.child.id() as i32;
+    let instance = format!("/toolexec-{service_pid}-");
+
+    // Closing a session: nothing of its sandbox is left.
+    let closed = session(served.base.clone()).await;
+    let r = call(
+        served.base.clone(),
+        closed.clone(),
+        "c1",
+        json!({"command": "echo hi"}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let procs = with_start_times(&session_sandbox(&closed));
+    assert_eq!(procs.len(), 3, "outer init, agent, spare: {procs:?}");
+    let resp = http
+        .delete(format!("{}/v1/sessions/{closed}", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        wait_all_gone(&procs).await.is_empty(),
+        "the closed session's sandbox still runs"
+    );
+
+    // A killed service: no agent survives it.
+    let sid = session(served.base.clone()).await;
+    let arg = sleep_arg(1320);
+    let r = call(
+        served.base.clone(),
+        sid.clone(),
+        "c1",
+        json!({"command": format!("sleep {arg}"), "background": true}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    wait_for_sleep(&arg).await.expect("the background sleep");
+    let running = host_pids_in_cgroups(&instance);
+    assert!(
+        running.iter().any(|p| nspids(*p).last() == Some(&1)),
+        "no agent among {running:?}"
+    );
+    let procs = with_start_times(&running);
+    served.child.kill().unwrap();
+    served.child.wait().unwrap();
+    let left = wait_all_gone(&procs).await;
+    assert!(
+        left.is_empty(),
+        "sandbox processes outlived the killed service:\n{}",
+        toolexec_tests::procs::describe_all(&left)
+    );
+    let v2_dirs = |needle: &str| -> Vec<PathBuf> {
+        std::fs::read_dir("/sys/fs/cgroup/unified")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.display().to_string().contains(needle))
+            .collect()
+    };
+    drop(served);
+
+    // The restart removes the dead instance's cgroups and runs the session in a fresh sandbox.
+    let served = start();
+    assert!(
+        v2_dirs(&instance).is_empty(),
+        "cgroups of the killed instance remain: {:?}",
+        v2_dirs(&instance)
+    );
+    let r = call(
+        served.base.clone(),
+        sid.clone(),
+        "c2",
+        json!({"command": "echo again"}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(agent_of(&sid).is_some());
+    assert_no_host_process(&format!("sleep {arg}"), "after the restart").await;
+    drop(served);
+}

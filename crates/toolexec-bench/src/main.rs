@@ -3,7 +3,9 @@
 //! - `calls`: recorded calls over HTTP against the Postgres store, next to plain Postgres inserts
 //!   of the rows a call records (one invocation, two events), one transaction per call.
 //! - `shell`: sandboxed `shell` calls (`true`) over HTTP, recorded, next to a raw spawn of
-//!   `/bin/bash -c true` from the bench process; plus the sandbox alone (no HTTP, no recording).
+//!   `/bin/bash -c true` from the bench process; plus the sandbox alone (no HTTP, no recording),
+//!   the service's floor (a recorded call that does nothing) and the first command of a new
+//!   session (which starts its resident sandbox), with the goals of issue 12.
 //!
 //! - `history`: rebuilding a session at a seq (next to `cp -a` of its workspace), forks (latency
 //!   and disk), and the log streamed to 100 subscribers (next to the events the calls wrote).
@@ -238,6 +240,16 @@ pub(crate) struct Stats {
 }
 
 impl Stats {
+    /// Stats of latencies measured one by one over `elapsed`.
+    pub(crate) fn from_latencies(mut latencies_us: Vec<u64>, elapsed: Duration) -> Self {
+        latencies_us.sort_unstable();
+        Stats {
+            calls: latencies_us.len() as u64,
+            elapsed,
+            latencies_us,
+        }
+    }
+
     fn rate(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
     }

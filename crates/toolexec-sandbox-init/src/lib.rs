@@ -22,10 +22,12 @@
 //! start" from "the command failed".
 #![allow(unsafe_code)]
 
+mod agent;
 mod namespaces;
+pub mod protocol;
 pub mod spec;
 
-pub use spec::{InitLimits, ROOT_FD, SPEC_FD, STATUS_FD, Spec};
+pub use spec::{CommandSpec, InitLimits, ROOT_FD, SPEC_FD, STATUS_FD, Spec};
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -81,7 +83,11 @@ fn run() -> Result<Never, String> {
     // Keep stdin, stdout, stderr and the descriptors of the protocol only.
     close_from(ROOT_FD as libc::c_uint + 1)?;
     let spec = read_spec()?;
+    if spec.agent {
+        return agent::run(&spec);
+    }
     namespaces::enter(&spec)?;
+    namespaces::fork_command()?;
     apply_rlimits(&spec.limits)?;
     no_new_privs()?;
     landlock_domain()?;
@@ -206,8 +212,11 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
         ("ptrace", libc::SYS_ptrace),
         ("process_vm_readv", libc::SYS_process_vm_readv),
         ("process_vm_writev", libc::SYS_process_vm_writev),
+        // A command runs as the same uid as a session's resident agent: comparing or taking
+        // its descriptors, or getting a handle on it, is refused (it is not dumpable either).
         ("kcmp", libc::SYS_kcmp),
         ("pidfd_getfd", libc::SYS_pidfd_getfd),
+        ("pidfd_open", libc::SYS_pidfd_open),
         ("bpf", libc::SYS_bpf),
         ("perf_event_open", libc::SYS_perf_event_open),
         ("userfaultfd", libc::SYS_userfaultfd),
@@ -340,21 +349,67 @@ fn seccomp_filter() -> Result<(), String> {
     Ok(())
 }
 
+/// A command ready for `execve`: its arguments and environment as C strings, made before the
+/// last steps so that nothing is allocated between them and the exec.
+struct Prepared {
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+impl Prepared {
+    fn new(argv: Vec<Vec<u8>>, env: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Self, String> {
+        let cstring = |b: Vec<u8>| CString::new(b).map_err(|_| "NUL in the command".to_string());
+        let argv: Vec<CString> = argv.into_iter().map(cstring).collect::<Result<_, _>>()?;
+        if argv.is_empty() {
+            return Err("no command".into());
+        }
+        let envp: Vec<CString> = env
+            .into_iter()
+            .map(|(mut name, value)| {
+                name.push(b'=');
+                name.extend_from_slice(&value);
+                cstring(name)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { argv, envp })
+    }
+
+    /// Execs the command; returns only if that failed.
+    fn exec(&self) -> String {
+        let mut argv_ptrs: Vec<*const libc::c_char> =
+            self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let mut env_ptrs: Vec<*const libc::c_char> = self.envp.iter().map(|e| e.as_ptr()).collect();
+        env_ptrs.push(std::ptr::null());
+        // The command's environment takes effect here, inside every layer, and nowhere before.
+        // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that outlive the
+        // call.
+        unsafe {
+            libc::execve(self.argv[0].as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
+        }
+        let err = std::io::Error::last_os_error();
+        format!("exec {:?}: {err}", self.argv[0])
+    }
+}
+
+/// Signals as a freshly started program expects them: none blocked, none ignored. Rust's
+/// runtime ignores `SIGPIPE` in this program (the only disposition it sets that survives
+/// `execve`: handlers are reset by it, ignored signals are not), and an agent blocks `SIGCHLD`;
+/// a command inheriting either would behave unlike one started from a shell (`yes | head -1`
+/// would never see SIGPIPE).
+fn default_signals() {
+    // SAFETY: sigaction and sigprocmask calls on valid, zeroed structures.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}
+
 fn exec(argv: Vec<Vec<u8>>, env: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Never, String> {
-    let cstring = |b: Vec<u8>| CString::new(b).map_err(|_| "NUL in the command".to_string());
-    let argv: Vec<CString> = argv.into_iter().map(cstring).collect::<Result<_, _>>()?;
-    let envp: Vec<CString> = env
-        .into_iter()
-        .map(|(mut name, value)| {
-            name.push(b'=');
-            name.extend_from_slice(&value);
-            cstring(name)
-        })
-        .collect::<Result<_, _>>()?;
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let mut env_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
-    env_ptrs.push(std::ptr::null());
+    let prepared = Prepared::new(argv, env)?;
+    default_signals();
     // Tell the service the command is starting, then close the status descriptor so the command
     // does not inherit it.
     // SAFETY: writing one byte from a valid buffer.
@@ -362,11 +417,5 @@ fn exec(argv: Vec<Vec<u8>>, env: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Never, Strin
         libc::write(STATUS_FD, b"1".as_ptr().cast(), 1);
     }
     close_from(STATUS_FD as libc::c_uint)?;
-    // The command's environment takes effect here, inside every layer, and nowhere before.
-    // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that outlive the call.
-    unsafe {
-        libc::execve(argv[0].as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr());
-    }
-    let err = std::io::Error::last_os_error();
-    Err(format!("exec {:?}: {err}", argv[0]))
+    Err(prepared.exec())
 }

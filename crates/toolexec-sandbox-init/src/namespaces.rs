@@ -183,9 +183,10 @@ fn symlink(target: &str, link: &str) -> Result<(), String> {
     check(rc.into(), &format!("symlink {link}"))
 }
 
-/// Enters new namespaces and forks pid 1, which builds the filesystem and returns in the
-/// command's process (the caller then applies the last layers and execs). The two processes
-/// above it never return: they wait and exit with the command's status.
+/// Enters new namespaces and forks pid 1, which builds the filesystem and returns (in pid 1,
+/// without capabilities, not dumpable). The outer process never returns: it waits for pid 1 and
+/// exits with its status. The caller then either forks the one command ([`fork_command`]) or
+/// stays resident as the session's agent.
 pub fn enter(layout: &Spec) -> Result<(), String> {
     // SAFETY: plain getters.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -275,14 +276,15 @@ pub fn enter(layout: &Spec) -> Result<(), String> {
     let dir = <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(dir);
     std::env::set_current_dir(&dir).map_err(|e| format!("chdir {}: {e}", dir.display()))?;
 
-    // pid 1 keeps no power over the sandbox it supervises.
+    // pid 1 keeps no power over the sandbox it supervises, and no process of the sandbox may
+    // read its memory or descriptors (`/proc/1/fd`, `/proc/1/mem` need it dumpable).
     drop_capabilities()?;
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if layout.egress_socket.is_some() {
         start_relay()?;
     }
-    reap_as_pid1()
+    Ok(())
 }
 
 /// The network way out of a sandbox whose session may use the network: a process listening on
@@ -346,9 +348,11 @@ fn wait_in_parent(what: &str) -> Result<(), String> {
     if pid == 0 {
         return Ok(());
     }
-    // Not interested in anything but our child's end; the workspace root is the child's business.
-    // SAFETY: closing a descriptor number.
-    unsafe { libc::close(ROOT_FD) };
+    // Not interested in anything but our child's end: the status pipe or control socket, the
+    // workspace root are the child's business (an agent's service must see end-of-file on the
+    // control socket when pid 1 dies, so nothing else may hold it).
+    // SAFETY: close_range takes integers only.
+    unsafe { libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0) };
     let status = wait_for(pid);
     exit_like(status)
 }
@@ -379,8 +383,9 @@ fn exit_like(status: libc::c_int) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// pid 1: fork the command, reap everything, exit with the command's status.
-fn reap_as_pid1() -> Result<(), String> {
+/// pid 1 of a one-command sandbox: forks the command (returns in it), reaps everything, exits
+/// with the command's status.
+pub fn fork_command() -> Result<(), String> {
     // SAFETY: single-threaded program.
     let pid = unsafe { libc::fork() };
     if pid < 0 {

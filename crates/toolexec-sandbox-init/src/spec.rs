@@ -11,6 +11,10 @@
 //! | [`SPEC_FD`] | a [`Spec`], encoded by [`Spec::encode`] (a sealed memfd) |
 //! | [`ROOT_FD`] | the directory holding the workspaces; the spec names paths beneath it |
 //!
+//! With [`Spec::agent`] set, the init becomes a session's resident agent instead of running one
+//! command: fd 3 is then the control socket of [`crate::protocol`] (not a status pipe), the spec
+//! carries no command, and each command comes later as a [`CommandSpec`].
+//!
 //! The workspace is reached through [`ROOT_FD`], not by a host path: the sandbox user needs
 //! search permission on that directory alone, not on the directories above it (a data directory
 //! made with `mktemp -d` is 0700), and the command never sees a host path in `/proc/1/cmdline`.
@@ -54,44 +58,45 @@ pub struct Spec {
     pub egress_socket: Option<Vec<u8>>,
     pub limits: InitLimits,
     /// The command; `argv[0]` is an absolute path (no `PATH` search outside the sandbox).
+    /// Empty for an agent.
     pub argv: Vec<Vec<u8>>,
     /// The command's environment, `(name, value)`.
     pub env: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Stay resident as the session's agent (see [`crate::protocol`]) instead of running `argv`.
+    pub agent: bool,
 }
 
-impl Spec {
-    /// `name=value` records, each ended by a NUL. Fails on a NUL inside a value (the kernel
-    /// could not pass it on either) or an `=` in an environment variable's name.
-    pub fn encode(&self) -> Result<Vec<u8>, String> {
-        let mut out = Vec::new();
-        let mut put = |name: &str, value: &[u8]| -> Result<(), String> {
-            if value.contains(&0) {
-                return Err(format!("{name}: contains a NUL byte"));
-            }
-            out.extend_from_slice(name.as_bytes());
-            out.push(b'=');
-            out.extend_from_slice(value);
-            out.push(0);
-            Ok(())
-        };
-        put("workspace", &self.workspace)?;
-        put("workdir", &self.workdir)?;
-        put("tmp", self.tmp_size.to_string().as_bytes())?;
-        for dir in &self.ro {
-            put("ro", dir)?;
+/// One command for a resident agent's spare: what the per-command spec of the init was, minus
+/// everything the session's sandbox already fixed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// Relative to `/workspace` (empty for `/workspace` itself).
+    pub workdir: Vec<u8>,
+    /// `argv[0]` is an absolute path.
+    pub argv: Vec<Vec<u8>>,
+    pub env: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// `name=value` records, each ended by a NUL.
+#[derive(Default)]
+struct Records(Vec<u8>);
+
+impl Records {
+    /// Fails on a NUL inside a value (the kernel could not pass it on either).
+    fn put(&mut self, name: &str, value: &[u8]) -> Result<(), String> {
+        if value.contains(&0) {
+            return Err(format!("{name}: contains a NUL byte"));
         }
-        if let Some(sock) = &self.egress_socket {
-            put("egress", sock)?;
-        }
-        let l = &self.limits;
-        put("cpu", l.cpu_seconds.to_string().as_bytes())?;
-        put("fsize", l.file_size_bytes.to_string().as_bytes())?;
-        put("nofile", l.open_files.to_string().as_bytes())?;
-        put("as", l.address_space_bytes.to_string().as_bytes())?;
-        for arg in &self.argv {
-            put("arg", arg)?;
-        }
-        for (name, value) in &self.env {
+        self.0.extend_from_slice(name.as_bytes());
+        self.0.push(b'=');
+        self.0.extend_from_slice(value);
+        self.0.push(0);
+        Ok(())
+    }
+
+    /// Fails on an empty name or an `=` in an environment variable's name.
+    fn put_env(&mut self, env: &[(Vec<u8>, Vec<u8>)]) -> Result<(), String> {
+        for (name, value) in env {
             if name.is_empty() || name.contains(&b'=') {
                 return Err(format!(
                     "environment variable name {:?} is empty or contains '='",
@@ -101,9 +106,120 @@ impl Spec {
             let mut pair = name.clone();
             pair.push(b'=');
             pair.extend_from_slice(value);
-            put("env", &pair)?;
+            self.put("env", &pair)?;
         }
-        Ok(out)
+        Ok(())
+    }
+}
+
+/// Splits encoded records into `(name, value)`.
+fn records(bytes: &[u8]) -> Result<Vec<(&str, &[u8])>, String> {
+    let body = bytes
+        .strip_suffix(&[0])
+        .ok_or("the spec does not end with a NUL")?;
+    body.split(|b| *b == 0)
+        .map(|record| {
+            let eq = record
+                .iter()
+                .position(|b| *b == b'=')
+                .ok_or("a spec record without '='")?;
+            let name = std::str::from_utf8(&record[..eq])
+                .map_err(|_| "a spec record name is not UTF-8")?;
+            Ok((name, &record[eq + 1..]))
+        })
+        .collect()
+}
+
+fn env_record(value: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let eq = value
+        .iter()
+        .position(|b| *b == b'=')
+        .filter(|at| *at > 0)
+        .ok_or("an env record without a name")?;
+    Ok((value[..eq].to_vec(), value[eq + 1..].to_vec()))
+}
+
+/// A path relative to some directory, without `..` or empty components.
+fn check_beneath(what: &str, p: &[u8]) -> Result<(), String> {
+    if p.is_empty()
+        || p.starts_with(b"/")
+        || p.split(|b| *b == b'/').any(|c| c == b".." || c.is_empty())
+    {
+        return Err(format!(
+            "{what} {:?} is not a plain path beneath the workspace root",
+            String::from_utf8_lossy(p)
+        ));
+    }
+    Ok(())
+}
+
+fn check_command(argv: &[Vec<u8>]) -> Result<(), String> {
+    match argv.first() {
+        None => Err("no command".into()),
+        Some(a) if !a.starts_with(b"/") => Err(format!(
+            "the command {:?} is not an absolute path",
+            String::from_utf8_lossy(a)
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+impl CommandSpec {
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let mut out = Records::default();
+        out.put("workdir", &self.workdir)?;
+        for arg in &self.argv {
+            out.put("arg", arg)?;
+        }
+        out.put_env(&self.env)?;
+        Ok(out.0)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut spec = CommandSpec::default();
+        for (name, value) in records(bytes)? {
+            match name {
+                "workdir" => spec.workdir = value.to_vec(),
+                "arg" => spec.argv.push(value.to_vec()),
+                "env" => spec.env.push(env_record(value)?),
+                other => return Err(format!("unknown command record {other:?}")),
+            }
+        }
+        if !spec.workdir.is_empty() {
+            check_beneath("workdir", &spec.workdir)?;
+        }
+        check_command(&spec.argv)?;
+        Ok(spec)
+    }
+}
+
+impl Spec {
+    /// `name=value` records, each ended by a NUL. Fails on a NUL inside a value (the kernel
+    /// could not pass it on either) or an `=` in an environment variable's name.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let mut out = Records::default();
+        out.put("workspace", &self.workspace)?;
+        out.put("workdir", &self.workdir)?;
+        out.put("tmp", self.tmp_size.to_string().as_bytes())?;
+        for dir in &self.ro {
+            out.put("ro", dir)?;
+        }
+        if let Some(sock) = &self.egress_socket {
+            out.put("egress", sock)?;
+        }
+        let l = &self.limits;
+        out.put("cpu", l.cpu_seconds.to_string().as_bytes())?;
+        out.put("fsize", l.file_size_bytes.to_string().as_bytes())?;
+        out.put("nofile", l.open_files.to_string().as_bytes())?;
+        out.put("as", l.address_space_bytes.to_string().as_bytes())?;
+        if self.agent {
+            out.put("agent", b"1")?;
+        }
+        for arg in &self.argv {
+            out.put("arg", arg)?;
+        }
+        out.put_env(&self.env)?;
+        Ok(out.0)
     }
 
     /// The inverse of [`Spec::encode`], checking what the init relies on.
@@ -115,16 +231,7 @@ impl Spec {
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| format!("{name}: not a number"))
         };
-        let body = bytes
-            .strip_suffix(&[0])
-            .ok_or("the spec does not end with a NUL")?;
-        for record in body.split(|b| *b == 0) {
-            let eq = record
-                .iter()
-                .position(|b| *b == b'=')
-                .ok_or("a spec record without '='")?;
-            let (name, value) = (&record[..eq], &record[eq + 1..]);
-            let name = std::str::from_utf8(name).map_err(|_| "a spec record name is not UTF-8")?;
+        for (name, value) in records(bytes)? {
             match name {
                 "workspace" => spec.workspace = value.to_vec(),
                 "workdir" => spec.workdir = value.to_vec(),
@@ -135,16 +242,9 @@ impl Spec {
                 "fsize" => spec.limits.file_size_bytes = number(name, value)?,
                 "nofile" => spec.limits.open_files = number(name, value)?,
                 "as" => spec.limits.address_space_bytes = number(name, value)?,
+                "agent" if value == b"1" => spec.agent = true,
                 "arg" => spec.argv.push(value.to_vec()),
-                "env" => {
-                    let eq = value
-                        .iter()
-                        .position(|b| *b == b'=')
-                        .filter(|at| *at > 0)
-                        .ok_or("an env record without a name")?;
-                    spec.env
-                        .push((value[..eq].to_vec(), value[eq + 1..].to_vec()));
-                }
+                "env" => spec.env.push(env_record(value)?),
                 other => return Err(format!("unknown spec record {other:?}")),
             }
         }
@@ -153,24 +253,12 @@ impl Spec {
     }
 
     fn check(&self) -> Result<(), String> {
-        let beneath = |what: &str, p: &[u8]| -> Result<(), String> {
-            if p.is_empty()
-                || p.starts_with(b"/")
-                || p.split(|b| *b == b'/').any(|c| c == b".." || c.is_empty())
-            {
-                return Err(format!(
-                    "{what} {:?} is not a plain path beneath the workspace root",
-                    String::from_utf8_lossy(p)
-                ));
-            }
-            Ok(())
-        };
-        beneath("workspace", &self.workspace)?;
+        check_beneath("workspace", &self.workspace)?;
         if let Some(sock) = &self.egress_socket {
-            beneath("egress socket", sock)?;
+            check_beneath("egress socket", sock)?;
         }
         if !self.workdir.is_empty() {
-            beneath("workdir", &self.workdir)?;
+            check_beneath("workdir", &self.workdir)?;
         }
         if let Some(dir) = self.ro.iter().find(|d| !d.starts_with(b"/")) {
             return Err(format!(
@@ -178,14 +266,14 @@ impl Spec {
                 String::from_utf8_lossy(dir)
             ));
         }
-        match self.argv.first() {
-            None => Err("no command".into()),
-            Some(a) if !a.starts_with(b"/") => Err(format!(
-                "the command {:?} is not an absolute path",
-                String::from_utf8_lossy(a)
-            )),
-            Some(_) => Ok(()),
+        if self.agent {
+            // An agent's commands come one by one, each with its own environment.
+            if !self.argv.is_empty() || !self.env.is_empty() {
+                return Err("an agent's spec carries no command".into());
+            }
+            return Ok(());
         }
+        check_command(&self.argv)
     }
 }
 
@@ -217,6 +305,7 @@ mod tests {
                 (b"EMPTY".to_vec(), Vec::new()),
                 (b"EQ".to_vec(), b"x=y=z".to_vec()),
             ],
+            agent: false,
         }
     }
 
@@ -265,5 +354,43 @@ mod tests {
         assert!(Spec::decode(b"workspace=a").is_err());
         assert!(Spec::decode(b"noequals\0").is_err());
         assert!(Spec::decode(b"cpu=many\0").is_err());
+    }
+
+    #[test]
+    fn an_agent_spec_carries_no_command_and_a_command_spec_no_layout() {
+        let agent = Spec {
+            argv: Vec::new(),
+            env: Vec::new(),
+            agent: true,
+            ..sample()
+        };
+        assert_eq!(Spec::decode(&agent.encode().unwrap()).unwrap(), agent);
+        let with_command = Spec {
+            agent: true,
+            ..sample()
+        };
+        assert!(Spec::decode(&with_command.encode().unwrap()).is_err());
+        let cmd = CommandSpec {
+            workdir: b"src".to_vec(),
+            argv: sample().argv,
+            env: sample().env,
+        };
+        assert_eq!(CommandSpec::decode(&cmd.encode().unwrap()).unwrap(), cmd);
+        for bad in [
+            CommandSpec {
+                workdir: b"../x".to_vec(),
+                ..cmd.clone()
+            },
+            CommandSpec {
+                argv: vec![b"bash".to_vec()],
+                ..cmd.clone()
+            },
+        ] {
+            assert!(
+                CommandSpec::decode(&bad.encode().unwrap()).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(CommandSpec::decode(b"workspace=x\0arg=/bin/true\0").is_err());
     }
 }

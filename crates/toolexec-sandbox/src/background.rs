@@ -1,17 +1,20 @@
-//! One session's sandbox: its cgroups (limits shared by all its commands), foreground commands,
-//! and its background processes with their output kept for polling.
+//! One session's sandbox: its cgroups (limits shared by all its commands), its resident agent
+//! (started with the first command, when the sandbox is resident), foreground commands, and its
+//! background processes with their output kept for polling.
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
 use crate::cgroup::SessionGroup;
-use crate::run::{Finished, RunLimits, setup_failure};
+use crate::resident::{Agent, Started};
+use crate::run::{Finished, Lost, Process, RunLimits, setup_failure};
 use crate::{Launch, Sandbox, SandboxError, Spawned};
 
 /// The state of a background process.
@@ -83,7 +86,7 @@ struct Proc {
     log: Mutex<OutputLog>,
     state: Mutex<ProcessState>,
     changed: Notify,
-    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    stdin: tokio::sync::Mutex<Option<Box<dyn AsyncWrite + Unpin + Send>>>,
     control: mpsc::UnboundedSender<Control>,
     /// Whether the exit was handed out for recording ([`ProcessTable::take_exit`]).
     exit_taken: std::sync::atomic::AtomicBool,
@@ -140,6 +143,8 @@ pub struct ProcessTable {
     egress: Mutex<Option<crate::EgressHandle>>,
     /// Ids of processes of an earlier run of the service already reported as interrupted.
     gone_reported: Mutex<std::collections::BTreeSet<String>>,
+    /// The session's resident sandbox, once a command needed it (and again after it died).
+    agent: tokio::sync::Mutex<Option<Arc<Agent>>>,
 }
 
 impl std::fmt::Debug for ProcessTable {
@@ -168,7 +173,36 @@ impl ProcessTable {
             next: AtomicU64::new(first_id.max(1)),
             egress: Mutex::new(None),
             gone_reported: Mutex::new(std::collections::BTreeSet::new()),
+            agent: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The session's resident agent, started now if there is none (or it died).
+    async fn agent(&self, launch: &Launch) -> Result<Arc<Agent>, SandboxError> {
+        let mut agent = self.agent.lock().await;
+        let network = launch.egress_socket.is_some();
+        if let Some(a) = agent.as_ref() {
+            if a.is_alive() && a.network == network {
+                return Ok(a.clone());
+            }
+            // Dead (its processes died with it), or built without the egress socket a
+            // network-enabled command needs: a fresh one.
+            a.stop().await;
+        }
+        *agent = None;
+        let group = self.group()?;
+        let started = self
+            .sandbox
+            .start_agent(
+                &self.session,
+                &self.workspace,
+                launch.egress_socket.as_deref(),
+                group.as_deref(),
+            )
+            .await?;
+        let started = Arc::new(started);
+        *agent = Some(started.clone());
+        Ok(started)
     }
 
     pub fn sandbox(&self) -> &Arc<Sandbox> {
@@ -235,6 +269,13 @@ impl ProcessTable {
     ) -> Result<Finished, SandboxError> {
         let group = self.group()?;
         let launch = self.launch(workdir, command, env, network)?;
+        if self.sandbox.is_resident() {
+            let agent = self.agent(&launch).await?;
+            return self
+                .sandbox
+                .run_resident(&agent, &launch, group.as_deref(), limits)
+                .await;
+        }
         self.sandbox.run(&launch, group.as_deref(), limits).await
     }
 
@@ -270,32 +311,64 @@ impl ProcessTable {
         let write_err = write_end
             .try_clone()
             .map_err(|e| SandboxError::Setup(format!("output pipe: {e}")))?;
-        let spawned = self
-            .sandbox
-            .spawn(
-                &launch,
-                group.as_deref(),
-                Stdio::piped(),
-                Stdio::from(write_end),
-                Stdio::from(write_err),
+        let (mut process, cmd_group, stdin, mut output) = if self.sandbox.is_resident() {
+            let agent = self.agent(&launch).await?;
+            let (stdin_r, stdin_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| SandboxError::Setup(format!("input pipe: {e}")))?;
+            let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
+                SandboxError::Setup(format!("the command cannot be passed on: {e}"))
+            })?;
+            let started = agent
+                .start_command(
+                    &spec,
+                    [stdin_r.as_fd(), write_end.as_fd(), write_err.as_fd()],
+                )
+                .await;
+            drop((stdin_r, write_end, write_err));
+            let Started { group, exit } = started?;
+            let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
+                .map_err(|e| SandboxError::Setup(format!("input pipe: {e}")))?;
+            let output = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
+                .map_err(|e| SandboxError::Setup(format!("output pipe: {e}")))?;
+            (
+                Process::Resident(Some(exit)),
+                Some(group),
+                Some(Box::new(stdin) as Box<dyn AsyncWrite + Unpin + Send>),
+                output,
             )
-            .await;
-        let Spawned {
-            mut child,
-            group: cmd_group,
-            started,
-        } = spawned?;
-        let mut output = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
-            .map_err(|e| SandboxError::Setup(format!("output pipe: {e}")))?;
-        if !started {
-            let mut text = Vec::new();
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), output.read_to_end(&mut text)).await;
-            let _ = setup_failure(child).await;
-            return Err(SandboxError::Setup(
-                String::from_utf8_lossy(&text).trim().to_owned(),
-            ));
-        }
+        } else {
+            let spawned = self
+                .sandbox
+                .spawn(
+                    &launch,
+                    group.as_deref(),
+                    Stdio::piped(),
+                    Stdio::from(write_end),
+                    Stdio::from(write_err),
+                )
+                .await;
+            let Spawned {
+                mut child,
+                group: cmd_group,
+                started,
+            } = spawned?;
+            let mut output = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
+                .map_err(|e| SandboxError::Setup(format!("output pipe: {e}")))?;
+            if !started {
+                let mut text = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(2), output.read_to_end(&mut text))
+                    .await;
+                let _ = setup_failure(child).await;
+                return Err(SandboxError::Setup(
+                    String::from_utf8_lossy(&text).trim().to_owned(),
+                ));
+            }
+            let stdin = child
+                .stdin
+                .take()
+                .map(|s| Box::new(s) as Box<dyn AsyncWrite + Unpin + Send>);
+            (Process::Child(child), cmd_group, stdin, output)
+        };
         let id = format!("p{}", self.next.fetch_add(1, Ordering::Relaxed));
         let (tx, mut rx) = mpsc::unbounded_channel();
         let proc = Arc::new(Proc {
@@ -308,7 +381,7 @@ impl ProcessTable {
             }),
             state: Mutex::new(ProcessState::Running),
             changed: Notify::new(),
-            stdin: tokio::sync::Mutex::new(child.stdin.take()),
+            stdin: tokio::sync::Mutex::new(stdin),
             control: tx,
             exit_taken: std::sync::atomic::AtomicBool::new(false),
         });
@@ -334,7 +407,7 @@ impl ProcessTable {
                             p.changed.notify_waiters();
                         }
                     },
-                    s = child.wait(), if status.is_none() => {
+                    s = process.wait(), if status.is_none() => {
                         status = Some(s);
                         if let Some(g) = &cmd_group { g.kill_nowait(); }
                         drain_until = Some(tokio::time::Instant::now() + Duration::from_secs(2));
@@ -342,12 +415,12 @@ impl ProcessTable {
                     c = rx.recv(), if status.is_none() => {
                         let Some(Control::Signal(sig, why)) = c else { continue };
                         killed_by.get_or_insert(why);
-                        signal_tree(&mut child, cmd_group.as_ref(), sig, unsandboxed).await;
+                        signal_tree(&mut process, cmd_group.as_ref(), sig, unsandboxed).await;
                     }
                     _ = tokio::time::sleep_until(wake) => {
                         if drain_until.is_some() { break; }
                         killed_by.get_or_insert_with(|| format!("its time limit of {} ms", lifetime.as_millis()));
-                        signal_tree(&mut child, cmd_group.as_ref(), rustix::process::Signal::KILL, unsandboxed).await;
+                        signal_tree(&mut process, cmd_group.as_ref(), rustix::process::Signal::KILL, unsandboxed).await;
                     }
                 }
                 if !open && status.is_some() {
@@ -356,10 +429,19 @@ impl ProcessTable {
             }
             use std::os::unix::process::ExitStatusExt;
             let status = match status {
-                Some(s) => s.ok(),
-                None => child.wait().await.ok(),
+                Some(s) => s,
+                None => process.wait().await,
             };
             drop(cmd_group);
+            let status = match status {
+                Ok(s) => Some(s),
+                Err(Lost::Agent(why)) => {
+                    killed_by
+                        .get_or_insert_with(|| format!("the session's sandbox stopping ({why})"));
+                    None
+                }
+                Err(Lost::Wait(_)) => None,
+            };
             if let Ok(mut st) = p.state.lock() {
                 *st = ProcessState::Exited {
                     exit_code: status.and_then(|s| s.code()),
@@ -512,7 +594,7 @@ impl ProcessTable {
             .unwrap_or_default()
     }
 
-    /// Kills every running process of the session (session close).
+    /// Kills every running process of the session and its resident sandbox (session close).
     pub async fn shutdown(&self) {
         let ids: Vec<String> = self
             .list()
@@ -532,11 +614,19 @@ impl ProcessTable {
             let Ok(p) = self.get(&id) else { continue };
             p.wait_exit(KILL_WAIT).await;
         }
+        if let Some(agent) = self.agent.lock().await.take() {
+            agent.stop().await;
+        }
     }
 }
 
 impl Drop for ProcessTable {
     fn drop(&mut self) {
+        // The resident sandbox first (its processes are killed now, its cgroups removed by the
+        // reaper), then the session's limit cgroups it was in.
+        if let Ok(mut agent) = self.agent.try_lock() {
+            agent.take();
+        }
         if let Ok(procs) = self.procs.lock() {
             for p in procs.values() {
                 let _ = p.control.send(Control::Signal(
@@ -560,17 +650,18 @@ pub fn signal_name(s: rustix::process::Signal) -> &'static str {
 }
 
 /// Delivers a signal to the command's processes. SIGKILL takes the whole tree down at once
-/// (cgroup.kill, and the outer init's death ends the PID namespace). Other signals go to the
-/// command's own processes — not to the outer init or pid 1, whose death would kill everything without
-/// giving the command its chance to exit cleanly.
+/// (cgroup.kill, and for a per-command sandbox the outer init's death ends the PID namespace).
+/// Other signals go to the command's own processes — for a per-command sandbox not to the outer
+/// init or pid 1, whose death would kill everything without giving the command its chance to
+/// exit cleanly; a resident command's cgroup holds the command's processes only.
 async fn signal_tree(
-    child: &mut tokio::process::Child,
+    process: &mut Process,
     group: Option<&crate::cgroup::CommandGroup>,
     sig: rustix::process::Signal,
     unsandboxed: bool,
 ) {
     use rustix::process::{Pid, Signal, kill_process, kill_process_group};
-    let outer = child.id().and_then(|p| Pid::from_raw(p as i32));
+    let outer = process.child_pid().and_then(|p| Pid::from_raw(p as i32));
     if sig == Signal::KILL {
         if let Some(g) = group {
             g.kill();
@@ -578,7 +669,7 @@ async fn signal_tree(
         if unsandboxed && let Some(pid) = outer {
             let _ = kill_process_group(pid, Signal::KILL);
         }
-        let _ = child.start_kill();
+        process.start_kill();
         return;
     }
     if unsandboxed {
@@ -589,18 +680,21 @@ async fn signal_tree(
     }
     let Some(g) = group else {
         // No cgroup to find the processes by: stopping means killing the sandbox.
-        let _ = child.start_kill();
+        process.start_kill();
         return;
     };
     let outer_raw = outer.map_or(0, |p| p.as_raw_nonzero().get());
-    let inner: Vec<i32> =
+    let inner: Vec<i32> = if outer_raw == 0 {
+        Vec::new()
+    } else {
         std::fs::read_to_string(format!("/proc/{outer_raw}/task/{outer_raw}/children"))
             .map(|t| {
                 t.split_whitespace()
                     .filter_map(|p| p.parse().ok())
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    };
     for pid in g.pids() {
         if pid == outer_raw || inner.contains(&pid) {
             continue;

@@ -6,7 +6,11 @@
 //!   so one session's fork or memory bomb cannot starve another;
 //! - per **command**, in the cgroup v2 hierarchy (`/sys/fs/cgroup/unified` on hybrid hosts, or
 //!   `/sys/fs/cgroup`): `cgroup.kill` stops the whole process tree at once, forks racing the kill
-//!   included, and `cgroup.events` says when it is empty.
+//!   included, and `cgroup.events` says when it is empty. With a resident agent per session, the
+//!   session has a v2 subtree (`s-<id>/agent`, `s-<id>/c<n>`): the agent is started in `agent/`,
+//!   and the service moves each command's process into its own `c<n>/` from the host before it
+//!   execs, so `cgroup.kill` still takes down exactly one command's tree — and the subtree's,
+//!   the whole session's sandbox.
 //!
 //! Hosts without these hierarchies (or a service that is not root) still get the PID namespace
 //! (killing the outer init kills every process of the command) and the rlimits; `/readyz` says which.
@@ -15,7 +19,7 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// The limits a session's cgroups enforce.
@@ -167,12 +171,34 @@ impl Cgroups {
         Ok(SessionGroup { dirs, memory })
     }
 
+    /// A session's v2 subtree, for a resident agent (`agent/`) and its commands (`c<n>/`).
+    /// Dropping it kills everything in it and removes it.
+    pub fn session_tree(&self, name: &str) -> io::Result<SessionTree> {
+        let dir = self.v2.join(name);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let agent = dir.join("agent");
+        match fs::create_dir(&agent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        Ok(SessionTree {
+            dir,
+            next: AtomicU64::new(1),
+            free: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
     /// A fresh v2 cgroup for one command.
     pub fn command(&self) -> io::Result<CommandGroup> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let dir = self.v2.join(format!("c{n}"));
         fs::create_dir(&dir)?;
-        Ok(CommandGroup { dir })
+        Ok(CommandGroup { dir, free: None })
     }
 }
 
@@ -213,10 +239,70 @@ impl SessionGroup {
 }
 
 impl Drop for SessionGroup {
+    /// Removed by the reaper thread, after whatever was handed to it before (a session's
+    /// resident sandbox, still dying, keeps these populated for a moment).
     fn drop(&mut self) {
-        for dir in &self.dirs {
-            remove_tree(dir);
+        for dir in self.dirs.drain(..) {
+            remove_later(dir);
         }
+    }
+}
+
+/// A session's v2 subtree: `agent/` holds its resident agent (and the outer init above it),
+/// `c<n>/` each command the agent forked, placed there from the host. Dropping it kills every
+/// process in it (`cgroup.kill` on the subtree) and removes it, off the caller's thread.
+#[derive(Debug)]
+pub struct SessionTree {
+    dir: PathBuf,
+    next: AtomicU64,
+    /// Command cgroups found empty when their command was done, for the next commands: making
+    /// and removing a cgroup per command is work on every command's path otherwise.
+    free: Arc<Mutex<Vec<PathBuf>>>,
+}
+
+/// Empty command cgroups a session keeps for reuse.
+const KEPT_FREE: usize = 4;
+
+impl SessionTree {
+    /// `cgroup.procs` of `agent/`, for the agent to join when it is started.
+    pub fn agent_procs(&self) -> io::Result<OwnedFd> {
+        open_procs(&self.dir.join("agent"))
+    }
+
+    /// An empty cgroup for one command of the session: one an earlier command left empty, or
+    /// a new one.
+    pub fn command(&self) -> io::Result<CommandGroup> {
+        let reused = self.free.lock().ok().and_then(|mut f| f.pop());
+        let dir = match reused {
+            Some(dir) => dir,
+            None => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let dir = self.dir.join(format!("c{n}"));
+                fs::create_dir(&dir)?;
+                dir
+            }
+        };
+        Ok(CommandGroup {
+            dir,
+            free: Some(self.free.clone()),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kills every process of the session's sandbox now (the removal follows on drop).
+    pub fn kill(&self) {
+        if populated(&self.dir) {
+            let _ = write_file(&self.dir.join("cgroup.kill"), "1");
+        }
+    }
+}
+
+impl Drop for SessionTree {
+    fn drop(&mut self) {
+        remove_later(std::mem::take(&mut self.dir));
     }
 }
 
@@ -224,11 +310,19 @@ impl Drop for SessionGroup {
 #[derive(Debug)]
 pub struct CommandGroup {
     dir: PathBuf,
+    /// Where it goes back to when it is found empty (a session's command cgroups).
+    free: Option<Arc<Mutex<Vec<PathBuf>>>>,
 }
 
 impl CommandGroup {
     pub fn procs_file(&self) -> io::Result<OwnedFd> {
         open_procs(&self.dir)
+    }
+
+    /// Moves a process (by its pid in the service's PID namespace) into this cgroup. The
+    /// process must not have forked yet: its children would stay where they were.
+    pub fn adopt(&self, pid: i32) -> io::Result<()> {
+        write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
     }
 
     /// SIGKILLs every process in the cgroup (new forks included) and waits, bounded, until it
@@ -263,13 +357,31 @@ impl Drop for CommandGroup {
     /// for the kernel to finish tearing its processes down.
     fn drop(&mut self) {
         let dir = std::mem::take(&mut self.dir);
-        if let Err(mpsc::SendError(dir)) = reaper().lock().map_or_else(
-            |_| Err(mpsc::SendError(dir.clone())),
-            |tx| tx.send(dir.clone()),
-        ) {
-            kill_and_wait(&dir);
-            let _ = fs::remove_dir(&dir);
+        // Reused only if nothing is in it: a process the kill has not taken yet goes to the
+        // reaper with its cgroup.
+        if let Some(free) = &self.free
+            && !populated(&dir)
+            && let Ok(mut free) = free.lock()
+            && free.len() < KEPT_FREE
+        {
+            free.push(dir);
+            return;
         }
+        remove_later(dir);
+    }
+}
+
+/// Hands a cgroup directory (and what is beneath it) to the reaper thread, or kills and removes
+/// it here if there is none.
+fn remove_later(dir: PathBuf) {
+    if dir.as_os_str().is_empty() {
+        return;
+    }
+    if let Err(mpsc::SendError(dir)) = reaper().lock().map_or_else(
+        |_| Err(mpsc::SendError(dir.clone())),
+        |tx| tx.send(dir.clone()),
+    ) {
+        kill_tree(&dir);
     }
 }
 
@@ -282,8 +394,7 @@ fn reaper() -> &'static Mutex<mpsc::Sender<PathBuf>> {
             .name("cgroup-reaper".into())
             .spawn(move || {
                 for dir in rx {
-                    kill_and_wait(&dir);
-                    let _ = fs::remove_dir(&dir);
+                    kill_tree(&dir);
                 }
             });
         if let Err(e) = spawned {

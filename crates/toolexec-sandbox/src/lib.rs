@@ -1,4 +1,11 @@
-//! The shell sandbox: every command of the `shell` tool runs as
+//! The shell sandbox. Where the service can make cgroups (root, a cgroup v2 hierarchy), each
+//! session gets a **resident sandbox**: the init below is started once, on the session's first
+//! command, and stays as the sandbox's pid 1 (the agent, `resident.rs`); it forks each command
+//! (ahead of time), which the service places in its own cgroup from the host and then hands its
+//! stdio and spec over a socket pair. Per command that is one fork and one exec; the layers
+//! are the same, built once. Otherwise (a service that is not root: without a cgroup per
+//! command, only a PID namespace per command can kill a command's whole tree), every command of
+//! the `shell` tool runs in a sandbox of its own, as
 //!
 //! ```text
 //! service (root) ─fork─▶ [join the session's and the command's cgroups; setgroups(0);
@@ -22,12 +29,14 @@
 //! `/proc/1/cmdline` in the sandbox hold nothing (no host path either).
 //! See docs/security.md for what each layer guarantees.
 //!
-//! [`Sandbox::probe`] checks all of this at start-up by running a command that reports its own
-//! credentials; if anything is missing the sandbox is unavailable and `shell` fails closed.
+//! [`Sandbox::probe`] checks all of this at start-up by running a command (through an agent, on
+//! a host where sandboxes are resident) that reports its own credentials and the agent's; if
+//! anything is missing the sandbox is unavailable and `shell` fails closed.
 mod background;
 pub mod cgroup;
 pub mod egress;
 mod image;
+mod resident;
 mod run;
 
 /// The init's protocol and constants (exit status, error prefix, descriptors).
@@ -74,8 +83,14 @@ pub struct SandboxConfig {
     /// Host directories bound read-only at the same place in the sandbox (besides `/usr`, whose
     /// `/bin`, `/lib`, `/lib64`, `/sbin` links are recreated). Each must exist.
     pub ro_binds: Vec<PathBuf>,
-    /// Size of the private `/tmp` (a tmpfs), bytes.
+    /// Size of the private `/tmp` (a tmpfs), bytes: a session's, for as long as its resident
+    /// sandbox lives (its contents count against the session's memory), or a command's.
     pub tmp_size_bytes: u64,
+    /// One sandbox per session, kept while the session runs commands (an agent forks each
+    /// command: a fork and an exec per command), rather than one built and torn down for every
+    /// command. Needs the service to be root with the cgroup v2 hierarchy (each command gets its
+    /// own cgroup); otherwise commands get a sandbox each whatever this says.
+    pub resident: bool,
     /// Memory of all the session's processes together, bytes.
     pub memory_bytes: u64,
     /// Processes (and threads) of all the session's processes together.
@@ -114,6 +129,7 @@ impl Default for SandboxConfig {
             gid: 65534,
             ro_binds: vec![PathBuf::from("/etc")],
             tmp_size_bytes: 256 * 1024 * 1024,
+            resident: true,
             memory_bytes: 1024 * 1024 * 1024,
             pids: 256,
             cpu_cores: 1.0,
@@ -139,6 +155,10 @@ pub enum SandboxError {
     Setup(String),
     #[error("{0}")]
     Limit(String),
+    /// The session's resident sandbox ended while the command ran (or was about to): every
+    /// process of the session died with it. The next command starts a fresh one.
+    #[error("the session's sandbox stopped: {0}")]
+    AgentLost(String),
 }
 
 /// What `/readyz` shows about the sandbox.
@@ -184,6 +204,8 @@ pub struct Sandbox {
     /// Where the sessions' egress proxy sockets live (beside the workspaces, never inside one).
     egress_dir: PathBuf,
     drop_privileges: bool,
+    /// `/dev/null`, opened once: a resident command's stdin.
+    null: Result<std::fs::File, String>,
 }
 
 /// A command to start.
@@ -276,6 +298,7 @@ impl Sandbox {
                 .map(|p| Arc::new(p.refusing_this_host()))
                 .map_err(|e| e.to_string()),
             egress_dir: workspace_root.join(".egress"),
+            null: std::fs::File::open("/dev/null").map_err(|e| e.to_string()),
             cgroups,
             passthrough,
             status: Mutex::new(SandboxStatus {
@@ -316,6 +339,14 @@ impl Sandbox {
 
     pub fn is_unsandboxed(&self) -> bool {
         self.config.mode == SandboxMode::Unsandboxed
+    }
+
+    pub(crate) fn dev_null(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.null
+            .as_ref()
+            .map(|f| f.as_fd())
+            .map_err(|e| io::Error::other(e.clone()))
     }
 
     /// Starts a session's egress proxy: a UNIX socket beside the workspaces that the sandbox of
@@ -390,10 +421,20 @@ impl Sandbox {
                 ));
             }
         };
+        let resident = self.is_resident();
+        // A resident sandbox's pid 1 is the agent every command is forked from: it must carry
+        // the same layers, and its descriptors must be out of the command's reach.
+        let command = if resident {
+            "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status; echo @@agent; \
+             grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/1/status; \
+             ls /proc/1/fd >/dev/null 2>&1 && echo 'AgentFds: readable'; true"
+        } else {
+            "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status"
+        };
         let launch = Launch {
             workspace: dir.clone(),
             workdir: String::new(),
-            command: "grep -E '^(Uid|CapEff|NoNewPrivs|Seccomp):' /proc/self/status".into(),
+            command: command.into(),
             env: BTreeMap::new(),
             egress_socket: None,
         };
@@ -407,7 +448,20 @@ impl Sandbox {
             max_output_bytes: 64 * 1024,
             cancel: Default::default(),
         };
-        let result = self.run(&launch, group.as_ref(), &limits).await;
+        let result = if resident {
+            match self.start_agent("probe", &dir, None, group.as_ref()).await {
+                Ok(agent) => {
+                    let r = self
+                        .run_resident(&agent, &launch, group.as_ref(), &limits)
+                        .await;
+                    agent.stop().await;
+                    r
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            self.run(&launch, group.as_ref(), &limits).await
+        };
         let result = match result {
             Err(SandboxError::Setup(m)) if m.contains("Permission denied") => {
                 Err(SandboxError::Setup(format!(
@@ -425,13 +479,15 @@ impl Sandbox {
             Ok(f) => f,
             Err(e) => return unavailable(e.to_string()),
         };
-        let out = String::from_utf8_lossy(&finished.stdout);
-        let field = |name: &str| {
-            out.lines()
+        let text = String::from_utf8_lossy(&finished.stdout);
+        let (out, agent_out) = text.split_once("@@agent\n").unwrap_or((&text, ""));
+        let field_in = |part: &str, name: &str| {
+            part.lines()
                 .find_map(|l| l.strip_prefix(name))
                 .map(|v| v.split_whitespace().next().unwrap_or("").to_owned())
                 .unwrap_or_default()
         };
+        let field = |name: &str| field_in(out, name);
         let (uid, cap, nnp, seccomp) = (
             field("Uid:"),
             field("CapEff:"),
@@ -439,6 +495,22 @@ impl Sandbox {
             field("Seccomp:"),
         );
         let mut problems = Vec::new();
+        if resident {
+            let (cap, nnp, seccomp) = (
+                field_in(agent_out, "CapEff:"),
+                field_in(agent_out, "NoNewPrivs:"),
+                field_in(agent_out, "Seccomp:"),
+            );
+            if cap.is_empty() || cap.chars().any(|c| c != '0') {
+                problems.push(format!("the agent's effective capabilities '{cap}'"));
+            }
+            if nnp != "1" || seccomp != "2" {
+                problems.push("the agent lacks no_new_privs or its seccomp filter".into());
+            }
+            if agent_out.contains("AgentFds: readable") {
+                problems.push("a command can read the agent's descriptors".into());
+            }
+        }
         if finished.exit_code != Some(0) {
             problems.push(format!(
                 "probe command failed: {}",
@@ -467,7 +539,12 @@ impl Sandbox {
             mode: "enforced",
             ready: true,
             detail: format!(
-                "namespaces (user, mount, pid, net, ipc, uts, cgroup), uid {uid}, no capabilities, no_new_privs, Landlock, seccomp; {}",
+                "namespaces (user, mount, pid, net, ipc, uts, cgroup), uid {uid}, no capabilities, no_new_privs, Landlock, seccomp; {}; {}",
+                if resident {
+                    "a resident sandbox per session (one agent, each command forked from it)"
+                } else {
+                    "a sandbox per command"
+                },
                 self.cgroups
                     .as_ref()
                     .map_or_else(|| "no cgroups: rlimits only".to_owned(), |c| c.describe())
@@ -513,6 +590,137 @@ impl Sandbox {
             env.insert(k.clone(), v.clone());
         }
         env.into_iter().collect()
+    }
+
+    /// Whether commands run in a resident sandbox per session (an agent that forks each
+    /// command) rather than in a sandbox built for each command. It needs the v2 cgroup
+    /// hierarchy: a command's own cgroup is what kills its tree when the PID namespace is the
+    /// session's, not the command's.
+    pub fn is_resident(&self) -> bool {
+        self.config.resident && !self.is_unsandboxed() && self.cgroups.is_some()
+    }
+
+    /// What a session's agent is told: the layout and limits, no command.
+    fn agent_spec(
+        &self,
+        workspace: &Path,
+        egress: Option<&Path>,
+    ) -> Result<init::Spec, SandboxError> {
+        let launch = Launch {
+            workspace: workspace.to_path_buf(),
+            workdir: String::new(),
+            command: String::new(),
+            env: BTreeMap::new(),
+            egress_socket: egress.map(Path::to_path_buf),
+        };
+        let mut spec = self.spec(&launch)?;
+        spec.agent = true;
+        spec.argv.clear();
+        spec.env.clear();
+        Ok(spec)
+    }
+
+    /// What an agent's spare is told for a command.
+    fn command_spec(&self, launch: &Launch) -> init::CommandSpec {
+        init::CommandSpec {
+            workdir: launch.workdir.as_bytes().to_vec(),
+            argv: vec![
+                b"/bin/bash".to_vec(),
+                b"-c".to_vec(),
+                launch.command.as_bytes().to_vec(),
+            ],
+            env: self
+                .command_env(launch)
+                .into_iter()
+                .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
+                .collect(),
+        }
+    }
+
+    /// Starts a session's resident sandbox: the init as its agent, in the session's cgroups.
+    pub(crate) async fn start_agent(
+        &self,
+        session: &str,
+        workspace: &Path,
+        egress: Option<&Path>,
+        limits: Option<&cgroup::SessionGroup>,
+    ) -> Result<resident::Agent, SandboxError> {
+        self.check_ready()?;
+        let setup = |what: &str, e: io::Error| SandboxError::Setup(format!("{what}: {e}"));
+        let cgroups = self.cgroups.as_ref().ok_or_else(|| {
+            SandboxError::Unavailable("a resident sandbox needs the cgroup v2 hierarchy".into())
+        })?;
+        let not_ready = |e: &String| SandboxError::Unavailable(e.clone());
+        let init = self.init.as_ref().map_err(not_ready)?;
+        let root = self.root.as_ref().map_err(not_ready)?;
+        // A subtree per agent, not per session: an agent that died and the one replacing it
+        // must never share one (dropping the old handle kills its whole subtree).
+        static AGENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = AGENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tree = cgroups
+            .session_tree(&format!("s-{session}.{n}"))
+            .map_err(|e| setup("session cgroup", e))?;
+        let mut procs: Vec<OwnedFd> = match limits {
+            Some(s) => s.procs_files().map_err(|e| setup("session cgroup", e))?,
+            None => Vec::new(),
+        };
+        procs.push(tree.agent_procs().map_err(|e| setup("session cgroup", e))?);
+        let spec = self
+            .agent_spec(workspace, egress)?
+            .encode()
+            .map_err(|e| SandboxError::Setup(format!("the sandbox cannot be described: {e}")))?;
+        let spec = image::spec_memfd(&spec).map_err(|e| setup("spec memfd", e))?;
+        let (mine, theirs) =
+            resident::socket_pair(false).map_err(|e| setup("control socket", e))?;
+        let passed = vec![
+            (theirs.as_raw_fd(), init::protocol::CONTROL_FD),
+            (spec.as_raw_fd(), init::SPEC_FD),
+            (root.as_raw_fd(), init::ROOT_FD),
+        ];
+        let mut cmd = tokio::process::Command::new(init.exec_path());
+        cmd.arg0("toolexec-sandbox-init");
+        cmd.env_clear();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        self.child_setup_for(&mut cmd, &procs, passed, true);
+        let mut keep = procs;
+        keep.push(theirs);
+        keep.push(OwnedFd::from(spec));
+        resident::Agent::start(cmd, mine, keep, tree, egress.is_some()).await
+    }
+
+    /// Runs `child_setup` in the forked child of `cmd`: join the cgroups behind `procs`, put
+    /// `passed` at their numbers, drop to the sandbox user (when sandboxed and root), die with
+    /// the service. The descriptors must stay open until `cmd` is spawned.
+    fn child_setup_for(
+        &self,
+        cmd: &mut tokio::process::Command,
+        procs: &[OwnedFd],
+        passed: Vec<(i32, i32)>,
+        sandboxed: bool,
+    ) {
+        let drop_to =
+            (self.drop_privileges && sandboxed).then_some((self.config.uid, self.config.gid));
+        let proc_fds: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+        let rlimits: Vec<(libc::__rlimit_resource_t, u64)> = if sandboxed {
+            Vec::new()
+        } else {
+            vec![
+                (libc::RLIMIT_CPU, self.config.cpu_seconds),
+                (libc::RLIMIT_FSIZE, self.config.file_size_bytes),
+                (libc::RLIMIT_NOFILE, self.config.open_files),
+                (libc::RLIMIT_CORE, 0),
+            ]
+        };
+        // SAFETY: the closure runs in the forked child before exec and only makes raw,
+        // async-signal-safe system calls on values prepared before the fork (no allocation,
+        // no locks).
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || child_setup(&proc_fds, &passed, drop_to, &rlimits));
+        }
     }
 
     /// What the init is told for a command: the filesystem layout, the limits, the command and
@@ -568,6 +776,7 @@ impl Sandbox {
                 .into_iter()
                 .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
                 .collect(),
+            agent: false,
         })
     }
 
@@ -634,26 +843,7 @@ impl Sandbox {
             .stderr(stderr)
             .kill_on_drop(true);
         let sandboxed = !self.is_unsandboxed();
-        let drop_to =
-            (self.drop_privileges && sandboxed).then_some((self.config.uid, self.config.gid));
-        let proc_fds: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
-        let rlimits: Vec<(libc::__rlimit_resource_t, u64)> = if sandboxed {
-            Vec::new()
-        } else {
-            vec![
-                (libc::RLIMIT_CPU, self.config.cpu_seconds),
-                (libc::RLIMIT_FSIZE, self.config.file_size_bytes),
-                (libc::RLIMIT_NOFILE, self.config.open_files),
-                (libc::RLIMIT_CORE, 0),
-            ]
-        };
-        // SAFETY: the closure runs in the forked child before exec and only makes raw,
-        // async-signal-safe system calls on values prepared before the fork (no allocation,
-        // no locks).
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(move || child_setup(&proc_fds, &passed, drop_to, &rlimits));
-        }
+        self.child_setup_for(&mut cmd, &procs, passed, sandboxed);
         let what = match &self.init {
             Ok(image) if sandboxed => image.origin.as_str(),
             _ => "/bin/bash",

@@ -1,11 +1,15 @@
-//! A foreground command: run to the end (or to a limit), capturing stdout and stderr.
+//! A foreground command: run to the end (or to a limit), capturing stdout and stderr, whether it
+//! runs in a sandbox of its own or is forked by the session's resident agent.
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
+use std::os::fd::AsFd;
+
 use crate::cgroup::SessionGroup;
+use crate::resident::{Agent, SpareEnd, Started};
 use crate::{Launch, Sandbox, SandboxError, Spawned};
 
 /// When the service stops a command.
@@ -52,9 +56,78 @@ pub struct Finished {
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 const CHUNK: usize = 64 * 1024;
 
+/// A started command, as the service waits for its end.
+pub(crate) enum Process {
+    /// The service's own child: a per-command init (its exit status is the command's) or, with
+    /// the sandbox off, bash itself.
+    Child(tokio::process::Child),
+    /// Forked by the session's resident agent, which reports its end.
+    Resident(Option<tokio::sync::oneshot::Receiver<SpareEnd>>),
+}
+
+/// Why waiting for a command ended without its exit status.
+pub(crate) enum Lost {
+    Wait(std::io::Error),
+    Agent(String),
+}
+
+impl Process {
+    /// Waits for the command's end. Cancel-safe.
+    pub(crate) async fn wait(&mut self) -> Result<std::process::ExitStatus, Lost> {
+        match self {
+            Process::Child(child) => child.wait().await.map_err(Lost::Wait),
+            Process::Resident(exit) => {
+                let Some(rx) = exit.as_mut() else {
+                    return std::future::pending().await;
+                };
+                let end = rx.await;
+                *exit = None;
+                match end {
+                    Ok(SpareEnd::Exited(status)) => Ok(like_an_init(status)),
+                    Ok(SpareEnd::AgentGone(why) | SpareEnd::NotStarted(why)) => {
+                        Err(Lost::Agent(why))
+                    }
+                    Err(_) => Err(Lost::Agent(
+                        "its agent stopped reporting (the session is closing)".into(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Host pid of the service's child, if it is one.
+    pub(crate) fn child_pid(&self) -> Option<u32> {
+        match self {
+            Process::Child(c) => c.id(),
+            Process::Resident(_) => None,
+        }
+    }
+
+    /// Kills the service's child (a resident command is killed through its cgroup alone).
+    pub(crate) fn start_kill(&mut self) {
+        if let Process::Child(c) = self {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+/// A resident command's status as a per-command sandbox reports it (its init exits with bash's
+/// status, `128 + signal` when bash was killed), so that results read the same either way.
+fn like_an_init(status: i32) -> std::process::ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    let raw = std::process::ExitStatus::from_raw(status);
+    match raw.signal() {
+        Some(sig) => std::process::ExitStatus::from_raw(((128 + sig) & 0xff) << 8),
+        None => raw,
+    }
+}
+
+/// A command's output pipes, as the service reads them.
+pub(crate) type Pipe = Box<dyn AsyncRead + Unpin + Send>;
+
 impl Sandbox {
-    /// Runs a command to its end, or until a limit stops it. On return, no process of the
-    /// command is left.
+    /// Runs a command in a sandbox built for it alone, to its end or until a limit stops it. On
+    /// return, no process of the command is left.
     pub async fn run(
         &self,
         launch: &Launch,
@@ -79,8 +152,82 @@ impl Sandbox {
         if !started {
             return Err(SandboxError::Setup(setup_failure(child).await));
         }
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
+        let stdout = child.stdout.take().map(|p| Box::new(p) as Pipe);
+        let stderr = child.stderr.take().map(|p| Box::new(p) as Pipe);
+        let mut process = Process::Child(child);
+        self.drive(
+            &mut process,
+            group,
+            stdout,
+            stderr,
+            session,
+            oom_before,
+            limits,
+            t0,
+        )
+        .await
+    }
+
+    /// Runs a command through a session's resident agent.
+    pub(crate) async fn run_resident(
+        &self,
+        agent: &Agent,
+        launch: &Launch,
+        session: Option<&SessionGroup>,
+        limits: &RunLimits,
+    ) -> Result<Finished, SandboxError> {
+        let t0 = Instant::now();
+        let oom_before = session.map_or(0, SessionGroup::oom_kills);
+        let setup = |what: &str, e: std::io::Error| SandboxError::Setup(format!("{what}: {e}"));
+        let spec = self
+            .command_spec(launch)
+            .encode()
+            .map_err(|e| SandboxError::Setup(format!("the command cannot be passed on: {e}")))?;
+        let null = self.dev_null().map_err(|e| setup("/dev/null", e))?;
+        let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| setup("output pipe", e.into()))?;
+        let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| setup("output pipe", e.into()))?;
+        let started = agent
+            .start_command(&spec, [null, out_w.as_fd(), err_w.as_fd()])
+            .await;
+        // Only the command holds its pipes' write ends now: their end of file is its end.
+        drop((out_w, err_w));
+        let Started { group, exit } = started?;
+        let pipe = |fd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+                .map(|p| Box::new(p) as Pipe)
+                .map_err(|e| setup("output pipe", e))
+        };
+        let (stdout, stderr) = (pipe(out_r)?, pipe(err_r)?);
+        let mut process = Process::Resident(Some(exit));
+        self.drive(
+            &mut process,
+            Some(group),
+            Some(stdout),
+            Some(stderr),
+            session,
+            oom_before,
+            limits,
+            t0,
+        )
+        .await
+    }
+
+    /// Reads a started command's output until it ended (or a limit stopped it), then makes sure
+    /// nothing of it is left.
+    #[allow(clippy::too_many_arguments)]
+    async fn drive(
+        &self,
+        process: &mut Process,
+        group: Option<crate::cgroup::CommandGroup>,
+        mut stdout: Option<Pipe>,
+        mut stderr: Option<Pipe>,
+        session: Option<&SessionGroup>,
+        oom_before: u64,
+        limits: &RunLimits,
+        t0: Instant,
+    ) -> Result<Finished, SandboxError> {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let mut buf_out = vec![0u8; CHUNK];
         let mut buf_err = vec![0u8; CHUNK];
@@ -111,10 +258,11 @@ impl Sandbox {
                         None => stderr = None,
                     }
                 }
-                s = child.wait(), if status.is_none() => {
+                s = process.wait(), if status.is_none() => {
                     status = Some(s);
                     // Anything the command left behind (`sleep 1000 &`, a setsid daemon) dies
-                    // with it: the PID namespace is gone; the cgroup kill is the second net.
+                    // with it: its cgroup is killed (and a per-command sandbox's PID namespace
+                    // is gone).
                     if let Some(g) = &group { g.kill_nowait(); }
                     drain_until = Some(tokio::time::Instant::now() + DRAIN_GRACE);
                 }
@@ -122,7 +270,7 @@ impl Sandbox {
                 // token stays cancelled, and the loop goes on to drain what is left.
                 () = limits.cancel.cancelled(), if killed.is_none() && status.is_none() => {
                     killed = Some(KillReason::Cancelled);
-                    self.stop(&mut child, group.as_ref()).await;
+                    self.stop(process, group.as_ref()).await;
                 }
                 _ = tokio::time::sleep_until(wake) => {
                     if drain_until.is_some() {
@@ -133,20 +281,26 @@ impl Sandbox {
                     } else {
                         KillReason::Timeout(limits.timeout)
                     });
-                    self.stop(&mut child, group.as_ref()).await;
+                    self.stop(process, group.as_ref()).await;
                 }
             }
             if killed.is_none() && out.len() + err.len() > limits.max_output_bytes {
                 killed = Some(KillReason::OutputLimit(limits.max_output_bytes));
-                self.stop(&mut child, group.as_ref()).await;
+                self.stop(process, group.as_ref()).await;
             }
         }
         let status = match status {
             Some(s) => s,
-            None => child.wait().await,
-        }
-        .map_err(|e| SandboxError::Setup(format!("waiting for the command: {e}")))?;
+            None => process.wait().await,
+        };
         drop(group);
+        let status = match status {
+            Ok(s) => s,
+            Err(Lost::Wait(e)) => {
+                return Err(SandboxError::Setup(format!("waiting for the command: {e}")));
+            }
+            Err(Lost::Agent(why)) => return Err(SandboxError::AgentLost(why)),
+        };
         let cap = limits.max_output_bytes;
         if out.len() + err.len() > cap {
             out.truncate(cap);
@@ -165,18 +319,15 @@ impl Sandbox {
         })
     }
 
-    /// Kills the command's whole tree: the cgroup if there is one, and the outer init (its death
-    /// kills pid 1 by PDEATHSIG, which tears down the PID namespace).
-    async fn stop(
-        &self,
-        child: &mut tokio::process::Child,
-        group: Option<&crate::cgroup::CommandGroup>,
-    ) {
+    /// Kills the command's whole tree: the cgroup if there is one, and the outer init of a
+    /// per-command sandbox (its death kills pid 1 by PDEATHSIG, which tears down the PID
+    /// namespace).
+    async fn stop(&self, process: &mut Process, group: Option<&crate::cgroup::CommandGroup>) {
         if let Some(g) = group {
             g.kill();
         }
         if self.is_unsandboxed()
-            && let Some(pid) = child.id()
+            && let Some(pid) = process.child_pid()
         {
             // The unsandboxed command leads its own process group.
             let _ = rustix::process::kill_process_group(
@@ -184,7 +335,7 @@ impl Sandbox {
                 rustix::process::Signal::KILL,
             );
         }
-        let _ = child.start_kill();
+        process.start_kill();
     }
 }
 

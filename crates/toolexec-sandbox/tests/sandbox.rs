@@ -77,6 +77,7 @@ fn bash_spec(workspace: &str, script: &str) -> Spec {
             script.as_bytes().to_vec(),
         ],
         env: vec![(b"PATH".to_vec(), b"/usr/bin:/bin".to_vec())],
+        agent: false,
     }
 }
 
@@ -382,4 +383,137 @@ async fn cgroups_left_by_a_stopped_instance_are_removed_at_start() {
     // A live instance's cgroups (this process's) are left alone.
     assert!(mine.exists());
     std::fs::remove_dir(&mine).unwrap();
+}
+
+fn limits() -> RunLimits {
+    RunLimits {
+        timeout: Duration::from_secs(10),
+        idle_timeout: None,
+        max_output_bytes: 1 << 20,
+        cancel: Default::default(),
+    }
+}
+
+/// Host pids of the processes whose command line is `sleep <arg>`.
+fn sleeping(arg: &str) -> Vec<i32> {
+    let want = format!("sleep\0{arg}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes()))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+async fn gone_soon(arg: &str) -> bool {
+    for _ in 0..60 {
+        if sleeping(arg).is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// By default a session's commands share one resident sandbox: its `/tmp` lasts between
+/// commands and pid 1 stays the same process, while what a command leaves running still dies
+/// with it. With `resident = false` every command gets a sandbox of its own again (the way a
+/// service that is not root always runs them): a fresh `/tmp`, and the same containment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_one_sandbox_unless_told_to_build_one_per_command() {
+    let root = open_dir(0);
+    for resident in [true, false] {
+        let sandbox = Sandbox::probe(
+            SandboxConfig {
+                resident,
+                ..config()
+            },
+            root.path(),
+        )
+        .await;
+        let status = sandbox.status();
+        assert!(status.ready, "{status:?}");
+        assert_eq!(sandbox.is_resident(), resident);
+        let kind = if resident {
+            "a resident sandbox per session"
+        } else {
+            "a sandbox per command"
+        };
+        assert!(status.detail.contains(kind), "{status:?}");
+        let name = format!("r{resident}");
+        let ws = sub_dir(root.path(), &name, 65534);
+        let table = ProcessTable::new(sandbox.clone(), name.as_str(), ws, 1);
+        let left = format!("30{}.{}", u8::from(resident), std::process::id());
+        let run = |cmd: String| {
+            let table = &table;
+            async move {
+                let f = table
+                    .run("", &cmd, &BTreeMap::new(), false, &limits())
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    f.exit_code,
+                    Some(0),
+                    "{cmd}: {}",
+                    String::from_utf8_lossy(&f.stderr)
+                );
+                String::from_utf8_lossy(&f.stdout).into_owned()
+            }
+        };
+        let first = run(format!(
+            "echo kept > /tmp/mark; readlink /proc/self/ns/pid; (setsid sleep {left} &); echo started"
+        ))
+        .await;
+        assert!(first.ends_with("started\n"), "{first}");
+        assert!(
+            gone_soon(&left).await,
+            "resident {resident}: the command's leftover still runs"
+        );
+        let second =
+            run("cat /tmp/mark 2>/dev/null || echo fresh; readlink /proc/self/ns/pid".into()).await;
+        let (ns1, ns2) = (
+            first.lines().next().unwrap_or_default(),
+            second.lines().nth(1).unwrap_or_default(),
+        );
+        if resident {
+            assert!(second.starts_with("kept\n"), "{second}");
+            assert_eq!(ns1, ns2, "one PID namespace for the session");
+        } else {
+            assert!(second.starts_with("fresh\n"), "{second}");
+            assert_ne!(ns1, ns2, "a PID namespace per command");
+        }
+        table.shutdown().await;
+    }
+}
+
+/// A command too large to travel inside one message (the shell tool allows 100,000
+/// characters) reaches its process through a memfd, whole; a small one inside the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_of_any_size_arrive_whole() {
+    let root = open_dir(0);
+    let sandbox = Sandbox::probe(config(), root.path()).await;
+    assert!(sandbox.is_resident(), "{:?}", sandbox.status());
+    let ws = sub_dir(root.path(), "big", 65534);
+    let table = ProcessTable::new(sandbox.clone(), "big", ws, 1);
+    // Command and environment together: about 2 × size (the memfd from ~30 KB on).
+    for size in [10, 30_000, 31_000, 100_000] {
+        let word = "x".repeat(size);
+        let f = table
+            .run(
+                "",
+                &format!("printf %s {word} | wc -c"),
+                &BTreeMap::from([("BIG".to_owned(), word.clone())]),
+                false,
+                &limits(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&f.stdout).trim(),
+            size.to_string(),
+            "{}",
+            String::from_utf8_lossy(&f.stderr)
+        );
+    }
+    table.shutdown().await;
 }

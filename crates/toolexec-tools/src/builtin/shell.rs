@@ -106,6 +106,9 @@ struct Args {
 pub(crate) fn sandbox_failure(e: &SandboxError) -> ToolOutput {
     match e {
         SandboxError::Limit(m) => ToolOutput::error(m.clone()),
+        SandboxError::AgentLost(why) => ToolOutput::error(format!(
+            "Infrastructure error, not a problem with your command: the session's sandbox stopped while the command ran ({why}). Its processes, background ones included, are gone, and /tmp is empty again; files it wrote in /workspace stay. The next command starts a fresh sandbox: check what the command changed, then run it again if needed."
+        )),
         e => ToolOutput::error(format!(
             "Infrastructure error, not a problem with your command: {e}. Nothing was run. Retrying will not help until the operator fixes the sandbox; continue with the file tools if you can."
         )),

@@ -4,8 +4,9 @@
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 /// Descriptors one cached session holds at most: the workspace directory, the inotify instance
-/// of its change scans, the egress proxy's listening socket.
-pub const FDS_PER_SESSION: u64 = 3;
+/// of its change scans, the egress proxy's listening socket, and its resident sandbox's (the
+/// agent's socket, its pidfd, the spare's pidfd).
+pub const FDS_PER_SESSION: u64 = 6;
 
 /// Descriptors kept for everything else besides connections: the database pool, the SQLite
 /// file, listeners, pipes of running commands, files the tools open while they run.

@@ -641,6 +641,13 @@ async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend
         0,
         "no paging through the log"
     );
+    // Loading the session folded its plan and tasks with one probe of the todo index.
+    assert_eq!(
+        counting
+            .todo_lookups
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
     // It took 25 s by paging; one probe per id is far under this (generous, for a busy machine).
     assert!(took < Duration::from_secs(5), "64 lookups took {took:?}");
 

@@ -68,6 +68,7 @@ store_suite!(
     the_open_session_cap_counts_only_active_sessions,
     a_process_start_is_found_by_its_id_in_its_own_session_only,
     events_of_given_kinds_are_read_up_to_a_seq,
+    the_todo_events_of_a_session_are_read_without_the_rest_of_its_log,
     events_of_no_invocation_are_appended_under_the_session_lock,
     blobs_are_read_many_at_once_and_missing_ones_left_out,
     a_session_remembers_where_it_came_from,
@@ -1573,6 +1574,65 @@ async fn events_of_given_kinds_are_read_up_to_a_seq(db: &TestStore) {
         db.store
             .events_of_kinds(other.id, s.id, &[EventKind::FileCreated], 0, 7, 10)
             .await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn the_todo_events_of_a_session_are_read_without_the_rest_of_its_log(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let s = session(db, &t).await;
+    let kinds = [
+        EventKind::FileCreated,
+        EventKind::TodoCreated,
+        EventKind::PlanUpdated,
+        EventKind::TodoUpdated,
+        EventKind::TodoDeleted,
+        EventKind::FileCreated,
+    ];
+    let (first, _) = db
+        .store
+        .append_events(
+            t.id,
+            s.id,
+            kinds
+                .iter()
+                .map(|k| NewEvent {
+                    kind: *k,
+                    data: json!({}),
+                })
+                .collect(),
+            vec![],
+        )
+        .await
+        .unwrap();
+    let todos = db.store.todo_events(t.id, s.id, 0, 100).await.unwrap();
+    let seqs: Vec<i64> = todos.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [first + 1, first + 3, first + 4]);
+    assert_eq!(
+        todos.iter().map(|e| e.kind).collect::<Vec<_>>(),
+        [
+            EventKind::TodoCreated,
+            EventKind::TodoUpdated,
+            EventKind::TodoDeleted
+        ]
+    );
+    let page = db
+        .store
+        .todo_events(t.id, s.id, first + 1, 1)
+        .await
+        .unwrap();
+    assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), [first + 3]);
+    let empty = session(db, &t).await;
+    assert!(
+        db.store
+            .todo_events(t.id, empty.id, 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let other = tenant(db, "other").await;
+    assert!(matches!(
+        db.store.todo_events(other.id, s.id, 0, 10).await,
         Err(StoreError::NotFound)
     ));
 }

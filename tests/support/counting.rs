@@ -17,6 +17,8 @@ pub struct CountingStore {
     pub event_pages: AtomicU64,
     /// Calls of [`Store::lookup_calls`] (recorded calls looked up by id).
     pub call_lookups: AtomicU64,
+    /// Calls of [`Store::todo_events`] (one probe of the todo index each).
+    pub todo_lookups: AtomicU64,
 }
 
 impl CountingStore {
@@ -26,6 +28,7 @@ impl CountingStore {
             process_lookups: AtomicU64::new(0),
             event_pages: AtomicU64::new(0),
             call_lookups: AtomicU64::new(0),
+            todo_lookups: AtomicU64::new(0),
         })
     }
 
@@ -162,6 +165,18 @@ impl Store for CountingStore {
     }
     async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
         self.inner.blobs(sha256s).await
+    }
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.todo_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .todo_events(tenant_id, session_id, after, limit)
+            .await
     }
     async fn events_of_kinds(
         &self,

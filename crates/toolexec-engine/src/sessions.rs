@@ -314,17 +314,12 @@ impl Engine {
         tenant_id: &Uuid,
         session_id: Uuid,
     ) -> Result<toolexec_core::todo::Todos> {
-        let kinds = [
-            toolexec_core::EventKind::TodoCreated,
-            toolexec_core::EventKind::TodoUpdated,
-            toolexec_core::EventKind::TodoDeleted,
-        ];
         let mut todos = toolexec_core::todo::Todos::default();
         let mut after = 0;
         loop {
             let page = self
                 .store
-                .events_of_kinds(*tenant_id, session_id, &kinds, after, i64::MAX, 1000)
+                .todo_events(*tenant_id, session_id, after, 1000)
                 .await?;
             let Some(last) = page.last() else { break };
             after = last.seq;

@@ -424,6 +424,17 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Event>>;
 
+    /// The session's `todo.*` events with `seq > after`, in order, at most `limit`: one probe
+    /// of a partial index, whatever the length of the log (what loading a session folds its
+    /// plan and tasks from).
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>>;
+
     /// Appends `events` that belong to no invocation (a rewind and what it changed) to an
     /// active session of this tenant, with their blobs, in one transaction under the session's
     /// lock. Returns the seqs of the first and the last. `NotFound` for another tenant's

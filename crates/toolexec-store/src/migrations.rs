@@ -30,6 +30,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "cluster",
         include_str!("../../../migrations/postgres/0004_cluster.sql"),
     ),
+    (
+        5,
+        "todos",
+        include_str!("../../../migrations/postgres/0005_todos.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -52,6 +57,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         4,
         "cluster",
         include_str!("../../../migrations/sqlite/0004_cluster.sql"),
+    ),
+    (
+        5,
+        "todos",
+        include_str!("../../../migrations/sqlite/0005_todos.sql"),
     ),
 ];
 

@@ -835,6 +835,37 @@ impl Store for SqliteStore {
         Ok(found)
     }
 
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let mut tx = self.reader.begin().await?;
+        select_session(&mut tx, tenant_id, session_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        // Literal kinds: the partial index `events_todos` serves it.
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 \
+             AND e.kind IN ('todo.created', 'todo.updated', 'todo.deleted') \
+             ORDER BY e.seq LIMIT $3"
+        ))
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(events)
+    }
+
     async fn events_of_kinds(
         &self,
         tenant_id: Uuid,

@@ -250,3 +250,53 @@ fn a_misspelled_setting_in_the_environment_or_the_file_stops_the_binary() {
     assert!(err.contains("max_bakground"), "{err}");
     assert!(!err.contains("TOOLEXEC_SERVICE_HOST"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_disk_quota_from_the_environment_holds_while_a_command_writes() {
+    let data = private_dir();
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LIMITS__SESSION_DISK_BYTES", "16777216");
+    let served = serve(cmd);
+    let (status, session) = post(&served, "/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let r = call(
+        &served,
+        &sid,
+        "fill",
+        "shell",
+        json!({"command": "head -c 64M /dev/zero > big; echo rc=$?"}),
+    )
+    .await;
+    let text = r["content"].as_str().unwrap();
+    assert!(text.contains("No space left on device"), "{r}");
+    assert!(text.contains("disk quota of 16 MiB is used up"), "{r}");
+    // Closed, its disk goes (the binary is killed at the end, which would leave it mounted
+    // for the next start to reuse).
+    let resp = reqwest::Client::new()
+        .delete(format!("{}/v1/sessions/{sid}", served.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&sid),
+        "the session's disk is still mounted"
+    );
+}
+
+#[test]
+fn a_session_disk_quota_that_cannot_hold_a_filesystem_stops_the_binary() {
+    let data = private_dir();
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LIMITS__SESSION_DISK_BYTES", "4096");
+    assert_refused(cmd, &["limits.session_disk_bytes", "minimum"]);
+}

@@ -18,6 +18,7 @@ mod http_limits;
 mod http_scenarios;
 mod openapi;
 mod problems;
+mod quotas;
 mod recording;
 mod refactor;
 mod sandbox_escape;

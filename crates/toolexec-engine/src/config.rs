@@ -52,6 +52,22 @@ pub struct Limits {
     /// `too_many_open_sessions` that says to close some. Bounds what one tenant's sessions pin
     /// on a node (workspaces, descriptors, runtimes).
     pub max_open_sessions_per_tenant: u64,
+    /// Commands (foreground and background) one tenant's sessions may run at once on this
+    /// node; `0`: no limit. Past it a `shell` call fails at once with a result that says to
+    /// wait or stop a background process. Bounds the processes, cgroups and memory one tenant
+    /// holds on a node (each command's own tree is bounded by the sandbox's `pids.max`).
+    pub max_processes_per_tenant: usize,
+    /// Each session's disk quota (bytes): its workspace becomes a filesystem of this size of
+    /// its own (an ext4 image on a loop device, made when the session is), so a write past it
+    /// fails as it happens, from a command or a file tool. `0`: off (a session is bounded only
+    /// by `RLIMIT_FSIZE` per file). Needs the service to run as root with `mkfs.ext4`, `mount`
+    /// and loop devices; set and not enforceable, the service does not start. See
+    /// docs/security.md.
+    pub session_disk_bytes: u64,
+    /// Workspace disk one tenant may hold across its open sessions (bytes), each open session
+    /// reserving `session_disk_bytes`; `0`: no limit. Past it `POST /v1/sessions` (and a fork)
+    /// is a 409 `too_many_open_sessions` that names this limit. Only with `session_disk_bytes`.
+    pub tenant_disk_bytes: u64,
     // --- workspace scans ---
     /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
     /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
@@ -140,6 +156,11 @@ impl Default for Limits {
             lease_wait_ms: 30_000,
             // --- sessions and descriptors ---
             max_open_sessions_per_tenant: 1_000,
+            // Far above what an agent loop runs at once; a tenant's fork-bomb of sessions
+            // stops here.
+            max_processes_per_tenant: 256,
+            session_disk_bytes: 0,
+            tenant_disk_bytes: 0,
             // --- workspace scans ---
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).

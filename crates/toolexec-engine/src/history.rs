@@ -564,7 +564,7 @@ impl Engine {
         };
         let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
         let event = self.session_created(&session, Some(state.len()));
-        let cap = self.config.limits.max_open_sessions_per_tenant;
+        let (cap, disk_binds) = self.open_session_cap();
         match self
             .store
             .create_session(&session, vec![event], Vec::new(), cap)
@@ -578,7 +578,7 @@ impl Engine {
             Err(e) => {
                 drop(rt);
                 self.workspaces.remove(&name);
-                Err(e.into())
+                Err(self.refused_create(e, disk_binds))
             }
         }
     }
@@ -807,7 +807,8 @@ impl Engine {
 }
 
 fn io_error(e: std::io::Error) -> EngineError {
-    EngineError::Internal(format!("workspace: {e}"))
+    crate::sessions::out_of_descriptors(&e)
+        .unwrap_or_else(|| EngineError::Internal(format!("workspace: {e}")))
 }
 
 fn not_recorded(shown: &str, entry: &Entry) -> EngineError {

@@ -126,6 +126,8 @@ pub struct Engine {
     /// Each tenant's event streams and replays on this node.
     stream_slots: Arc<slots::TenantSlots>,
     replay_slots: Arc<slots::TenantSlots>,
+    /// Each tenant's commands running on this node (`limits.max_processes_per_tenant`).
+    process_slots: Option<Arc<slots::TenantSlots>>,
     /// Sessions a verify replay is re-running calls in: no other batch may run in them until
     /// it ends.
     replaying: Mutex<std::collections::HashSet<Uuid>>,
@@ -160,13 +162,19 @@ impl Engine {
             tracing::warn!(interrupted, node = %config.node, "marked invocations left running by a previous process as interrupted");
         }
         let owner = config.sandbox.as_ref().and_then(|s| s.workspace_owner());
-        let workspaces = toolexec_workspace::Workspaces::new(&config.workspace_root, owner)
+        let mut workspaces = toolexec_workspace::Workspaces::new(&config.workspace_root, owner)
             .map_err(|e| {
                 EngineError::Internal(format!(
                     "cannot create workspace root {}: {e}",
                     config.workspace_root.display()
                 ))
             })?;
+        if config.limits.session_disk_bytes > 0 {
+            // Asked for and not enforceable: the service does not start (fail closed).
+            workspaces = workspaces
+                .with_disk_quota(config.limits.session_disk_bytes)
+                .map_err(|e| EngineError::Internal(format!("limits.session_disk_bytes: {e}")))?;
+        }
         let metrics = Arc::new(metrics::Metrics::default());
         let streams = Arc::new(stream::StreamHub::default());
         let notify = streams.clone();
@@ -199,6 +207,13 @@ impl Engine {
             "limits.max_replays_per_tenant",
             config.limits.max_replays_per_tenant,
         );
+        let process_slots = (config.limits.max_processes_per_tenant > 0).then(|| {
+            slots::TenantSlots::new(
+                "commands running",
+                "limits.max_processes_per_tenant",
+                config.limits.max_processes_per_tenant,
+            )
+        });
         // Alive before it serves: the other replicas forward to a node they know is there.
         leases.heartbeat().await;
         Ok(Arc::new(Self {
@@ -219,6 +234,7 @@ impl Engine {
             folds,
             stream_slots,
             replay_slots,
+            process_slots,
             replaying: Mutex::new(std::collections::HashSet::new()),
         }))
     }

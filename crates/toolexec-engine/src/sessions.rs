@@ -136,15 +136,20 @@ impl SessionRuntime {
         calls: CallIndex,
         first_process_id: u64,
         sandbox: Option<&Arc<Sandbox>>,
+        admission: Option<toolexec_sandbox::Admission>,
     ) -> Self {
         let first_id = first_process_id.max(1);
         let processes = sandbox.map(|s| {
-            Arc::new(ProcessTable::new(
+            let table = ProcessTable::new(
                 s.clone(),
                 session.id.to_string(),
                 workspace.root_path().to_path_buf(),
                 first_id,
-            ))
+            );
+            Arc::new(match admission {
+                Some(a) => table.with_admission(a),
+                None => table,
+            })
         });
         Self {
             session,
@@ -288,6 +293,7 @@ impl Engine {
             calls,
             first_process_id,
             self.config.sandbox.as_ref(),
+            self.admission(session.tenant_id),
         ));
         let todos = self.todos_of(&session.tenant_id, session.id).await?;
         if let Ok(mut t) = rt.todos.lock() {
@@ -336,13 +342,20 @@ impl Engine {
 
     /// The runtime of a session made on this node just now: no call recorded yet.
     pub(crate) fn fresh_runtime(&self, session: Session, workspace: Workspace) -> SessionRuntime {
+        let admission = self.admission(session.tenant_id);
         SessionRuntime::new(
             session,
             workspace,
             CallIndex::complete(self.config.limits.call_index_max_bytes),
             1,
             self.config.sandbox.as_ref(),
+            admission,
         )
+    }
+
+    /// What a command of one of `tenant`'s sessions needs before it starts.
+    fn admission(&self, tenant: Uuid) -> Option<toolexec_sandbox::Admission> {
+        self.process_slots.as_ref().map(|s| s.admission(tenant))
     }
 
     /// Reads the rest of a runtime's call ids from the store (those after `after`), page by
@@ -462,6 +475,7 @@ impl Engine {
             journal: Arc::new(toolexec_tools::observe::Journal::default()),
             tenant_id: session.tenant_id,
             todos: rt.todos.clone(),
+            disk_quota: self.workspaces.disk_quota(),
         }
     }
 
@@ -602,7 +616,7 @@ impl Engine {
             events.push(event);
             blobs.extend(blob);
         }
-        let cap = self.config.limits.max_open_sessions_per_tenant;
+        let (cap, disk_binds) = self.open_session_cap();
         match self
             .store
             .create_session(&session, events, blobs, cap)
@@ -615,8 +629,50 @@ impl Engine {
             }
             Err(e) => {
                 self.workspaces.remove(&name);
-                Err(e.into())
+                Err(self.refused_create(e, disk_binds))
             }
+        }
+    }
+
+    /// How many open sessions a tenant may hold: `limits.max_open_sessions_per_tenant`, or
+    /// fewer when each reserves its disk quota out of `limits.tenant_disk_bytes` (then `true`).
+    pub(crate) fn open_session_cap(&self) -> (u64, bool) {
+        let limits = &self.config.limits;
+        let cap = limits.max_open_sessions_per_tenant;
+        match self.workspaces.disk_quota() {
+            Some(each) if limits.tenant_disk_bytes > 0 => {
+                let by_disk = limits.tenant_disk_bytes / each;
+                if by_disk < cap {
+                    (by_disk, true)
+                } else {
+                    (cap, false)
+                }
+            }
+            _ => (cap, false),
+        }
+    }
+
+    /// The error of a refused session create, naming the disk limit when that is what binds.
+    pub(crate) fn refused_create(
+        &self,
+        e: toolexec_store::StoreError,
+        disk_binds: bool,
+    ) -> EngineError {
+        match e {
+            toolexec_store::StoreError::TooManyOpenSessions(max) if disk_binds => {
+                EngineError::Conflict {
+                    code: toolexec_core::ProblemCode::TooManyOpenSessions,
+                    detail: format!(
+                        "this tenant's {max} open sessions hold its whole workspace disk quota \
+                         (limits.tenant_disk_bytes = {} bytes, {} bytes reserved by each session, \
+                         limits.session_disk_bytes); close sessions it no longer needs (DELETE \
+                         /v1/sessions/{{id}}) and create this one again",
+                        self.config.limits.tenant_disk_bytes,
+                        self.workspaces.disk_quota().unwrap_or(0)
+                    ),
+                }
+            }
+            e => e.into(),
         }
     }
 
@@ -817,7 +873,13 @@ pub(crate) fn invalid(code: ProblemCode, detail: String) -> EngineError {
 
 /// "Too many open files" (of this process or of the host) is a node at capacity, not a bug: the
 /// client may retry, later or elsewhere.
-fn out_of_descriptors(e: &std::io::Error) -> Option<EngineError> {
+pub(crate) fn out_of_descriptors(e: &std::io::Error) -> Option<EngineError> {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        tracing::error!(error = %e, "no disk left for another session's quota");
+        return Some(EngineError::Unavailable(
+            "this node has no disk left for another session's workspace; retry later".into(),
+        ));
+    }
     matches!(
         rustix::io::Errno::from_io_error(e),
         Some(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)

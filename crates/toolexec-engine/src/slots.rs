@@ -57,6 +57,26 @@ impl TenantSlots {
         })
     }
 
+    /// An admission for the commands of `tenant`'s sessions: each takes one of its slots while
+    /// it runs, and is refused with a sentence for the model when they are all taken.
+    pub(crate) fn admission(self: &Arc<Self>, tenant: Uuid) -> toolexec_sandbox::Admission {
+        let slots = self.clone();
+        Arc::new(move || {
+            slots
+                .take(tenant)
+                .map(|slot| Box::new(slot) as Box<dyn std::any::Any + Send + Sync>)
+                .map_err(|_| {
+                    format!(
+                        "Not started: this tenant's sessions already run {} commands on this \
+                         node (foreground and background), the most the operator allows ({}). \
+                         Wait for one to finish, or stop a background process you no longer need \
+                         with process_kill, then run it again.",
+                        slots.cap, slots.key
+                    )
+                })
+        })
+    }
+
     #[cfg(test)]
     fn held(&self, tenant: Uuid) -> usize {
         self.taken

@@ -131,6 +131,12 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long a killed process's end is waited for.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
+/// Admits each command of a session before it starts: a guard held for as long as the command
+/// runs (a background one: until it exits), or the sentence that says why it may not start. The
+/// service counts a tenant's running commands with it (`limits.max_processes_per_tenant`).
+pub type Admission =
+    Arc<dyn Fn() -> Result<Box<dyn std::any::Any + Send + Sync>, String> + Send + Sync>;
+
 /// One session's sandbox.
 pub struct ProcessTable {
     sandbox: Arc<Sandbox>,
@@ -145,6 +151,8 @@ pub struct ProcessTable {
     gone_reported: Mutex<std::collections::BTreeSet<String>>,
     /// The session's resident sandbox, once a command needed it (and again after it died).
     agent: tokio::sync::Mutex<Option<Arc<Agent>>>,
+    /// What each command must get before it starts, if anything.
+    admission: Option<Admission>,
 }
 
 impl std::fmt::Debug for ProcessTable {
@@ -174,6 +182,21 @@ impl ProcessTable {
             egress: Mutex::new(None),
             gone_reported: Mutex::new(std::collections::BTreeSet::new()),
             agent: tokio::sync::Mutex::new(None),
+            admission: None,
+        }
+    }
+
+    /// Every command of this table first asks `admission` (see [`Admission`]).
+    pub fn with_admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// The guard a command holds while it runs; [`SandboxError::Limit`] when it may not start.
+    fn admit(&self) -> Result<Option<Box<dyn std::any::Any + Send + Sync>>, SandboxError> {
+        match &self.admission {
+            None => Ok(None),
+            Some(admit) => admit().map(Some).map_err(SandboxError::Limit),
         }
     }
 
@@ -267,6 +290,7 @@ impl ProcessTable {
         network: bool,
         limits: &RunLimits,
     ) -> Result<Finished, SandboxError> {
+        let _admitted = self.admit()?;
         let group = self.group()?;
         let launch = self.launch(workdir, command, env, network)?;
         if self.sandbox.is_resident() {
@@ -304,6 +328,7 @@ impl ProcessTable {
                 cfg.max_background
             )));
         }
+        let admitted = self.admit()?;
         let group = self.group()?;
         let launch = self.launch(workdir, command, env, network)?;
         let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -391,6 +416,8 @@ impl ProcessTable {
         let unsandboxed = self.sandbox.is_unsandboxed();
         let p = proc.clone();
         tokio::spawn(async move {
+            // Held until the process has exited (end of this task).
+            let _admitted = admitted;
             let deadline = tokio::time::Instant::now() + lifetime;
             let mut buf = vec![0u8; 64 * 1024];
             let mut open = true;

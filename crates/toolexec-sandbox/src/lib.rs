@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use background::{ProcessInfo, ProcessRead, ProcessState, ProcessTable};
+pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessTable};
 pub use cgroup::CgroupLimits;
 pub use run::{Finished, KillReason, RunLimits};
 

@@ -61,7 +61,7 @@ mod tests {
     #[test]
     fn the_session_budget_leaves_room_for_connections_and_the_reserve() {
         assert_eq!(session_budget(1024, 1024), 16);
-        assert_eq!(session_budget(20_000, 1024), (20_000 - 512 - 1024) / 3);
-        assert_eq!(session_budget(1 << 20, 1024), ((1 << 20) - 512 - 1024) / 3);
+        assert_eq!(session_budget(20_000, 1024), 3_077);
+        assert_eq!(session_budget(1 << 20, 1024), 174_506);
     }
 }

@@ -86,6 +86,9 @@ pub struct ToolContext {
     pub tenant_id: Uuid,
     /// The session's todos (plan steps and tasks), as its log folds them.
     pub todos: Arc<std::sync::Mutex<toolexec_core::todo::Todos>>,
+    /// The session's disk quota (bytes), when its workspace is a filesystem of that size: a
+    /// command that leaves it full is told so.
+    pub disk_quota: Option<u64>,
 }
 
 /// Default of [`ToolContext::max_read_bytes`]: 1 MiB, more than any output limit a session can
@@ -119,6 +122,7 @@ impl ToolContext {
             journal: Arc::new(observe::Journal::default()),
             tenant_id: Uuid::nil(),
             todos: Arc::default(),
+            disk_quota: None,
         }
     }
 }

@@ -164,6 +164,19 @@ impl JailError {
                 "Invalid path '{path}': {reason}. Use a path relative to /workspace, \
                  like src/main.rs."
             ),
+            JailError::Io { op, source, .. }
+                if matches!(
+                    source.raw_os_error(),
+                    Some(e) if e == rustix::io::Errno::NOSPC.raw_os_error()
+                        || e == rustix::io::Errno::DQUOT.raw_os_error()
+                ) =>
+            {
+                format!(
+                    "Could not {op} '{path}': the session's workspace is full (its disk quota is \
+                     used up). Delete what you no longer need (build outputs, caches, large \
+                     logs) with the shell, then try again."
+                )
+            }
             JailError::Io { op, source, .. } => {
                 format!("Could not {op} '{path}': {source}.")
             }

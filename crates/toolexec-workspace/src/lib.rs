@@ -7,6 +7,7 @@
 //! - [`lifecycle`]: making a session's workspace, handing it to the sandbox user, removing it.
 #![forbid(unsafe_code)]
 
+pub mod disk;
 pub mod history;
 pub mod jail;
 pub mod lifecycle;

@@ -55,6 +55,8 @@ pub struct Workspaces {
     /// the service.
     owner: Option<(u32, u32)>,
     layers: Arc<Layers>,
+    /// Each session's own filesystem of a fixed size, when a disk quota is set.
+    disks: Option<crate::disk::Disks>,
 }
 
 /// The overlay side: whether it works here, the mounts this process made (unmounted on drop),
@@ -120,9 +122,28 @@ impl Workspaces {
                 mounted: Mutex::new(HashSet::new()),
                 bases: Mutex::new(()),
             }),
+            disks: None,
         };
         workspaces.sweep();
         Ok(workspaces)
+    }
+
+    /// Gives every session made from now on a filesystem of `bytes` of its own (see
+    /// [`crate::disk`]); an error when that cannot be enforced here.
+    pub fn with_disk_quota(mut self, bytes: u64) -> io::Result<Self> {
+        let owner = self.owner.unwrap_or_else(|| {
+            (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            )
+        });
+        self.disks = Some(crate::disk::Disks::new(&self.root, bytes, owner)?);
+        Ok(self)
+    }
+
+    /// The per-session disk quota, bytes, if one is set.
+    pub fn disk_quota(&self) -> Option<u64> {
+        self.disks.as_ref().map(crate::disk::Disks::bytes)
     }
 
     pub fn root(&self) -> &Path {
@@ -143,6 +164,12 @@ impl Workspaces {
     /// behind when that fails.
     pub fn create(&self, session: &str) -> io::Result<Workspace> {
         let dir = self.dir(session);
+        if let Some(disks) = &self.disks
+            && let Err(e) = disks.make(session, &dir)
+        {
+            self.remove(session);
+            return Err(e);
+        }
         let made = Workspace::create(&dir).and_then(|ws| {
             self.give(&dir)?;
             Ok(ws)
@@ -157,7 +184,17 @@ impl Workspaces {
     /// dropped), mounting a fork's overlay again if it is not mounted.
     pub fn open(&self, session: &str) -> io::Result<Workspace> {
         let dir = self.dir(session);
-        if let Some(key) = self.base_of(session) {
+        let base = self.base_of(session);
+        if let Some(disks) = &self.disks
+            && disks.has(session)
+        {
+            let target = match base {
+                Some(_) => disks.fork_mount(session),
+                None => dir.clone(),
+            };
+            disks.mount(session, &target)?;
+        }
+        if let Some(key) = base {
             self.mount_fork(session, &key)?;
         }
         Workspace::open(&dir)
@@ -229,8 +266,11 @@ impl Workspaces {
                     format!("no base {key}"),
                 ));
             }
-            let upper = self.layer(session, "upper");
-            let work = self.layer(session, "work");
+            if let Some(disks) = &self.disks {
+                disks.make(session, &disks.fork_mount(session))?;
+            }
+            let upper = self.upper(session);
+            let work = self.work(session);
             make_private_dir(&work)?;
             std::fs::create_dir(&upper)?;
             // The merged root's owner and mode are the upper directory's.
@@ -256,6 +296,16 @@ impl Workspaces {
         if base.is_some() || is_overlay(&dir) {
             self.unmount(&dir);
         }
+        if let Some(disks) = &self.disks {
+            // The image's data goes with it: nothing in the upper layer or the workspace needs
+            // deleting file by file.
+            let target = match base {
+                Some(_) => disks.fork_mount(session),
+                None => dir.clone(),
+            };
+            disks.release(session, &target);
+            let _ = std::fs::remove_dir(disks.fork_mount(session));
+        }
         if dir.exists() {
             // remove_dir_all does not follow symlinks out of the tree (CVE-2022-21658, fixed in
             // Rust 1.58.1), so a symlink a command left in the workspace cannot redirect it.
@@ -264,8 +314,8 @@ impl Workspaces {
             }
         }
         if let Some(key) = base {
-            remove_tree(&self.layer(session, "upper"));
-            remove_tree(&self.layer(session, "work"));
+            remove_tree(&self.upper(session));
+            remove_tree(&self.work(session));
             let _bases = self.layers.bases.lock();
             remove_tree(&self.layer(session, "base"));
             if !self.base_in_use(&key) {
@@ -337,6 +387,21 @@ impl Workspaces {
         self.layers.dir.join(format!("base-{key}"))
     }
 
+    /// A fork's upper layer: on its own disk when a quota is set (its writes are what counts).
+    fn upper(&self, session: &str) -> PathBuf {
+        match &self.disks {
+            Some(d) if d.has(session) => d.fork_mount(session).join("upper"),
+            _ => self.layer(session, "upper"),
+        }
+    }
+
+    fn work(&self, session: &str) -> PathBuf {
+        match &self.disks {
+            Some(d) if d.has(session) => d.fork_mount(session).join("work"),
+            _ => self.layer(session, "work"),
+        }
+    }
+
     fn layer(&self, session: &str, what: &str) -> PathBuf {
         self.layers.dir.join(format!("{session}.{what}"))
     }
@@ -354,8 +419,8 @@ impl Workspaces {
             ));
         }
         let lower = self.base_dir(key);
-        let upper = self.layer(session, "upper");
-        let work = self.layer(session, "work");
+        let upper = self.upper(session);
+        let work = self.work(session);
         mount_overlay(&lower, &upper, &work, &target)?;
         if let Ok(mut mounted) = self.layers.mounted.lock() {
             mounted.insert(target);
@@ -511,6 +576,94 @@ mod tests {
         assert!(ws.open("s1").is_err());
         // Removing what is not there is not an error.
         ws.remove("s1");
+    }
+
+    /// Fills a file until the disk refuses; the bytes that fit.
+    fn fill(path: &Path) -> (u64, io::Error) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(path).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let mut written = 0;
+        loop {
+            if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_data()) {
+                return (written, e);
+            }
+            written += chunk.len() as u64;
+            assert!(written <= 64 << 20, "past the quota");
+        }
+    }
+
+    #[test]
+    fn with_a_disk_quota_sessions_and_forks_each_fill_only_their_own_disk() {
+        if !rustix::process::geteuid().is_root() {
+            // The quota needs root; `with_disk_quota` says so (checked by the e2e suite).
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let ws = Workspaces::new(root.path().join("workspaces"), None)
+            .unwrap()
+            .with_disk_quota(16 << 20)
+            .unwrap();
+        assert_eq!(ws.disk_quota(), Some(16 << 20));
+        let s1 = ws.create("s1").unwrap();
+        let (written, err) = fill(&ws.dir("s1").join("big"));
+        assert_eq!(
+            err.raw_os_error(),
+            Some(rustix::io::Errno::NOSPC.raw_os_error())
+        );
+        assert!((8 << 20..=16 << 20).contains(&written), "{written}");
+        // Through the jail, the model reads why.
+        let refused = s1.write("more.txt", &[0u8; 1 << 20]).unwrap_err();
+        assert!(
+            refused.model_message().contains("disk quota"),
+            "{refused:?}"
+        );
+        // Another session is untouched by the first one's full disk.
+        let s2 = ws.create("s2").unwrap();
+        s2.write("a.txt", b"fine").unwrap();
+
+        if ws.shares_contents() {
+            let builder = ws.begin_base("s2@1").unwrap();
+            builder
+                .workspace()
+                .restore_file(b"a.txt", b"base\n", 0o644)
+                .unwrap();
+            ws.finish_base(builder).unwrap();
+            let f = ws.create_on("f1", "s2@1").unwrap();
+            assert_eq!(
+                std::fs::read(ws.dir("f1").join("a.txt")).unwrap(),
+                b"base\n"
+            );
+            let (written, _) = fill(&ws.dir("f1").join("big"));
+            assert!(written <= 16 << 20);
+            drop(f);
+            // After a restart (its mounts gone), the fork opens on its disk again.
+            ws.unmount(&ws.dir("f1"));
+            let disks = ws.disks.clone().unwrap();
+            rustix::mount::unmount(disks.fork_mount("f1"), rustix::mount::UnmountFlags::DETACH)
+                .unwrap();
+            ws.open("f1").unwrap();
+            assert!(std::fs::metadata(ws.dir("f1").join("big")).is_ok());
+            ws.remove("f1");
+            assert!(!disks.has("f1"));
+            assert!(!disks.fork_mount("f1").exists());
+        }
+
+        // After a restart, a session's workspace is its disk again.
+        drop(s1);
+        rustix::mount::unmount(ws.dir("s1"), rustix::mount::UnmountFlags::DETACH).unwrap();
+        assert!(!crate::disk::is_mount_point(&ws.dir("s1")));
+        ws.open("s1").unwrap();
+        assert!(crate::disk::is_mount_point(&ws.dir("s1")));
+        assert!(std::fs::metadata(ws.dir("s1").join("big")).is_ok());
+        for s in ["s1", "s2"] {
+            ws.remove(s);
+            assert!(!ws.dir(s).exists());
+        }
+        let left: Vec<_> = std::fs::read_dir(root.path().join("workspaces/.disks"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

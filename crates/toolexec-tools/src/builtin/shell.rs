@@ -207,6 +207,9 @@ impl Tool for Shell {
             Err(e) => sandbox_failure(&e),
             Ok(f) => {
                 let mut out = render(&f, unsandboxed, table.sandbox().config().memory_bytes);
+                if let Some(note) = full_disk_note(ctx) {
+                    out.content.push_str(&note);
+                }
                 out.events.extend(network_events(&table));
                 out
             }
@@ -250,6 +253,22 @@ const UNSANDBOXED_NOTE: &str =
     "[UNSANDBOXED: the operator disabled the sandbox; this command ran directly on the host]\n";
 
 /// The model's view of a finished command.
+/// When the session's disk quota is (all but) used up after a command: what the model should
+/// know, since the command's own error (`No space left on device`) does not say it is a quota.
+fn full_disk_note(ctx: &ToolContext) -> Option<String> {
+    let quota = ctx.disk_quota?;
+    let st = rustix::fs::statvfs(ctx.workspace.root_path()).ok()?;
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    (free < (quota / 100).max(256 * 1024)).then(|| {
+        format!(
+            "[the session's workspace is full: its disk quota of {} MiB is used up, so writes \
+             fail with 'No space left on device'. Delete what you no longer need (build \
+             outputs, caches, large logs), then run the command again]\n",
+            quota / (1024 * 1024)
+        )
+    })
+}
+
 fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
     let mut text = String::new();
     if unsandboxed {

@@ -21,7 +21,7 @@ use toolexec_store::sqlite::SqliteStore;
 use toolexec_tools::Registry;
 
 pub use config::Config;
-pub use toolsdoc::{problems_markdown, tools_markdown};
+pub use toolsdoc::{problems_markdown, tool_manual, tools_list, tools_markdown};
 
 /// Opens the store the configuration names (Postgres or the embedded SQLite file).
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {

@@ -32,6 +32,12 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// The tool catalog: what this service offers, as configured (web tools need their
+    /// provider), and each tool's manual and schema.
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
     /// Print the tools reference as Markdown (or write it to a file; `docs/tools.md` is the checked-in copy).
     ToolsDoc {
         #[arg(long)]
@@ -50,6 +56,19 @@ enum Command {
         /// Write to this file instead of stdout (`openapi/openapi.json` is the checked-in copy).
         #[arg(long)]
         write: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// One line per tool: name, read-only, capabilities, whether it is available here, summary.
+    List,
+    /// A tool's manual, limits and argument schema; with --format, its definition as that
+    /// provider takes it (openai = Responses API, openai_chat, anthropic, mcp).
+    Describe {
+        name: String,
+        #[arg(long, value_parser = ["openai", "openai_chat", "anthropic", "mcp"])]
+        format: Option<String>,
     },
 }
 
@@ -141,6 +160,41 @@ async fn run() -> anyhow::Result<()> {
             );
             println!("{key}");
         }
+        Command::Tools { command } => {
+            let registry = toolexec_tools::Registry::builtin()?;
+            let web = toolexec_tools::web::WebAccess::from_config(
+                &config.web,
+                &config.sandbox.egress_allow_cidrs,
+            )
+            .map_err(|e| anyhow::anyhow!("web: {e}"))?;
+            match command {
+                ToolsCommand::List => stdout(&toolexec_server::tools_list(&registry, &web))?,
+                ToolsCommand::Describe { name, format } => {
+                    let Some(spec) = registry.get(&name).map(|t| t.spec().clone()) else {
+                        anyhow::bail!(
+                            "no tool {name:?}; `toolexec tools list` shows the {} tools",
+                            registry.specs().count()
+                        );
+                    };
+                    match format.as_deref() {
+                        None => stdout(&toolexec_server::tool_manual(
+                            &spec,
+                            registry.get(&name).and_then(|t| t.unavailable(&web)),
+                        ))?,
+                        Some(f) => {
+                            use toolexec_api::dialects as d;
+                            let def = match f {
+                                "openai" => serde_json::to_value(d::openai(&spec)),
+                                "openai_chat" => serde_json::to_value(d::openai_chat(&spec)),
+                                "anthropic" => serde_json::to_value(d::anthropic(&spec)),
+                                _ => serde_json::to_value(d::mcp(&spec)),
+                            }?;
+                            stdout(&format!("{}\n", serde_json::to_string_pretty(&def)?))?;
+                        }
+                    }
+                }
+            }
+        }
         Command::ToolsDoc { write } => {
             let registry = toolexec_tools::Registry::builtin()?;
             emit(toolexec_server::tools_markdown(&registry), write)?;
@@ -159,6 +213,15 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `text` to stdout; a reader that stops early (`| head`) ends the output, not in a panic.
+fn stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// Prints `doc`, or writes it to `path`.
 fn emit(doc: String, path: Option<PathBuf>) -> anyhow::Result<()> {
     match path {
@@ -166,7 +229,7 @@ fn emit(doc: String, path: Option<PathBuf>) -> anyhow::Result<()> {
             std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
             eprintln!("wrote {}", path.display());
         }
-        None => print!("{doc}"),
+        None => stdout(&doc)?,
     }
     Ok(())
 }

@@ -45,6 +45,94 @@ pub fn tools_markdown(registry: &Registry) -> String {
     out
 }
 
+/// `toolexec tools list`: one line per tool, with whether this configuration can run it.
+pub fn tools_list(registry: &Registry, web: &toolexec_tools::web::WebAccess) -> String {
+    let specs: Vec<_> = registry.specs().collect();
+    let width = specs.iter().map(|s| s.name.len()).max().unwrap_or(4).max(4);
+    let caps_of = |spec: &toolexec_core::ToolSpec| {
+        let caps: Vec<&str> = spec.capabilities.iter().map(|c| c.as_str()).collect();
+        if caps.is_empty() {
+            "-".to_owned()
+        } else {
+            caps.join(",")
+        }
+    };
+    let cw = specs
+        .iter()
+        .map(|s| caps_of(s).len())
+        .max()
+        .unwrap_or(12)
+        .max(12);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:width$}  {:9}  {:cw$}  {:9}  summary",
+        "tool", "read-only", "capabilities", "available"
+    );
+    for spec in specs {
+        let available = match registry.get(&spec.name).and_then(|t| t.unavailable(web)) {
+            None => "yes",
+            Some(_) => "no",
+        };
+        let summary = first_sentence(&spec.description);
+        let summary = match summary.char_indices().nth(100) {
+            Some((i, _)) => format!("{}…", &summary[..i]),
+            None => summary.to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "{:width$}  {:9}  {:cw$}  {:9}  {}",
+            spec.name,
+            if spec.read_only { "yes" } else { "no" },
+            caps_of(spec),
+            available,
+            summary
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n`toolexec tools describe NAME` prints a tool's manual and schema (--format openai|openai_chat|anthropic|mcp: its definition for that provider)."
+    );
+    out
+}
+
+/// `toolexec tools describe NAME`: the manual, flags, limits and schema of one tool.
+pub fn tool_manual(spec: &toolexec_core::ToolSpec, unavailable: Option<String>) -> String {
+    let caps: Vec<&str> = spec.capabilities.iter().map(|c| c.as_str()).collect();
+    let mut out = String::new();
+    let _ = writeln!(out, "{}\n", spec.name);
+    let _ = writeln!(out, "{}\n", spec.description.trim());
+    let _ = writeln!(
+        out,
+        "read-only: {}\ncapabilities: {}\noutput limit: {} chars, {}",
+        if spec.read_only { "yes" } else { "no" },
+        if caps.is_empty() {
+            "none".to_owned()
+        } else {
+            caps.join(", ")
+        },
+        spec.output_limit.max_chars,
+        mode_name(spec.output_limit.mode)
+    );
+    if let Some(why) = unavailable {
+        let _ = writeln!(out, "available: no ({why})");
+    } else {
+        let _ = writeln!(out, "available: yes");
+    }
+    let schema = serde_json::to_string_pretty(&spec.input_schema).unwrap_or_default();
+    let _ = writeln!(out, "\narguments (JSON Schema):\n{schema}");
+    out
+}
+
+fn first_sentence(text: &str) -> &str {
+    let text = text.trim();
+    let line = text.lines().next().unwrap_or_default();
+    match line.find(". ") {
+        Some(i) => &line[..=i],
+        None => line,
+    }
+}
+
 fn mode_name(mode: toolexec_core::TruncationMode) -> &'static str {
     match mode {
         toolexec_core::TruncationMode::Head => "head",

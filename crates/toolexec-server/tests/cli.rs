@@ -116,3 +116,82 @@ fn serving_raises_the_soft_open_file_limit_to_the_hard_limit() {
         ("8192".to_owned(), "8192".to_owned())
     );
 }
+
+fn toolexec(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_toolexec"))
+        .args(args)
+        .env_remove("TOOLEXEC_CONFIG")
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn tools_list_shows_every_tool_and_what_this_configuration_can_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = toolexec(dir.path(), &["tools", "list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let registry = toolexec_tools::Registry::builtin().unwrap();
+    for spec in registry.specs() {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(spec.name.as_str()))
+            .unwrap_or_else(|| panic!("{} not listed:\n{text}", spec.name));
+        let available = if spec.name == "web_search" {
+            "no"
+        } else {
+            "yes"
+        };
+        assert_eq!(line.split_whitespace().nth(3), Some(available), "{line}");
+    }
+    // Configured with a provider, web_search is available.
+    std::fs::write(
+        dir.path().join("toolexec.toml"),
+        "[web]\nsearch_provider = \"searxng\"\nsearch_url = \"http://127.0.0.1:9/search\"\n",
+    )
+    .unwrap();
+    let out = toolexec(dir.path(), &["tools", "list"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text.lines().find(|l| l.starts_with("web_search ")).unwrap();
+    assert_eq!(line.split_whitespace().nth(3), Some("yes"), "{line}");
+}
+
+#[test]
+fn tools_describe_prints_the_manual_or_a_providers_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = toolexec(dir.path(), &["tools", "describe", "web_search"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("web_search\n"), "{text}");
+    assert!(text.contains("available: no ("), "{text}");
+    assert!(text.contains("\"query\""), "{text}");
+
+    let out = toolexec(
+        dir.path(),
+        &["tools", "describe", "read_file", "--format", "anthropic"],
+    );
+    assert!(out.status.success());
+    let def: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(def["name"], "read_file");
+    assert_eq!(def["input_schema"]["additionalProperties"], false);
+    let out = toolexec(
+        dir.path(),
+        &["tools", "describe", "read_file", "--format", "openai"],
+    );
+    let def: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(def["type"], "function");
+    assert_eq!(def["strict"], true);
+
+    let out = toolexec(dir.path(), &["tools", "describe", "nope"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("toolexec tools list"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

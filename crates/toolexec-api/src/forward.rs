@@ -51,6 +51,8 @@ const HOP_BY_HOP: &[&str] = &[
 enum Target {
     Session(Uuid),
     Invocation(Uuid),
+    /// An archive upload: its body is streamed to the node, not buffered here.
+    Upload(Uuid),
 }
 
 fn target(method: &Method, path: &str) -> Option<Target> {
@@ -61,6 +63,7 @@ fn target(method: &Method, path: &str) -> Option<Target> {
         return match (method, parts.next(), parts.next()) {
             (&Method::POST, Some("calls" | "rewind" | "cancel" | "fork"), None)
             | (&Method::DELETE, None, None) => Some(Target::Session(session)),
+            (&Method::PUT, Some("archive"), None) => Some(Target::Upload(session)),
             _ => None,
         };
     }
@@ -99,6 +102,7 @@ pub(crate) async fn forward_to_owner(
     }
     let session = match target(req.method(), req.uri().path()) {
         None => return next.run(req).await,
+        Some(Target::Upload(session)) => return forward_upload(&state, session, req, next).await,
         Some(Target::Session(id)) => id,
         Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
             Ok(Some(session)) => session,
@@ -129,7 +133,16 @@ pub(crate) async fn forward_to_owner(
             let req = Request::from_parts(parts, Body::from(body));
             return next.run(req).await;
         };
-        match send(engine, session, &node, &address, &parts, body.clone()).await {
+        match send(
+            engine,
+            session,
+            &node,
+            &address,
+            &parts,
+            body.clone().into(),
+        )
+        .await
+        {
             Ok(response) => return response,
             Err(Failed::Answering(e)) => {
                 // It may have run: only the client can tell a retry (the same call ids) apart.
@@ -159,6 +172,35 @@ pub(crate) async fn forward_to_owner(
     }
 }
 
+/// An archive upload for a session on another node: its body streamed there as it arrives (it
+/// may be a GiB; it is not held here), in one attempt — a node that cannot be reached gets a 503
+/// that says to send it again, since the body cannot be sent twice.
+async fn forward_upload(state: &SharedState, session: Uuid, req: Request, next: Next) -> Response {
+    let engine = &state.engine;
+    let route = match engine.route(session).await {
+        Ok(route) => route,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let Route::Forward { node, address } = route else {
+        return next.run(req).await;
+    };
+    let (parts, body) = req.into_parts();
+    let body = reqwest::Body::wrap_stream(body.into_data_stream());
+    match send(engine, session, &node, &address, &parts, body).await {
+        Ok(response) => response,
+        Err(Failed::Connecting(e) | Failed::Answering(e)) => {
+            tracing::warn!(%session, %node, error = %e, "an archive upload could not be forwarded to the session's node");
+            ApiError::new(
+                ProblemCode::Unavailable,
+                format!(
+                    "session {session} lives on node {node}, which did not take the upload ({e}); send it again (an archive applied twice writes the same files)"
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
 /// Why a forwarded request got no answer.
 enum Failed {
     /// No connection: the request was not sent (sending it elsewhere is safe).
@@ -176,7 +218,7 @@ async fn send(
     node: &str,
     address: &str,
     parts: &axum::http::request::Parts,
-    body: bytes::Bytes,
+    body: reqwest::Body,
 ) -> Result<Response, Failed> {
     let client = client().ok_or_else(|| Failed::Connecting("no client".to_owned()))?;
     let path = parts
@@ -246,6 +288,7 @@ mod tests {
             (Method::POST, format!("/v1/sessions/{s}/fork")),
             (Method::DELETE, format!("/v1/sessions/{s}")),
             (Method::POST, format!("/v1/invocations/{s}/cancel")),
+            (Method::PUT, format!("/v1/sessions/{s}/archive")),
         ] {
             assert!(forwarded(m.clone(), &p), "{m} {p}");
         }
@@ -254,6 +297,7 @@ mod tests {
             (Method::GET, format!("/v1/sessions/{s}/events")),
             (Method::GET, format!("/v1/sessions/{s}/events/stream")),
             (Method::GET, format!("/v1/sessions/{s}/tree")),
+            (Method::GET, format!("/v1/sessions/{s}/archive")),
             (Method::POST, format!("/v1/sessions/{s}/replay")),
             (Method::POST, "/v1/sessions".to_owned()),
             (Method::POST, "/v1/sessions/not-a-uuid/calls".to_owned()),

@@ -143,6 +143,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             limits::BodyRules {
                 limit_bytes: body_limit,
                 read_timeout: state.config.body_read_timeout,
+                archive_limit_bytes: state.engine.config().limits.max_archive_bytes,
             },
             limits::guard_body,
         ))

@@ -89,6 +89,19 @@ impl Limiter {
 pub struct BodyRules {
     pub limit_bytes: usize,
     pub read_timeout: Duration,
+    /// The bound of an archive upload (`PUT /v1/sessions/{id}/archive`), which its handler
+    /// streams to disk rather than reading whole.
+    pub archive_limit_bytes: u64,
+}
+
+/// Whether a request is an archive upload: its body is streamed by its handler, within its own
+/// bound and an idle timeout rather than the body limit and read deadline of the rest.
+pub(crate) fn is_archive_upload(method: &axum::http::Method, path: &str) -> bool {
+    method == axum::http::Method::PUT
+        && path
+            .strip_prefix("/v1/sessions/")
+            .and_then(|rest| rest.strip_suffix("/archive"))
+            .is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// What the extractors that read a body must hold it to: its size limit, and when it must have
@@ -108,6 +121,25 @@ pub async fn guard_body(State(rules): State<BodyRules>, mut req: Request, next: 
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
+    if is_archive_upload(req.method(), req.uri().path()) {
+        if declared.is_some_and(|n| n > rules.archive_limit_bytes) {
+            let mut resp = ApiError::new(
+                ProblemCode::ArchiveTooLarge,
+                format!(
+                    "the archive is over {} bytes, the most one upload may be \
+                     (limits.max_archive_bytes); nothing was written. Upload the project in parts",
+                    rules.archive_limit_bytes
+                ),
+            )
+            .into_response();
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            return resp;
+        }
+        return next.run(req).await;
+    }
     if declared.is_some_and(|n| n > rules.limit_bytes as u64) {
         let mut resp = ApiError::body_too_large(rules.limit_bytes).into_response();
         resp.headers_mut().insert(

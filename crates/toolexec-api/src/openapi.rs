@@ -42,6 +42,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::log::router())
         .merge(routes::history::router())
         .merge(routes::todos::router())
+        .merge(routes::archive::router())
 }
 
 /// The router and its finished document: shared errors and the tool catalog's schemas added.

@@ -121,3 +121,21 @@ pub struct Forked {
     /// Whether the fork shares its base's contents (overlay) or got a copy.
     pub shares_contents: bool,
 }
+
+/// What an archive upload put in a session's workspace (`PUT /v1/sessions/{id}/archive`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ArchiveUploaded {
+    /// Regular files in the archive.
+    pub files: u64,
+    /// Symlinks in the archive.
+    pub symlinks: u64,
+    /// Directory entries (not recorded: the log records files and symlinks).
+    pub directories: u64,
+    /// Bytes of file contents unpacked.
+    pub bytes: u64,
+    /// File events recorded (created or modified; a file that already held these bytes is not
+    /// a change).
+    pub events: u64,
+    /// The session's last seq after the upload.
+    pub last_seq: i64,
+}

@@ -68,6 +68,16 @@ pub struct Limits {
     /// reserving `session_disk_bytes`; `0`: no limit. Past it `POST /v1/sessions` (and a fork)
     /// is a 409 `too_many_open_sessions` that names this limit. Only with `session_disk_bytes`.
     pub tenant_disk_bytes: u64,
+    // --- archives (PUT/GET /v1/sessions/{id}/archive) ---
+    /// Largest archive upload (the request body, compressed or not), bytes; past it 413
+    /// `archive_too_large` and nothing is written.
+    pub max_archive_bytes: u64,
+    /// Most entries (files, symlinks, directories) one archive may hold; past it 422
+    /// `invalid_archive`.
+    pub max_archive_files: u64,
+    /// Most bytes of file contents one archive may unpack to (a gzip bomb stops here); past it
+    /// 422 `invalid_archive`.
+    pub max_archive_unpacked_bytes: u64,
     // --- workspace scans ---
     /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
     /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
@@ -161,6 +171,12 @@ impl Default for Limits {
             max_processes_per_tenant: 256,
             session_disk_bytes: 0,
             tenant_disk_bytes: 0,
+            // --- archives ---
+            // A large repository's source tree, compressed.
+            max_archive_bytes: 1024 * 1024 * 1024,
+            // Twice the files of the Linux kernel's tree.
+            max_archive_files: 200_000,
+            max_archive_unpacked_bytes: 4 * 1024 * 1024 * 1024,
             // --- workspace scans ---
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).

@@ -833,14 +833,14 @@ fn not_recorded(shown: &str, entry: &Entry) -> EngineError {
     }
 }
 
-fn unrestorable_names(state: &State) -> Vec<String> {
+pub(crate) fn unrestorable_names(state: &State) -> Vec<String> {
     state
         .unrestorable()
         .map(|(p, _)| names::display_bytes(p))
         .collect()
 }
 
-fn unrestorable_error(files: &[String], what: &str) -> EngineError {
+pub(crate) fn unrestorable_error(files: &[String], what: &str) -> EngineError {
     let shown: Vec<&str> = files.iter().take(20).map(String::as_str).collect();
     let more = files.len().saturating_sub(shown.len());
     EngineError::Conflict {

@@ -6,6 +6,7 @@
 //! (the API maps [`EngineError`]) nor about SQL (it speaks [`toolexec_store::Store`]).
 #![forbid(unsafe_code)]
 
+mod archive;
 mod callindex;
 mod calls;
 mod canonical;
@@ -33,6 +34,7 @@ use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
 
+pub use archive::{MAX_ARCHIVE_FILE_BYTES, Spool};
 pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
 pub use canonical::arguments_sha256;
 pub use cluster::Route;

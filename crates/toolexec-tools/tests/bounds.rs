@@ -47,7 +47,9 @@ async fn a_pathological_regex_is_refused_fast_as_invalid_arguments() {
         "{}",
         out.content
     );
-    assert!(took < Duration::from_secs(1), "refused in {took:?}");
+    // Refused at compile time: milliseconds on a quiet machine; the bound leaves room for a
+    // loaded one (a search that ran would take the tool's time limit, a minute).
+    assert!(took < Duration::from_secs(5), "refused in {took:?}");
 }
 
 #[tokio::test]

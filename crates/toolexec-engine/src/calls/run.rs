@@ -278,7 +278,7 @@ impl Engine {
     /// The contents the scan keeps come out of the node's budget
     /// (`limits.node_content_budget_bytes`): the lease returned holds them until it is dropped,
     /// after the call's record is committed.
-    async fn record_workspace_changes(
+    pub(crate) async fn record_workspace_changes(
         &self,
         rt: &SessionRuntime,
         out: &mut ToolOutput,

@@ -1,0 +1,177 @@
+//! Getting a project in and out: `PUT /v1/sessions/{id}/archive` takes a tar or tar.gz stream
+//! into the workspace (checked whole first, recorded as file events), `GET` streams the
+//! workspace as the log has it at a step back as tar. See `toolexec_engine::archive`.
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use toolexec_core::ProblemCode;
+use toolexec_core::history::ArchiveUploaded;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::SharedState;
+use crate::auth::AuthTenant;
+use crate::extract::parse_id;
+use crate::problem::{ApiError, Problem, or_not_found};
+
+pub fn router() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new().routes(routes!(put_archive, get_archive))
+}
+
+/// Longest an upload may go without a byte arriving: a slow link is fine, a stalled one is not.
+pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
+
+/// Unpacks a tar (or gzipped tar) stream into the session's workspace. Every entry is checked
+/// before the first is written — relative paths without `..`, regular files, directories and
+/// symlinks that stay inside (no hard links, devices or FIFOs), within
+/// `limits.max_archive_files`, `limits.max_archive_unpacked_bytes` and 100 MiB a file — so a
+/// refused archive changes nothing. It is then written through the workspace jail while no call
+/// runs in the session, and recorded as file events (contents as blobs) with no invocation.
+/// Directories are not recorded (the log holds files and symlinks); file modes keep their
+/// permission bits. The body may be up to `limits.max_archive_bytes` and may arrive slowly, but
+/// not stall for more than 60 s.
+#[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body(content = Vec<u8>, description = "A tar stream, gzipped or not (detected by its magic bytes)", content_type = "application/x-tar"),
+    responses(
+        (status = 200, description = "Unpacked and recorded", body = ArchiveUploaded),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body stalled for 60 s (`request_timeout`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is closed (`session_closed`), or the workspace cannot take it (`archive_not_applied`)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Over `limits.max_archive_bytes` (`archive_too_large`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not an archive the workspace may take (`invalid_archive`): the detail names the entry; nothing was written", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn put_archive(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<ArchiveUploaded>, ApiError> {
+    let id = parse_id(&id, "session")?;
+    // Known before the body is read: another tenant's session costs no upload.
+    state
+        .engine
+        .get_session(tenant.id, id)
+        .await
+        .map_err(or_not_found("session"))?;
+    let max = state.engine.config().limits.max_archive_bytes;
+    let (spool, file) = state.engine.archive_spool().map_err(|e| {
+        tracing::error!(error = %e, "cannot spool an archive upload");
+        ApiError::internal()
+    })?;
+    let mut file = tokio::fs::File::from_std(file);
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    loop {
+        let chunk = match tokio::time::timeout(UPLOAD_IDLE, stream.next()).await {
+            Err(_) => {
+                return Err(ApiError::new(
+                    ProblemCode::RequestTimeout,
+                    format!(
+                        "no byte of the archive arrived for {} s; nothing was written. Send it again",
+                        UPLOAD_IDLE.as_secs()
+                    ),
+                ));
+            }
+            Ok(None) => break,
+            Ok(Some(Err(_))) => {
+                return Err(ApiError::new(
+                    ProblemCode::UnreadableBody,
+                    "the archive could not be read to its end; nothing was written",
+                ));
+            }
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        total += chunk.len() as u64;
+        if total > max {
+            return Err(ApiError::new(
+                ProblemCode::ArchiveTooLarge,
+                format!(
+                    "the archive is over {max} bytes, the most one upload may be \
+                     (limits.max_archive_bytes); nothing was written. Upload the project in parts"
+                ),
+            ));
+        }
+        file.write_all(&chunk).await.map_err(|e| {
+            tracing::error!(error = %e, "cannot spool an archive upload");
+            ApiError::internal()
+        })?;
+    }
+    file.flush().await.map_err(|_| ApiError::internal())?;
+    drop(file);
+    let uploaded = state
+        .engine
+        .upload_archive(tenant.id, id, spool)
+        .await
+        .map_err(or_not_found("session"))?;
+    Ok(Json(uploaded))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveQuery {
+    /// The step whose workspace to send (an event's seq); default: the session's last.
+    pub at: Option<i64>,
+    /// Leave out files whose contents the log holds by hash only (how many is the
+    /// `x-toolexec-missing` header; `GET …/tree?at=` names them) instead of answering 409
+    /// `unrestorable`.
+    pub allow_partial: Option<bool>,
+}
+
+/// The session's workspace as its log has it right after event `at` (its last by default), as a
+/// tar stream: files with their permission bits and symlinks, in path order, timestamps zero
+/// (the same state gives the same bytes). The `x-toolexec-seq` header says which step it is.
+#[utoipa::path(get, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
+    params(("id" = Uuid, Path, description = "Session id"), ArchiveQuery),
+    responses(
+        (status = 200, description = "The workspace as tar", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Files of that state are in the log by hash only (`unrestorable`); send `allow_partial=true` to leave them out", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`at` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn get_archive(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    Query(q): Query<ArchiveQuery>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "session")?;
+    let (spool, at, missing) = state
+        .engine
+        .archive_at(tenant.id, id, q.at, q.allow_partial.unwrap_or(false))
+        .await
+        .map_err(or_not_found("session"))?;
+    let file = tokio::fs::File::open(spool.path()).await.map_err(|e| {
+        tracing::error!(error = %e, "cannot read an archive spool");
+        ApiError::internal()
+    })?;
+    let len = file.metadata().await.map(|m| m.len()).ok();
+    // Open, the spool can go: the descriptor keeps its bytes until the stream ends.
+    drop(spool);
+    let mut resp = Body::from_stream(tokio_util::io::ReaderStream::new(file)).into_response();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/x-tar"),
+    );
+    if let Some(len) = len {
+        headers.insert(header::CONTENT_LENGTH, len.into());
+    }
+    if let Ok(v) = format!("attachment; filename=\"session-{id}-{at}.tar\"").parse() {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    headers.insert("x-toolexec-seq", at.into());
+    if !missing.is_empty() {
+        headers.insert("x-toolexec-missing", missing.len().into());
+    }
+    Ok(resp)
+}

@@ -300,3 +300,23 @@ fn a_session_disk_quota_that_cannot_hold_a_filesystem_stops_the_binary() {
         .env("TOOLEXEC_LIMITS__SESSION_DISK_BYTES", "4096");
     assert_refused(cmd, &["limits.session_disk_bytes", "minimum"]);
 }
+
+#[test]
+fn a_command_tool_whose_entrypoint_leaves_its_folder_stops_the_binary() {
+    let data = private_dir();
+    let tools = data.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let file = data.path().join("service.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "bind = \"127.0.0.1:0\"\n[tools]\ndir = \"{}\"\n[[tools.command]]\nname = \"evil\"\ndescription = \"x\"\nentrypoint = \"../../bin/sh\"\ninput_schema = {{ type = \"object\" }}\n",
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = toolexec(data.path());
+    cmd.args(["--config", file.to_str().unwrap(), "serve"])
+        .env("TOOLEXEC_DATA_DIR", data.path());
+    assert_refused(cmd, &["tools.command \"evil\"", "without '..'"]);
+}

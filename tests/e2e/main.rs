@@ -12,6 +12,7 @@ mod budget_tools;
 mod call_index;
 mod cancel;
 mod cluster;
+mod custom_tools;
 mod descriptors;
 mod dialects;
 mod http_jail;

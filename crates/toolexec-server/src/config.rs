@@ -60,6 +60,8 @@ pub struct Config {
     /// How this node works with other replicas on the same database (see docs/operator.md,
     /// "Several replicas").
     pub cluster: toolexec_engine::ClusterConfig,
+    /// Tools the operator adds (see docs/operator.md, "Custom tools").
+    pub tools: toolexec_tools::custom::CustomToolsConfig,
 }
 
 impl Default for Config {
@@ -88,6 +90,7 @@ impl Default for Config {
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
+            tools: toolexec_tools::custom::CustomToolsConfig::default(),
         }
     }
 }
@@ -676,6 +679,7 @@ mod tests {
             "web.search_url" => ("http://searx:8888", json!("http://searx:8888")),
             "web.search_api_key" => ("bsk-test", json!("bsk-test")),
             "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
+            "tools.dir" => ("/etc/toolexec/tools", json!("/etc/toolexec/tools")),
             _ => return None,
         })
     }
@@ -696,6 +700,13 @@ mod tests {
                 serde_json::Value::Number(n) => {
                     let v = n.as_u64().unwrap() + 1;
                     (v.to_string(), json!(v))
+                }
+                serde_json::Value::Array(_) if key == "tools.command" => {
+                    // An array of tables: JSON in the variable.
+                    let v = json!([{"name": "t", "description": "d", "entrypoint": "t.sh",
+                        "input_schema": {"type": "object"}, "read_only": false,
+                        "timeout_ms": null, "env_passthrough": [], "max_output_chars": null}]);
+                    (v.to_string(), v)
                 }
                 serde_json::Value::Array(_) => {
                     ("/opt/a,/opt/b".into(), json!(["/opt/a", "/opt/b"]))

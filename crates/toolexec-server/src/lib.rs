@@ -105,7 +105,10 @@ pub async fn build_state_with(
         store.migrate().await.context("applying migrations")?;
     }
     let mode = auth_mode(config, store.as_ref()).await?;
-    let registry = Arc::new(Registry::builtin().context("building the tool registry")?);
+    let registry = Arc::new(
+        Registry::with_custom(&config.tools)
+            .map_err(|e| anyhow::anyhow!("building the tool registry: {e}"))?,
+    );
     let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
     engine_config.limits = config.limits.clone();
     let fds = descriptors::raise_open_files_limit();
@@ -128,8 +131,19 @@ pub async fn build_state_with(
     }
     engine_config.cluster = config.cluster.clone();
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
-    let sandbox =
-        toolexec_sandbox::Sandbox::probe(config.sandbox.clone(), &config.workspace_root()).await;
+    let mut sandbox_config = config.sandbox.clone();
+    // The operator's tool folder, read-only in every sandbox, at its own path: command tools
+    // run the operator's files there.
+    if let Some(dir) = &config.tools.dir
+        && !config.tools.command.is_empty()
+    {
+        let dir =
+            std::fs::canonicalize(dir).with_context(|| format!("tools.dir {}", dir.display()))?;
+        if !sandbox_config.ro_binds.contains(&dir) {
+            sandbox_config.ro_binds.push(dir);
+        }
+    }
+    let sandbox = toolexec_sandbox::Sandbox::probe(sandbox_config, &config.workspace_root()).await;
     let status = sandbox.status();
     if status.ready {
         tracing::info!(mode = status.mode, detail = %status.detail, "sandbox");

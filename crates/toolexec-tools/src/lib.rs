@@ -28,6 +28,7 @@ use toolexec_core::{CallStatus, Capability, EventKind, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
+pub mod custom;
 pub mod deadline;
 pub mod observe;
 pub mod patch;

@@ -121,6 +121,17 @@ impl Registry {
         Self::new(crate::builtin::all())
     }
 
+    /// The built-ins and the operator's tools (see [`crate::custom`]); an error names the
+    /// tool and what is wrong with it.
+    pub fn with_custom(config: &crate::custom::CustomToolsConfig) -> Result<Self, String> {
+        let builtin = crate::builtin::all();
+        let names: Vec<String> = builtin.iter().map(|t| t.spec().name.clone()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut tools = builtin;
+        tools.extend(crate::custom::load(config, &names)?);
+        Self::new(tools).map_err(|e| e.to_string())
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name).map(|e| &e.tool)
     }

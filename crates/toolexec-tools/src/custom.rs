@@ -1,0 +1,344 @@
+//! Tools the operator adds by configuration, listed beside the built-ins and run through the
+//! same pipeline (validated against their schema, recorded, side effects scanned).
+//!
+//! **Command tools** (`[[tools.command]]`): an executable in the operator's tool folder
+//! (`tools.dir`), run in the session's sandbox like a `shell` command — same namespaces, limits,
+//! uid and workspace — with the call's arguments as JSON on its stdin and its stdout as the
+//! result. A non-zero exit makes the result an error with its stderr. What it changes in the
+//! workspace is recorded as for any command.
+//!
+//! Checked at start-up, so a bad entry stops the service with its reason rather than failing
+//! calls later: the name follows the providers' rules (`[a-zA-Z0-9_-]{1,64}`) and is not a
+//! built-in's; the entrypoint is relative, has no `..`, and resolves (symlinks followed) to a
+//! regular, executable file inside the folder; the schema is an object schema that compiles.
+//! The entrypoints named are the allow-list: nothing else in the folder is ever run by the
+//! service. The folder is bound read-only into every session's sandbox (at its own path), so the
+//! sandbox runs the operator's file, not a copy the model could change.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the operator's tool folder and entrypoints are host paths from the configuration, not a model's"
+)]
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use toolexec_core::{CallStatus, Capability, OutputLimit, ToolSpec, TruncationMode};
+use toolexec_sandbox::RunLimits;
+
+use crate::builtin::shell::{no_sandbox, sandbox_failure};
+use crate::{Tool, ToolContext, ToolOutput};
+
+/// Arguments larger than this (as JSON) are refused: they travel to the command in an
+/// environment variable, which the kernel caps at 128 KiB.
+pub const MAX_INPUT_BYTES: usize = 120 * 1024;
+
+/// The operator's tools (`[tools]` in the configuration file).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CustomToolsConfig {
+    /// The folder holding the command tools' executables; bound read-only into every sandbox.
+    pub dir: Option<PathBuf>,
+    /// Command tools.
+    pub command: Vec<CommandToolConfig>,
+}
+
+/// One command tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandToolConfig {
+    /// Its name in the catalog (`[a-zA-Z0-9_-]{1,64}`, not a built-in's).
+    pub name: String,
+    /// Its manual for the model.
+    pub description: String,
+    /// The executable, relative to `tools.dir`.
+    pub entrypoint: String,
+    /// JSON Schema (draft 2020-12) of its arguments: an object schema.
+    pub input_schema: serde_json::Value,
+    /// Whether it only reads (calls of read-only tools of a batch run concurrently, and no
+    /// workspace scan follows them). Default false.
+    #[serde(default)]
+    pub read_only: bool,
+    /// How long one call may run (milliseconds); default 60 s, at most `limits.max_timeout_ms`.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Names of the service's environment variables this tool's process gets (read at
+    /// start-up), besides the session's `env`.
+    #[serde(default)]
+    pub env_passthrough: Vec<String>,
+    /// Longest result the model gets, characters (default 30,000, the head and tail kept).
+    #[serde(default)]
+    pub max_output_chars: Option<usize>,
+}
+
+/// A command tool, checked and ready.
+pub struct CommandTool {
+    spec: ToolSpec,
+    path: PathBuf,
+    timeout: Duration,
+    env: BTreeMap<String, String>,
+}
+
+/// The command tools of `config`, checked (see the module docs); `reserved` are the built-ins'
+/// names.
+pub fn load(config: &CustomToolsConfig, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, String> {
+    if config.command.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(dir) = &config.dir else {
+        return Err("tools.command needs tools.dir, the folder of their executables".into());
+    };
+    let root =
+        std::fs::canonicalize(dir).map_err(|e| format!("tools.dir {}: {e}", dir.display()))?;
+    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    for t in &config.command {
+        let at = |why: String| format!("tools.command {:?}: {why}", t.name);
+        check_name(&t.name).map_err(&at)?;
+        if reserved.contains(&t.name.as_str()) {
+            return Err(at("a built-in tool has this name".into()));
+        }
+        if t.description.trim().is_empty() {
+            return Err(at(
+                "a description is needed: it is the model's manual".into()
+            ));
+        }
+        let path = entrypoint(&root, &t.entrypoint).map_err(&at)?;
+        if t.input_schema.get("type").and_then(|v| v.as_str()) != Some("object") {
+            return Err(at(
+                "input_schema must be an object schema (\"type\": \"object\")".into(),
+            ));
+        }
+        let mut env = BTreeMap::new();
+        for name in &t.env_passthrough {
+            if let Ok(value) = std::env::var(name) {
+                env.insert(name.clone(), value);
+            }
+        }
+        tools.push(Arc::new(CommandTool {
+            spec: ToolSpec {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: t.input_schema.clone(),
+                read_only: t.read_only,
+                capabilities: if t.read_only {
+                    vec![Capability::Process, Capability::FsRead]
+                } else {
+                    vec![Capability::Process, Capability::FsRead, Capability::FsWrite]
+                },
+                output_limit: OutputLimit::new(
+                    t.max_output_chars.unwrap_or(30_000),
+                    TruncationMode::HeadTail,
+                ),
+            },
+            path,
+            timeout: Duration::from_millis(t.timeout_ms.unwrap_or(60_000)),
+            env,
+        }));
+    }
+    Ok(tools)
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err("the name must be 1 to 64 letters, digits, '_' or '-' (the providers' rule)".into())
+    }
+}
+
+/// The entrypoint's real path: relative, no `..`, resolving inside `root` to a regular,
+/// executable file.
+fn entrypoint(root: &Path, entry: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(entry);
+    if entry.is_empty()
+        || rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "entrypoint {entry:?} must be a path inside tools.dir without '..'"
+        ));
+    }
+    let real =
+        std::fs::canonicalize(root.join(rel)).map_err(|e| format!("entrypoint {entry:?}: {e}"))?;
+    if !real.starts_with(root) {
+        return Err(format!(
+            "entrypoint {entry:?} resolves to {}, outside tools.dir",
+            real.display()
+        ));
+    }
+    let meta = std::fs::metadata(&real).map_err(|e| format!("entrypoint {entry:?}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("entrypoint {entry:?} is not a regular file"));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("entrypoint {entry:?} is not executable"));
+    }
+    Ok(real)
+}
+
+/// `'…'` for bash, whatever the text holds.
+fn quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[async_trait]
+impl Tool for CommandTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: serde_json::Value) -> ToolOutput {
+        let Some(table) = ctx.processes.clone() else {
+            return no_sandbox();
+        };
+        let input = args.to_string();
+        if input.len() > MAX_INPUT_BYTES {
+            return ToolOutput {
+                status: CallStatus::InvalidArguments,
+                content: format!(
+                    "The arguments are {} bytes as JSON, over the {MAX_INPUT_BYTES}-byte limit of a command tool's input. Send less (for example a path to a file in the workspace instead of its contents).",
+                    input.len()
+                ),
+                changes: Vec::new(),
+                events: Vec::new(),
+            };
+        }
+        let mut env = ctx.env.clone();
+        env.extend(self.env.clone());
+        env.insert("TOOLEXEC_TOOL_INPUT".into(), input);
+        env.insert("TOOLEXEC_TOOL_NAME".into(), self.spec.name.clone());
+        let Some(path) = self.path.to_str() else {
+            return ToolOutput::error(
+                "This tool's executable has a path that is not UTF-8; the operator must rename it.",
+            );
+        };
+        // The arguments reach the executable on its stdin, as the tool's contract says.
+        let command = format!("printf '%s' \"$TOOLEXEC_TOOL_INPUT\" | {}", quoted(path));
+        let limits = RunLimits {
+            timeout: self.timeout.min(Duration::from_millis(ctx.max_timeout_ms)),
+            idle_timeout: None,
+            max_output_bytes: table.sandbox().config().max_output_bytes,
+            cancel: ctx.cancel.clone(),
+        };
+        let network = ctx.policy.network == toolexec_core::NetworkPolicy::Allow;
+        let finished = match table.run("", &command, &env, network, &limits).await {
+            Ok(f) => f,
+            Err(e) => return sandbox_failure(&e),
+        };
+        let stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
+        use toolexec_sandbox::KillReason;
+        match (finished.killed, finished.exit_code) {
+            (Some(KillReason::Timeout(t)), _) => ToolOutput {
+                status: CallStatus::TimedOut,
+                content: format!(
+                    "[{} timed out after {} ms and was stopped; output so far below]\n{stdout}",
+                    self.spec.name,
+                    t.as_millis()
+                ),
+                changes: Vec::new(),
+                events: Vec::new(),
+            },
+            (Some(KillReason::Cancelled), _) => {
+                ToolOutput::cancelled(format!("[cancelled; output so far below]\n{stdout}"))
+            }
+            (None, Some(0)) => ToolOutput::ok(stdout),
+            (killed, code) => {
+                let how = match (killed, code) {
+                    (Some(KillReason::OutputLimit(n)), _) => {
+                        format!("printed more than {n} bytes and was stopped")
+                    }
+                    (_, Some(code)) => format!("exited with code {code}"),
+                    _ => "was killed".to_owned(),
+                };
+                ToolOutput::error(format!(
+                    "{} {how}.\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+                    self.spec.name
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ok.sh"), "#!/bin/sh\ncat\n").unwrap();
+        std::fs::set_permissions(
+            dir.path().join("ok.sh"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("plain.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("/bin/sh", dir.path().join("out")).unwrap();
+        std::os::unix::fs::symlink("ok.sh", dir.path().join("in")).unwrap();
+        dir
+    }
+
+    fn one(dir: &Path, name: &str, entry: &str) -> Result<Vec<Arc<dyn Tool>>, String> {
+        load(
+            &CustomToolsConfig {
+                dir: Some(dir.to_owned()),
+                command: vec![CommandToolConfig {
+                    name: name.into(),
+                    description: "Echoes its input.".into(),
+                    entrypoint: entry.into(),
+                    input_schema: serde_json::json!({"type": "object"}),
+                    read_only: false,
+                    timeout_ms: None,
+                    env_passthrough: vec![],
+                    max_output_chars: None,
+                }],
+            },
+            &["shell"],
+        )
+    }
+
+    #[test]
+    fn entrypoints_are_checked_at_load() {
+        let dir = folder();
+        assert!(one(dir.path(), "echo_input", "ok.sh").is_ok());
+        assert!(
+            one(dir.path(), "echo_input", "./in").is_ok(),
+            "a symlink inside"
+        );
+        for (entry, says) in [
+            ("/bin/sh", "inside tools.dir"),
+            ("../ok.sh", "without '..'"),
+            ("sub/../ok.sh", "without '..'"),
+            ("out", "outside tools.dir"),
+            ("plain.txt", "not executable"),
+            ("missing.sh", "No such file"),
+            ("", "inside tools.dir"),
+        ] {
+            let err = one(dir.path(), "t", entry).err().unwrap_or_default();
+            assert!(err.contains(says), "{entry:?}: {err}");
+        }
+        for (name, says) in [
+            ("shell", "built-in"),
+            ("has space", "letters, digits"),
+            (&"x".repeat(65)[..], "letters, digits"),
+        ] {
+            let err = one(dir.path(), name, "ok.sh").err().unwrap_or_default();
+            assert!(err.contains(says), "{name:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_quoted_path_is_one_word_to_bash() {
+        assert_eq!(quoted("/a b/it's"), r"'/a b/it'\''s'");
+    }
+}

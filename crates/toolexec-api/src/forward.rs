@@ -1,5 +1,5 @@
-//! Requests that must run where their session lives — its calls, rewinds, cancels, forks and
-//! its close, and the cancel of one of its invocations — are forwarded to the replica it lives
+//! Requests that must run where their session lives — its calls (also over MCP), rewinds,
+//! cancels, forks and its close, and the cancel of one of its invocations — are forwarded to the replica it lives
 //! on when they reach another one (the engine decides where: [`Engine::route`]). Everything
 //! else (the log, the tree at a seq, replays, new sessions) is answered by whichever replica
 //! gets it, from the shared store.
@@ -59,7 +59,7 @@ fn target(method: &Method, path: &str) -> Option<Target> {
         let mut parts = rest.split('/');
         let session = id(parts.next()?)?;
         return match (method, parts.next(), parts.next()) {
-            (&Method::POST, Some("calls" | "rewind" | "cancel" | "fork"), None)
+            (&Method::POST, Some("calls" | "mcp" | "rewind" | "cancel" | "fork"), None)
             | (&Method::DELETE, None, None) => Some(Target::Session(session)),
             _ => None,
         };

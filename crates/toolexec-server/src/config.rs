@@ -60,6 +60,9 @@ pub struct Config {
     /// How this node works with other replicas on the same database (see docs/operator.md,
     /// "Several replicas").
     pub cluster: toolexec_engine::ClusterConfig,
+    /// Who may reach the MCP endpoint (`/v1/sessions/{id}/mcp`): browser origins and host names
+    /// (see docs/operator.md, "MCP").
+    pub mcp: toolexec_api::mcp::McpConfig,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
+            mcp: toolexec_api::mcp::McpConfig::default(),
         }
     }
 }
@@ -128,6 +132,7 @@ impl std::fmt::Debug for Config {
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
             .field("cluster", &self.cluster)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }

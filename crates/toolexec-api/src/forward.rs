@@ -99,7 +99,16 @@ pub(crate) async fn forward_to_owner(
     }
     let session = match target(req.method(), req.uri().path()) {
         None => return next.run(req).await,
-        Some(Target::Session(id)) => id,
+        Some(Target::Session(id)) => {
+            // The node the request reached checks where it comes from: the owner sees the
+            // forwarding node's request, whose Host is the owner's internal address.
+            if req.uri().path().ends_with("/mcp")
+                && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
+            {
+                return e.into_response();
+            }
+            id
+        }
         Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
             Ok(Some(session)) => session,
             // Unknown here too: the handler answers (404), as for any id.

@@ -132,10 +132,8 @@ async fn serve(
 /// Everything the REST API would check, in the order that reveals least: where the request
 /// comes from, who sends it, whether the session is theirs, then its body.
 async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, Response> {
-    let mcp = &state.config.mcp;
     let (mut parts, body) = req.into_parts();
-    check_host(&parts.headers, &parts.uri, &mcp.allowed_hosts).map_err(into_response)?;
-    check_origin(&parts.headers, &mcp.allowed_origins).map_err(into_response)?;
+    check_door(&parts.headers, &parts.uri, &state.config.mcp).map_err(into_response)?;
     let AuthTenant(tenant) = AuthTenant::from_request_parts(&mut parts, state)
         .await
         .map_err(into_response)?;
@@ -163,6 +161,21 @@ async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, R
     check_json_rpc(&bytes).map_err(|(id, error)| json_rpc_error(id, error))?;
     parts.extensions.insert(Target { tenant, session });
     Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// Where the request comes from: its `Host` and a browser's `Origin` against the allow-lists.
+/// A request another replica forwarded was checked there (its `Host` here is this replica's
+/// internal address); a browser cannot send the forwarding header across origins without a
+/// CORS preflight, which this service never grants.
+pub(crate) fn check_door(
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    config: &McpConfig,
+) -> Result<(), ApiError> {
+    if !headers.contains_key(&crate::forward::FORWARDED_BY) {
+        check_host(headers, uri, &config.allowed_hosts)?;
+    }
+    check_origin(headers, &config.allowed_origins)
 }
 
 fn into_response(e: ApiError) -> Response {
@@ -463,6 +476,21 @@ mod tests {
             assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
         }
         assert!(check_host(&HeaderMap::new(), &uri(), &allowed).is_err());
+    }
+
+    #[test]
+    fn a_forwarded_request_keeps_its_origin_check_and_leaves_the_host_to_the_first_replica() {
+        let config = McpConfig::default();
+        let forwarded = headers(&[
+            ("host", "toolexec-1.toolexec-headless:8080"),
+            ("x-toolexec-forwarded-by", "toolexec-0"),
+        ]);
+        assert!(check_door(&forwarded, &uri(), &config).is_ok());
+        let mut from_browser = forwarded.clone();
+        from_browser.insert("origin", HeaderValue::from_static("https://evil.example"));
+        assert!(check_door(&from_browser, &uri(), &config).is_err());
+        let direct = headers(&[("host", "toolexec-1.toolexec-headless:8080")]);
+        assert!(check_door(&direct, &uri(), &config).is_err());
     }
 
     #[test]

@@ -46,13 +46,26 @@ async fn session(app: &TestApp) -> String {
         .to_owned()
 }
 
+/// A new API key of `tenant` (the service requires keys once it restarts).
+async fn api_key(app: &TestApp, tenant: &str) -> String {
+    let store = app.state.engine.store();
+    let t = store.ensure_tenant(tenant).await.unwrap();
+    let key = format!("tx_test_{}", uuid::Uuid::new_v4().simple());
+    store
+        .create_api_key(t.id, &toolexec_api::key_hash(&key), &key[..11])
+        .await
+        .unwrap();
+    key
+}
+
 /// Runs tests/python/mcp_client.py against a session and returns what it printed.
-async fn python_client(url: &str, mode: &str) -> Value {
+async fn python_client(url: &str, mode: &str, key: Option<&str>) -> Value {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/mcp_client.py");
     let run = tokio::process::Command::new("python3")
         .arg(&script)
         .arg(url)
         .arg(mode)
+        .args(key)
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(90), run)
@@ -189,16 +202,34 @@ async fn check_a_python_client_run(app: &TestApp, sid: &str, run: &Value) {
 async fn the_official_python_sdk_drives_a_session_in_the_2025_11_25_lifecycle() {
     let app = spawn_app().await;
     let sid = session(&app).await;
-    let run = python_client(&app.url(&format!("/v1/sessions/{sid}/mcp")), "handshake").await;
+    let run = python_client(
+        &app.url(&format!("/v1/sessions/{sid}/mcp")),
+        "handshake",
+        None,
+    )
+    .await;
     assert_eq!(run["version"], "2025-11-25", "{run}");
     check_a_python_client_run(&app, &sid, &run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_drives_a_session_in_the_stateless_2026_07_28_lifecycle() {
+    // With API keys: the SDK sends the key as any REST client does.
     let app = spawn_sqlite_app().await;
+    let key = api_key(&app, "alice").await;
+    let mut app = app.restart().await;
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    app.http = reqwest::Client::builder()
+        .default_headers(auth)
+        .build()
+        .unwrap();
     let sid = session(&app).await;
-    let run = python_client(&app.url(&format!("/v1/sessions/{sid}/mcp")), "discover").await;
+    let url = app.url(&format!("/v1/sessions/{sid}/mcp"));
+    let run = python_client(&url, "discover", Some(&key)).await;
     assert_eq!(run["version"], "2026-07-28", "{run}");
     check_a_python_client_run(&app, &sid, &run).await;
 }
@@ -442,17 +473,7 @@ async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
 #[tokio::test]
 async fn mcp_needs_the_same_api_key_as_rest_and_another_tenants_session_is_not_found() {
     let app = spawn_app().await;
-    let store = app.state.engine.store().clone();
-    let mut keys = Vec::new();
-    for tenant in ["alice", "bob"] {
-        let t = store.ensure_tenant(tenant).await.unwrap();
-        let key = format!("tx_test_{}", uuid::Uuid::new_v4().simple());
-        store
-            .create_api_key(t.id, &toolexec_api::key_hash(&key), &key[..11])
-            .await
-            .unwrap();
-        keys.push(key);
-    }
+    let keys = [api_key(&app, "alice").await, api_key(&app, "bob").await];
     let app = app.restart().await;
     let (alice, bob) = (&keys[0], &keys[1]);
     let sid = app

@@ -377,6 +377,16 @@ async fn a_repeated_request_id_returns_the_recorded_result_and_other_arguments_a
         body["result"]["_meta"]["toolexec/status"],
         "invalid_arguments"
     );
+    // A closed session: recorded calls still answer, new ones are refused with its problem code.
+    assert_eq!(
+        app.delete(&format!("/v1/sessions/{sid}")).await.status(),
+        200
+    );
+    let (_, again) = send(rpc(&app, &sid), &call).await;
+    assert_eq!(again["result"], first["result"]);
+    let new = tool_call(json!("w-2"), "read_file", json!({"file_path": "a.txt"}));
+    let (_, body) = send(rpc(&app, &sid), &new).await;
+    assert_eq!(body["error"]["data"]["code"], "session_closed", "{body}");
 }
 
 #[tokio::test]

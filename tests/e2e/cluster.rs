@@ -36,6 +36,11 @@ struct Replica {
 
 impl Replica {
     fn start(name: &str, db: &TestPgDatabase, dir: &Path) -> Self {
+        Self::start_with(name, db, dir, &[])
+    }
+
+    /// Like [`Replica::start`], with more settings in the environment.
+    fn start_with(name: &str, db: &TestPgDatabase, dir: &Path, env: &[(&str, &str)]) -> Self {
         let data = tempfile::tempdir().unwrap();
         let port = free_port();
         let log = dir.join(format!("{name}.log"));
@@ -52,6 +57,7 @@ impl Replica {
             .env("TOOLEXEC_LIMITS__LEASE_TTL_MS", TTL_MS.to_string())
             .env("TOOLEXEC_LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawning toolexec");
@@ -628,4 +634,65 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
     let disk = tree_on_disk(&c, &drained_sid, "hash-after-drain").await;
     assert_eq!(disk, log_tree, "workspace vs log after the drain");
     drop(gateway);
+}
+
+/// A session's MCP requests that reach another replica run where the session lives (forwarded
+/// like its calls), and the replica they reached checks their Host: the one they are forwarded
+/// to sees its own internal address as the Host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_sent_to_another_replica_runs_on_the_sessions_node() {
+    toolexec_tools::web::install_tls_provider();
+    let db = TestPgDatabase::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Clients know the service by a public name only.
+    let env = [("TOOLEXEC_MCP__ALLOWED_HOSTS", "tools.example.com")];
+    let n0 = Replica::start_with("n0", &db, dir.path(), &env);
+    let n1 = Replica::start_with("n1", &db, dir.path(), &env);
+    let on = |r: &Replica| Client {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{}", r.port),
+    };
+    let (c0, c1) = (on(&n0), on(&n1));
+    let (status, s) = c0.post("/v1/sessions", &json!({})).await;
+    assert_eq!(status, 201, "{s}");
+    let sid = s["id"].as_str().unwrap().to_owned();
+    let r = c0
+        .call(
+            &sid,
+            "c0",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "x\n"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let mcp = |c: &Client, host: Option<&str>| {
+        let mut req = c
+            .http
+            .post(format!("{}/v1/sessions/{sid}/mcp", c.base))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .timeout(Duration::from_secs(60))
+            .json(
+                &json!({"jsonrpc": "2.0", "id": "m1", "method": "tools/call",
+                          "params": {"name": "read_file", "arguments": {"file_path": "a.txt"}}}),
+            );
+        if let Some(host) = host {
+            req = req.header("host", host);
+        }
+        req.send()
+    };
+    let resp = mcp(&c1, Some("rebind.example")).await.unwrap();
+    assert_eq!(resp.status(), 403, "checked on the replica it reached");
+    let resp = mcp(&c1, Some("tools.example.com")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["result"]["isError"], false, "{body}");
+    assert!(
+        body["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains('x')
+    );
+    assert_eq!(ran_on(&db, &sid, "m1").await, "n0");
+    assert_eq!(ran_on(&db, &sid, "c0").await, "n0");
 }

@@ -18,6 +18,7 @@ mod dialects;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;
+mod mcp;
 mod openapi;
 mod problems;
 mod quotas;

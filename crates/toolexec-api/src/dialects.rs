@@ -82,11 +82,13 @@ pub struct McpAnnotations {
     /// It changes nothing (files, processes).
     #[serde(rename = "readOnlyHint")]
     pub read_only_hint: bool,
-    /// It may overwrite or delete what is there (files, processes): every tool that is not
-    /// read-only here.
+    /// It may overwrite or delete what is there (files, processes, the session's plan): every
+    /// tool that is not read-only here.
     #[serde(rename = "destructiveHint")]
     pub destructive_hint: bool,
-    /// It reaches outside the session (the network).
+    /// It reaches outside the session: the network (in the catalog, tools with the `network`
+    /// capability; on a session's MCP endpoint also the tools that run processes when the
+    /// session's policy allows the network).
     #[serde(rename = "openWorldHint")]
     pub open_world_hint: bool,
 }
@@ -127,12 +129,62 @@ pub fn mcp(spec: &ToolSpec) -> McpTool {
         name: spec.name.clone(),
         description: spec.description.clone(),
         input_schema: spec.input_schema.clone(),
-        annotations: McpAnnotations {
-            read_only_hint: spec.read_only,
-            destructive_hint: !spec.read_only,
-            open_world_hint: spec.has(Capability::Network),
-        },
+        annotations: mcp_annotations(spec, false),
     }
+}
+
+/// What an MCP client is told about a tool's effects, from what the tool declares (never from
+/// its name): read-only tools are `readOnlyHint`; every other tool may overwrite or delete
+/// (files, processes, the session's plan), so it is `destructiveHint`; a tool with the
+/// `network` capability is `openWorldHint`, and so is a tool that runs processes
+/// (`process`) in a session whose policy lets commands reach the network (`session_network`).
+pub fn mcp_annotations(spec: &ToolSpec, session_network: bool) -> McpAnnotations {
+    McpAnnotations {
+        read_only_hint: spec.read_only,
+        destructive_hint: !spec.read_only,
+        open_world_hint: spec.has(Capability::Network)
+            || (session_network && spec.has(Capability::Process)),
+    }
+}
+
+/// The MCP SDK's shape of a tool (`tools/list` of the MCP endpoint): the same name,
+/// description, schema and annotations as [`mcp`].
+pub fn mcp_tool(spec: &ToolSpec, session_network: bool) -> rmcp::model::Tool {
+    let a = mcp_annotations(spec, session_network);
+    let schema = match &spec.input_schema {
+        Value::Object(map) => map.clone(),
+        _ => serde_json::Map::new(),
+    };
+    rmcp::model::Tool::new(spec.name.clone(), spec.description.clone(), schema).with_annotations(
+        rmcp::model::ToolAnnotations::new()
+            .read_only(a.read_only_hint)
+            .destructive(a.destructive_hint)
+            .open_world(a.open_world_hint),
+    )
+}
+
+/// A call's result as an MCP `CallToolResult`: the content the model reads as one text block,
+/// `isError` for every status but `ok`. No tool declares an output schema, so there is no
+/// `structuredContent`. `_meta` says where the call is in the record (`toolexec/invocation_id`,
+/// `toolexec/status`, `toolexec/seq`). `resultType` is `complete` (2026-07-28); the SDK drops it
+/// for peers of older versions, and the REST rendering leaves it out.
+pub fn mcp_result(result: &CallResult) -> rmcp::model::CallToolResult {
+    let content = vec![rmcp::model::ContentBlock::text(result.content.clone())];
+    let mut out = if result.is_error {
+        rmcp::model::CallToolResult::error(content)
+    } else {
+        rmcp::model::CallToolResult::success(content)
+    };
+    let mut meta = rmcp::model::MetaObject::new();
+    meta.0.insert(
+        "toolexec/invocation_id".into(),
+        json!(result.invocation_id.to_string()),
+    );
+    meta.0
+        .insert("toolexec/status".into(), json!(result.status.as_str()));
+    meta.0.insert("toolexec/seq".into(), json!(result.seq));
+    out.meta = Some(meta);
+    out
 }
 
 /// A shape a call's result can be rendered in (`?format=` of the calls endpoint).
@@ -169,10 +221,11 @@ pub fn render_result(result: &CallResult, format: ResultFormat) -> Value {
             "content": result.content,
             "is_error": result.is_error,
         }),
-        ResultFormat::Mcp => json!({
-            "content": [{"type": "text", "text": result.content}],
-            "isError": result.is_error,
-        }),
+        ResultFormat::Mcp => {
+            let mut r = mcp_result(result);
+            r.result_type = None;
+            serde_json::to_value(r).unwrap_or_default()
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Requests that must run where their session lives — its calls, rewinds, cancels, forks and
-//! its close, and the cancel of one of its invocations — are forwarded to the replica it lives
+//! Requests that must run where their session lives — its calls (also over MCP), rewinds,
+//! cancels, forks and its close, and the cancel of one of its invocations — are forwarded to the replica it lives
 //! on when they reach another one (the engine decides where: [`Engine::route`]). Everything
 //! else (the log, the tree at a seq, replays, new sessions) is answered by whichever replica
 //! gets it, from the shared store.
@@ -61,7 +61,7 @@ fn target(method: &Method, path: &str) -> Option<Target> {
         let mut parts = rest.split('/');
         let session = id(parts.next()?)?;
         return match (method, parts.next(), parts.next()) {
-            (&Method::POST, Some("calls" | "rewind" | "cancel" | "fork"), None)
+            (&Method::POST, Some("calls" | "mcp" | "rewind" | "cancel" | "fork"), None)
             | (&Method::DELETE, None, None) => Some(Target::Session(session)),
             (&Method::PUT, Some("archive"), None) => Some(Target::Upload(session)),
             _ => None,
@@ -103,7 +103,16 @@ pub(crate) async fn forward_to_owner(
     let session = match target(req.method(), req.uri().path()) {
         None => return next.run(req).await,
         Some(Target::Upload(session)) => return forward_upload(&state, session, req, next).await,
-        Some(Target::Session(id)) => id,
+        Some(Target::Session(id)) => {
+            // The node the request reached checks where it comes from: the owner sees the
+            // forwarding node's request, whose Host is the owner's internal address.
+            if req.uri().path().ends_with("/mcp")
+                && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
+            {
+                return e.into_response();
+            }
+            id
+        }
         Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
             Ok(Some(session)) => session,
             // Unknown here too: the handler answers (404), as for any id.

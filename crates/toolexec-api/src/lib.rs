@@ -8,6 +8,7 @@ pub mod dialects;
 pub mod extract;
 pub mod forward;
 pub mod limits;
+pub mod mcp;
 mod openapi;
 pub mod problem;
 mod routes;
@@ -68,6 +69,8 @@ pub struct ApiConfig {
     /// Longest a response may wait for the client to read more of it (the connection is
     /// closed beyond); applied by the server.
     pub write_stall_timeout: Duration,
+    /// The MCP endpoint's origin and host allow-lists.
+    pub mcp: mcp::McpConfig,
 }
 
 impl Default for ApiConfig {
@@ -79,6 +82,7 @@ impl Default for ApiConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            mcp: mcp::McpConfig::default(),
         }
     }
 }
@@ -121,6 +125,8 @@ pub fn app(state: Arc<AppState>) -> Router {
     let docs = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api);
     router
         .merge(docs)
+        // JSON-RPC, described by the MCP specification rather than the OpenAPI document.
+        .merge(mcp::router(&state))
         .fallback(|| async {
             ApiError::new(ProblemCode::NoRoute,
                 "no such endpoint; see /docs for the API",

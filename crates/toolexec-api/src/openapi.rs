@@ -16,7 +16,7 @@ use toolexec_core::ProblemCode;
 #[openapi(
     info(
         title = "toolexec",
-        description = "Runs tools for remote LLM agent loops: sessions (a sandboxed workspace plus a policy), batches of tool calls validated against each tool's JSON Schema, and an append-only log of every invocation and side effect.\n\nErrors are `application/problem+json` with a stable `code`. A tool that fails is not an HTTP error: it is a result with `is_error: true` and a `content` the model can act on.",
+        description = "Runs tools for remote LLM agent loops: sessions (a sandboxed workspace plus a policy), batches of tool calls validated against each tool's JSON Schema, and an append-only log of every invocation and side effect.\n\nErrors are `application/problem+json` with a stable `code`. A tool that fails is not an HTTP error: it is a result with `is_error: true` and a `content` the model can act on.\n\nEach session is also an MCP server (Streamable HTTP, JSON-RPC as the Model Context Protocol specifies it, so not described here): `POST /v1/sessions/{id}/mcp`, with the same authentication; its `tools/call` runs and records calls like `POST /v1/sessions/{id}/calls`.",
         license(name = "Apache-2.0"),
     ),
     modifiers(&Common),

@@ -51,6 +51,8 @@ problem_codes! {
         "The body could not be read to its end (the connection broke)."),
     Unauthorized => ("unauthorized", 401, "Unauthorized",
         "No API key, or one the service does not know (or that was revoked): send `Authorization: Bearer <key>`."),
+    Forbidden => ("forbidden", 403, "Forbidden",
+        "The MCP endpoint refused where the request comes from: a browser `Origin` not in `mcp.allowed_origins`, or a `Host` not in `mcp.allowed_hosts`."),
     NotFound => ("not_found", 404, "Not found",
         "No such session, invocation or tool for this tenant — another tenant's ids are not found either."),
     NoRoute => ("no_route", 404, "No such endpoint",

@@ -62,6 +62,9 @@ pub struct Config {
     pub cluster: toolexec_engine::ClusterConfig,
     /// Tools the operator adds (see docs/operator.md, "Custom tools").
     pub tools: toolexec_tools::custom::CustomToolsConfig,
+    /// Who may reach the MCP endpoint (`/v1/sessions/{id}/mcp`): browser origins and host names
+    /// (see docs/operator.md, "MCP").
+    pub mcp: toolexec_api::mcp::McpConfig,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
             tools: toolexec_tools::custom::CustomToolsConfig::default(),
+            mcp: toolexec_api::mcp::McpConfig::default(),
         }
     }
 }
@@ -131,6 +135,7 @@ impl std::fmt::Debug for Config {
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
             .field("cluster", &self.cluster)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }

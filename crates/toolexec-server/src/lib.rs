@@ -180,6 +180,7 @@ pub async fn build_state_with(
             header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
             max_connections: config.max_connections,
             write_stall_timeout: std::time::Duration::from_millis(config.write_stall_timeout_ms),
+            mcp: config.mcp.clone(),
         },
     }))
 }

@@ -1,0 +1,566 @@
+//! A session's tools over the Model Context Protocol: `POST /v1/sessions/{id}/mcp`, Streamable
+//! HTTP in stateless mode, on the official Rust SDK (`rmcp`): its protocol types, its version
+//! negotiation (`initialize` up to 2025-11-25, `server/discover` and per-request `_meta` for
+//! 2026-07-28) and its tower service answer the JSON-RPC.
+//!
+//! What this module owns is the door and the mapping, nothing of the pipeline: before the SDK
+//! sees a request, the `Host` and `Origin` are checked against the operator's allow-lists, the
+//! tenant is authenticated exactly as for the REST API (the same extractor), the session is
+//! looked up for that tenant (another tenant's is 404), and the body is read within the API's
+//! size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
+//! lists the session's allowed tools and `tools/call` is one call through
+//! [`Engine::run_calls`](toolexec_engine::Engine::run_calls) — validated, sandboxed and
+//! recorded like `POST /v1/sessions/{id}/calls` — whose call id is the JSON-RPC request id.
+//!
+//! Stateless: the session is named in the URL, so no `Mcp-Session-Id` is issued and there is no
+//! server-to-client stream: GET and DELETE are 405 (the 2025-11-25 transport lets a server
+//! without a GET stream answer so, and 2026-07-28 has neither).
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use rmcp::ErrorData;
+use rmcp::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ErrorCode, Implementation,
+    JsonRpcError, ListToolsResult, NumberOrString, PaginatedRequestParams, RequestId,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolexec_core::{Call, NetworkPolicy, ProblemCode, Session, Tenant};
+use toolexec_engine::CallBatch;
+
+use crate::SharedState;
+use crate::auth::AuthTenant;
+use crate::dialects::{mcp_result, mcp_tool};
+use crate::extract::parse_id;
+use crate::problem::{ApiError, or_not_found};
+
+/// The MCP endpoint's own settings (`mcp.*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// Browser origins (`scheme://host[:port]`) allowed to call the MCP endpoint. A request
+    /// with an `Origin` header not on the list is refused (403); one without (an agent, a
+    /// server-side client) is not affected. Empty: no browser origin at all.
+    pub allowed_origins: Vec<String>,
+    /// Host names (or `host:port`) the MCP endpoint answers for, checked against `Host`: a
+    /// DNS-rebinding page that points its own name at the service is refused (403). A
+    /// deployment behind a gateway lists the names clients use; `*` turns the check off.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_origins: Vec::new(),
+            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+        }
+    }
+}
+
+/// What a request is for, put in its extensions for the SDK's handler.
+#[derive(Debug, Clone)]
+struct Target {
+    tenant: Tenant,
+    session: Session,
+}
+
+/// The route: POST for JSON-RPC; GET and DELETE answered 405 (stateless, see the module doc).
+pub(crate) fn router(state: &SharedState) -> Router<SharedState> {
+    let engine_state = state.clone();
+    let config = StreamableHttpServerConfig::default()
+        // 2025-11-25 and older: no `Mcp-Session-Id`, every request served on its own; 2026-07-28
+        // requests are served statelessly whatever this says.
+        .with_legacy_session_mode(false)
+        // One JSON answer per request: the handler sends no notifications before its result.
+        .with_json_response(true)
+        // Checked before auth, by this module (as problem+json, the API's error shape).
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_max_request_body_bytes(state.config.body_limit_bytes);
+    let service: StreamableHttpService<ToolexecMcp, NeverSessionManager> =
+        StreamableHttpService::new(
+            move || {
+                Ok(ToolexecMcp {
+                    state: engine_state.clone(),
+                })
+            },
+            Arc::new(NeverSessionManager::default()),
+            config,
+        );
+    Router::new().route(
+        "/v1/sessions/{id}/mcp",
+        post(move |state, path, req| serve(state, path, req, service.clone()))
+            .get(no_stream)
+            .delete(no_stream),
+    )
+}
+
+/// GET (a server-to-client stream) and DELETE (ending an MCP session): there are none.
+async fn no_stream() -> Response {
+    let mut resp = ApiError::new(
+        ProblemCode::MethodNotAllowed,
+        "this MCP endpoint is stateless: it keeps no MCP session and opens no server-to-client stream; send JSON-RPC requests with POST",
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    resp
+}
+
+async fn serve(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    req: Request,
+    service: StreamableHttpService<ToolexecMcp, NeverSessionManager>,
+) -> Response {
+    match admit(&state, &id, req).await {
+        Ok(req) => service.handle(req).await.map(Body::new),
+        Err(resp) => resp,
+    }
+}
+
+/// Everything the REST API would check, in the order that reveals least: where the request
+/// comes from, who sends it, whether the session is theirs, then its body.
+async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, Response> {
+    let (mut parts, body) = req.into_parts();
+    check_door(&parts.headers, &parts.uri, &state.config.mcp).map_err(into_response)?;
+    let AuthTenant(tenant) = AuthTenant::from_request_parts(&mut parts, state)
+        .await
+        .map_err(into_response)?;
+    let session_id = parse_id(id, "session").map_err(into_response)?;
+    let session = state
+        .engine
+        .get_session(tenant.id, session_id)
+        .await
+        .map_err(or_not_found("session"))
+        .map_err(into_response)?;
+    let is_json = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::new(
+            ProblemCode::UnsupportedMediaType,
+            "send the JSON-RPC message with 'Content-Type: application/json'",
+        )
+        .into_response());
+    }
+    let bytes = read_body(&parts, body).await.map_err(into_response)?;
+    check_json_rpc(&bytes).map_err(|(id, error)| json_rpc_error(id, error))?;
+    parts.extensions.insert(Target { tenant, session });
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// Where the request comes from: its `Host` and a browser's `Origin` against the allow-lists.
+/// A request another replica forwarded was checked there (its `Host` here is this replica's
+/// internal address); a browser cannot send the forwarding header across origins without a
+/// CORS preflight, which this service never grants.
+pub(crate) fn check_door(
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    config: &McpConfig,
+) -> Result<(), ApiError> {
+    if !headers.contains_key(&crate::forward::FORWARDED_BY) {
+        check_host(headers, uri, &config.allowed_hosts)?;
+    }
+    check_origin(headers, &config.allowed_origins)
+}
+
+fn into_response(e: ApiError) -> Response {
+    e.into_response()
+}
+
+/// The body, whole, within the limits the body guard set for this request.
+async fn read_body(
+    parts: &axum::http::request::Parts,
+    body: Body,
+) -> Result<bytes::Bytes, ApiError> {
+    let deadline = parts
+        .extensions
+        .get::<crate::limits::BodyDeadline>()
+        .copied();
+    let limit = deadline.map_or(crate::DEFAULT_BODY_LIMIT_BYTES, |d| d.limit_bytes);
+    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit));
+    let read = match deadline {
+        Some(d) => tokio::time::timeout_at(d.at, read).await.map_err(|_| {
+            ApiError::new(
+                ProblemCode::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} s; send the whole body at once",
+                    d.within.as_secs_f64()
+                ),
+            )
+        })?,
+        None => read.await,
+    };
+    match read {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(limit))
+        }
+        Err(e) => Err(ApiError::new(ProblemCode::UnreadableBody, e.to_string())),
+    }
+}
+
+/// JSON that is not a JSON-RPC message the protocol knows is answered as JSON-RPC says: a
+/// parse error (-32700) or an invalid request (-32600), with the request's id if it has one.
+fn check_json_rpc(bytes: &[u8]) -> Result<(), (Option<RequestId>, ErrorData)> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        (
+            None,
+            ErrorData::parse_error(format!("the body is not JSON: {e}"), None),
+        )
+    })?;
+    if value.is_array() {
+        return Err((
+            None,
+            ErrorData::invalid_request(
+                "JSON-RPC batches are not part of MCP since 2025-06-18; send one message per request",
+                None,
+            ),
+        ));
+    }
+    let id = match value.get("id") {
+        Some(Value::Number(n)) => n.as_i64().map(NumberOrString::Number),
+        Some(Value::String(s)) => Some(NumberOrString::String(s.as_str().into())),
+        _ => None,
+    };
+    serde_json::from_value::<ClientJsonRpcMessage>(value).map_err(|e| {
+        (
+            id,
+            ErrorData::invalid_request(format!("not a JSON-RPC 2.0 MCP message: {e}"), None),
+        )
+    })?;
+    Ok(())
+}
+
+fn json_rpc_error(id: Option<RequestId>, error: ErrorData) -> Response {
+    let body = serde_json::to_vec(&JsonRpcError::new(id, error)).unwrap_or_default();
+    let mut resp = (StatusCode::BAD_REQUEST, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn forbidden(detail: String) -> ApiError {
+    ApiError::new(ProblemCode::Forbidden, detail)
+}
+
+/// `Host` (or the URI's authority) must be on the allow-list: a name without a port allows
+/// every port; `*` allows every host.
+fn check_host(
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    allowed: &[String],
+) -> Result<(), ApiError> {
+    if allowed.iter().any(|a| a.trim() == "*") {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| uri.authority().map(|a| a.as_str().to_owned()))
+        .ok_or_else(|| forbidden("the request names no host (no Host header)".into()))?;
+    let authority: axum::http::uri::Authority = given
+        .parse()
+        .map_err(|_| forbidden(format!("the Host header {given:?} is not a host name")))?;
+    let host = normalize_host(authority.host());
+    let port = authority.port_u16();
+    let ok = allowed.iter().any(|a| {
+        let a = a.trim();
+        // A bare IPv6 address (`::1`) is no authority: it names a host, every port.
+        let (a_host, a_port) = match a.parse::<axum::http::uri::Authority>() {
+            Ok(a) => (normalize_host(a.host()), a.port_u16()),
+            Err(_) => (normalize_host(a), None),
+        };
+        !a_host.is_empty() && a_host == host && a_port.is_none_or(|p| Some(p) == port)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(forbidden(format!(
+            "the MCP endpoint does not answer for host {given:?}: it is not in the operator's mcp.allowed_hosts"
+        )))
+    }
+}
+
+fn normalize_host(host: &str) -> String {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
+}
+
+/// An `Origin` header, when present, must be on the allow-list (compared as origins: scheme,
+/// host, port with the scheme's default filled in). Agents send none.
+fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or_default().trim();
+    let serialized = |s: &str| -> Option<String> {
+        if s.eq_ignore_ascii_case("null") {
+            return Some("null".into());
+        }
+        let url = url::Url::parse(s).ok()?;
+        let o = url.origin();
+        o.is_tuple().then(|| o.ascii_serialization())
+    };
+    let ok = serialized(origin).is_some_and(|o| {
+        allowed
+            .iter()
+            .filter_map(|a| serialized(a.trim()))
+            .any(|a| a == o)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(forbidden(format!(
+            "requests from the browser origin {origin:?} are refused: it is not in the operator's mcp.allowed_origins"
+        )))
+    }
+}
+
+/// The SDK's handler: one per request (stateless), the request's [`Target`] in its context.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolexecMcp {
+    state: SharedState,
+}
+
+fn target(context: &RequestContext<RoleServer>) -> Result<Target, ErrorData> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Target>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("the request reached no session", None))
+}
+
+/// A `tools/call`'s `_meta` key naming the call id to record it under instead of the request id
+/// (the model's own tool-call id, or ids unique across the client's reconnections).
+pub const CALL_ID_META: &str = "toolexec/call_id";
+
+/// The call id a JSON-RPC request id stands for: a number in decimal, a string as it is.
+fn call_id(id: &RequestId) -> String {
+    match id {
+        NumberOrString::Number(n) => n.to_string(),
+        NumberOrString::String(s) => s.to_string(),
+    }
+}
+
+/// A problem the REST API would answer with, as a JSON-RPC error: the client's (4xx) as an
+/// invalid request, the service's (5xx) as an internal error, its stable code in `data`.
+fn protocol_error(e: ApiError) -> ErrorData {
+    let mut data = json!({"code": e.code.as_str(), "status": e.code.status()});
+    if let Some(secs) = e.retry_after {
+        data["retry_after"] = json!(secs);
+    }
+    let code = if e.code.status() >= 500 {
+        ErrorCode::INTERNAL_ERROR
+    } else {
+        ErrorCode::INVALID_REQUEST
+    };
+    ErrorData::new(code, e.detail, Some(data))
+}
+
+impl ServerHandler for ToolexecMcp {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new("toolexec", env!("CARGO_PKG_VERSION"));
+        info.with_instructions(
+                "The tools of one toolexec session. Every call is validated against the tool's schema, runs against the session's sandboxed workspace and is recorded in the session's log under the JSON-RPC request id: a request id used again in this session returns the recorded result and runs nothing (with other arguments it is refused), so use a new id for each new call.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let Target { session, .. } = target(&context)?;
+        let engine = &self.state.engine;
+        let network = session.policy.network == NetworkPolicy::Allow;
+        let tools = engine
+            .registry()
+            .specs()
+            .filter(|s| {
+                session
+                    .tools
+                    .as_ref()
+                    .is_none_or(|allowed| allowed.contains(&s.name))
+            })
+            // A tool handed to a model is one it may call, not one that can only fail.
+            .filter(|s| engine.unavailable(&s.name).is_none())
+            .map(|s| mcp_tool(s, network))
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.state
+            .engine
+            .registry()
+            .get(name)
+            .map(|t| mcp_tool(t.spec(), false))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Target { tenant, session } = target(&context)?;
+        let id = (context.meta.0).0.get(CALL_ID_META).and_then(Value::as_str);
+        let call = Call {
+            id: id.map_or_else(|| call_id(&context.id), str::to_owned),
+            name: request.name.into_owned(),
+            arguments: Value::Object(request.arguments.unwrap_or_default()),
+        };
+        let mut results = self
+            .state
+            .engine
+            .run_calls(tenant.id, session.id, CallBatch::new(vec![call]))
+            .await
+            .map_err(|e| protocol_error(or_not_found("session")(e)))?;
+        let result = results
+            .pop()
+            .ok_or_else(|| ErrorData::internal_error("the call returned no result", None))?;
+        Ok(mcp_result(&result).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                *k,
+                HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")),
+            );
+        }
+        h
+    }
+
+    fn uri() -> axum::http::Uri {
+        axum::http::Uri::from_static("/v1/sessions/x/mcp")
+    }
+
+    #[test]
+    fn loopback_hosts_pass_by_default_and_other_names_are_refused() {
+        let allowed = McpConfig::default().allowed_hosts;
+        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:9"] {
+            assert!(
+                check_host(&headers(&[("host", ok)]), &uri(), &allowed).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in ["evil.example", "evil.example:8080", "127.0.0.2:8080"] {
+            let e = check_host(&headers(&[("host", bad)]), &uri(), &allowed).err();
+            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
+        }
+        assert!(check_host(&HeaderMap::new(), &uri(), &allowed).is_err());
+    }
+
+    #[test]
+    fn a_forwarded_request_keeps_its_origin_check_and_leaves_the_host_to_the_first_replica() {
+        let config = McpConfig::default();
+        let forwarded = headers(&[
+            ("host", "toolexec-1.toolexec-headless:8080"),
+            ("x-toolexec-forwarded-by", "toolexec-0"),
+        ]);
+        assert!(check_door(&forwarded, &uri(), &config).is_ok());
+        let mut from_browser = forwarded.clone();
+        from_browser.insert("origin", HeaderValue::from_static("https://evil.example"));
+        assert!(check_door(&from_browser, &uri(), &config).is_err());
+        let direct = headers(&[("host", "toolexec-1.toolexec-headless:8080")]);
+        assert!(check_door(&direct, &uri(), &config).is_err());
+    }
+
+    #[test]
+    fn a_host_entry_with_a_port_allows_that_port_only_and_a_star_allows_all() {
+        let allowed = vec!["tools.example.com:443".to_owned()];
+        let h = |v| headers(&[("host", v)]);
+        assert!(check_host(&h("tools.example.com:443"), &uri(), &allowed).is_ok());
+        assert!(check_host(&h("tools.example.com:8443"), &uri(), &allowed).is_err());
+        assert!(check_host(&h("anything"), &uri(), &["*".to_owned()]).is_ok());
+    }
+
+    #[test]
+    fn only_listed_browser_origins_pass_and_requests_without_one_are_unaffected() {
+        let allowed = vec![
+            "https://app.example.com".to_owned(),
+            "http://localhost:3000".to_owned(),
+        ];
+        let o = |v| headers(&[("origin", v)]);
+        assert!(check_origin(&HeaderMap::new(), &allowed).is_ok());
+        assert!(check_origin(&HeaderMap::new(), &[]).is_ok());
+        assert!(check_origin(&o("https://app.example.com"), &allowed).is_ok());
+        assert!(check_origin(&o("https://APP.example.com:443"), &allowed).is_ok());
+        assert!(check_origin(&o("http://localhost:3000"), &allowed).is_ok());
+        for bad in [
+            "https://evil.example",
+            "http://app.example.com",
+            "https://app.example.com:8443",
+            "http://localhost:3001",
+            "null",
+            "not a url",
+        ] {
+            let e = check_origin(&o(bad), &allowed).err();
+            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
+        }
+        assert!(check_origin(&o("https://app.example.com"), &[]).is_err());
+    }
+
+    #[test]
+    fn malformed_json_rpc_is_a_json_rpc_error_with_the_id_when_there_is_one() {
+        let code = |body: &str| {
+            check_json_rpc(body.as_bytes())
+                .err()
+                .map(|(id, e)| (id, e.code))
+        };
+        assert_eq!(code("{not json"), Some((None, ErrorCode::PARSE_ERROR)));
+        assert_eq!(code("[]"), Some((None, ErrorCode::INVALID_REQUEST)));
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":7}"#),
+            Some((Some(NumberOrString::Number(7)), ErrorCode::INVALID_REQUEST))
+        );
+        assert_eq!(
+            code(r#"{"id":"a","method":"tools/list"}"#),
+            Some((
+                Some(NumberOrString::String("a".into())),
+                ErrorCode::INVALID_REQUEST
+            ))
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#),
+            None
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn request_ids_become_call_ids_as_they_read() {
+        assert_eq!(call_id(&NumberOrString::Number(7)), "7");
+        assert_eq!(call_id(&NumberOrString::String("req-1".into())), "req-1");
+    }
+}

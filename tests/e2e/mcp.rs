@@ -1,0 +1,571 @@
+//! A session's MCP endpoint (`/v1/sessions/{id}/mcp`): a real MCP client (the official Python
+//! SDK) lists and calls the session's tools in both lifecycles, and every call lands in the
+//! session's log under its JSON-RPC id; the door is checked like the REST API's (auth, tenant,
+//! Origin, Host), versions are negotiated, and bad JSON-RPC gets JSON-RPC errors.
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolexec_tests::app::{TestApp, spawn_app, spawn_sqlite_app, spawn_sqlite_app_with};
+
+/// Headers every Streamable HTTP POST carries.
+fn rpc(app: &TestApp, sid: &str) -> reqwest::RequestBuilder {
+    app.http
+        .post(app.url(&format!("/v1/sessions/{sid}/mcp")))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(30))
+}
+
+async fn send(req: reqwest::RequestBuilder, body: &Value) -> (u16, Value) {
+    let resp = req.body(body.to_string()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn initialize(version: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": {},
+        "clientInfo": {"name": "toolexec-test", "version": "0"}}})
+}
+
+/// A tools/call of 2025-11-25 (no per-request metadata).
+fn tool_call(id: Value, name: &str, args: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": args}})
+}
+
+async fn session(app: &TestApp) -> String {
+    app.session(json!({"files": {"notes.txt": "hello world\n"}}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A new API key of `tenant` (the service requires keys once it restarts).
+async fn api_key(app: &TestApp, tenant: &str) -> String {
+    let store = app.state.engine.store();
+    let t = store.ensure_tenant(tenant).await.unwrap();
+    let key = format!("tx_test_{}", uuid::Uuid::new_v4().simple());
+    store
+        .create_api_key(t.id, &toolexec_api::key_hash(&key), &key[..11])
+        .await
+        .unwrap();
+    key
+}
+
+/// Runs tests/python/mcp_client.py against a session and returns what it printed.
+async fn python_client(url: &str, mode: &str, key: Option<&str>) -> Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/mcp_client.py");
+    let run = tokio::process::Command::new("python3")
+        .arg(&script)
+        .arg(url)
+        .arg(mode)
+        .args(key)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("the MCP client finished within 90 s")
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the MCP Python SDK failed (needs `pip install mcp==2.3.0`; .ci/run installs it):\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+/// What the Python SDK saw, checked against the catalog and the session's log.
+async fn check_a_python_client_run(app: &TestApp, sid: &str, run: &Value) {
+    // The tools, their schemas and annotations true to each tool's declarations.
+    let catalog: Value = app.get("/v1/tools").await.json().await.unwrap();
+    let tools = run["tools"].as_array().unwrap();
+    let available: Vec<&Value> = catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["available"] == true)
+        .collect();
+    assert_eq!(tools.len(), available.len(), "{run}");
+    for spec in available {
+        let name = spec["name"].as_str().unwrap();
+        let tool = tools.iter().find(|t| t["name"] == name).unwrap();
+        assert_eq!(tool["inputSchema"], spec["input_schema"], "{name}");
+        let caps = spec["capabilities"].as_array().unwrap();
+        let read_only = spec["read_only"] == true;
+        let a = &tool["annotations"];
+        assert_eq!(a["readOnlyHint"], read_only, "{name}");
+        assert_eq!(a["destructiveHint"], !read_only, "{name}");
+        assert_eq!(
+            a["openWorldHint"],
+            caps.contains(&json!("network")),
+            "{name}"
+        );
+    }
+    for (name, read_only) in [
+        ("read_file", true),
+        ("grep", true),
+        ("glob", true),
+        ("shell", false),
+        ("edit_file", false),
+        ("write_file", false),
+    ] {
+        let t = tools.iter().find(|t| t["name"] == name).unwrap();
+        assert_eq!(t["annotations"]["readOnlyHint"], read_only, "{name}");
+        assert_eq!(t["annotations"]["destructiveHint"], !read_only, "{name}");
+    }
+    let web = tools.iter().find(|t| t["name"] == "web_fetch").unwrap();
+    assert_eq!(web["annotations"]["openWorldHint"], true);
+
+    // The calls' results as CallToolResult.
+    let calls = &run["calls"];
+    let text = |c: &Value| {
+        c["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(calls["read"]["isError"], false, "{calls}");
+    assert!(text(&calls["read"]).contains("hello world"), "{calls}");
+    assert_eq!(calls["shell"]["isError"], false, "{calls}");
+    assert!(text(&calls["shell"]).contains("from-mcp"), "{calls}");
+    assert_eq!(calls["edit"]["isError"], false, "{calls}");
+    assert_eq!(calls["missing"]["isError"], true, "{calls}");
+    assert!(
+        text(&calls["missing"]).contains("no/such/file.txt"),
+        "{calls}"
+    );
+    assert_eq!(calls["missing"]["_meta"]["toolexec/status"], "error");
+
+    // What the calls did is in the workspace, through the REST API.
+    let notes = app
+        .get(&format!("/v1/sessions/{sid}/files/notes.txt"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(notes, "goodbye world\n");
+    let made = app
+        .get(&format!("/v1/sessions/{sid}/files/made.txt"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(made, "from-mcp\n");
+
+    // Each call is in the session's log under the JSON-RPC id the SDK sent it with, and sending
+    // that id again through the REST API returns the recorded result and runs nothing.
+    let sent = run["sent"].as_array().unwrap();
+    assert_eq!(sent.len(), 4, "{run}");
+    let events = app.events(sid).await;
+    for (s, label) in sent.iter().zip(["read", "shell", "edit", "missing"]) {
+        let call_id = match &s["id"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let started: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == call_id)
+            .collect();
+        assert_eq!(started.len(), 1, "{call_id} in {events:#?}");
+        assert_eq!(started[0]["data"]["name"], s["tool"]);
+        let invocation = calls[label]["_meta"]["toolexec/invocation_id"].clone();
+        assert_eq!(started[0]["invocation_id"], invocation, "{label}");
+    }
+    let shell_id = match &sent[1]["id"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let again = app
+        .call(
+            sid,
+            &shell_id,
+            "shell",
+            json!({"command": "echo from-mcp > made.txt; cat made.txt"}),
+        )
+        .await;
+    assert_eq!(
+        again["invocation_id"],
+        calls["shell"]["_meta"]["toolexec/invocation_id"]
+    );
+    let after = app.events(sid).await;
+    assert_eq!(after.len(), events.len(), "a retry runs nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_drives_a_session_in_the_2025_11_25_lifecycle() {
+    let app = spawn_app().await;
+    let sid = session(&app).await;
+    let run = python_client(
+        &app.url(&format!("/v1/sessions/{sid}/mcp")),
+        "handshake",
+        None,
+    )
+    .await;
+    assert_eq!(run["version"], "2025-11-25", "{run}");
+    check_a_python_client_run(&app, &sid, &run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_drives_a_session_in_the_stateless_2026_07_28_lifecycle() {
+    // With API keys: the SDK sends the key as any REST client does.
+    let app = spawn_sqlite_app().await;
+    let key = api_key(&app, "alice").await;
+    let mut app = app.restart().await;
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    app.http = reqwest::Client::builder()
+        .default_headers(auth)
+        .build()
+        .unwrap();
+    let sid = session(&app).await;
+    let url = app.url(&format!("/v1/sessions/{sid}/mcp"));
+    let run = python_client(&url, "discover", Some(&key)).await;
+    assert_eq!(run["version"], "2026-07-28", "{run}");
+    check_a_python_client_run(&app, &sid, &run).await;
+}
+
+#[tokio::test]
+async fn initialize_negotiates_the_clients_version_or_offers_the_servers_latest() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    for (asked, answered) in [
+        ("2025-11-25", "2025-11-25"),
+        ("2025-06-18", "2025-06-18"),
+        ("2024-11-05", "2024-11-05"),
+        // An unknown version: the server answers with the latest it supports with a handshake.
+        ("2099-01-01", "2025-11-25"),
+    ] {
+        let (status, body) = send(rpc(&app, &sid), &initialize(asked)).await;
+        assert_eq!(status, 200, "{asked}: {body}");
+        assert_eq!(
+            body["result"]["protocolVersion"], answered,
+            "{asked}: {body}"
+        );
+        assert_eq!(body["result"]["serverInfo"]["name"], "toolexec");
+        assert!(
+            body["result"]["capabilities"]["tools"].is_object(),
+            "{body}"
+        );
+    }
+    // 2026-07-28: server/discover lists the versions served.
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let (status, body) = send(
+        rpc(&app, &sid)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "server/discover"),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let versions = body["result"]["supportedVersions"].to_string();
+    assert!(
+        versions.contains("2026-07-28") && versions.contains("2025-11-25"),
+        "{body}"
+    );
+    // A 2026-07-28 tools/list without `initialize` carries its version in `_meta`.
+    let (status, body) = send(
+        rpc(&app, &sid)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/list"),
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["resultType"], "complete", "{body}");
+    assert!(body["result"]["tools"].as_array().unwrap().len() > 5);
+}
+
+#[tokio::test]
+async fn tools_list_shows_only_the_sessions_allowed_tools_and_shell_is_open_world_with_network() {
+    let app = spawn_sqlite_app().await;
+    let sid = app
+        .session(json!({"tools": ["read_file", "shell"], "policy": {"network": "allow"}}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = send(
+        rpc(&app, &sid).header("mcp-protocol-version", "2025-11-25"),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let tools = body["result"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["read_file", "shell"], "{body}");
+    assert_eq!(tools[1]["annotations"]["openWorldHint"], true);
+    assert_eq!(tools[0]["annotations"]["openWorldHint"], false);
+    // A tool outside the allow-list is refused like over REST, and recorded.
+    let (_, body) = send(
+        rpc(&app, &sid).header("mcp-protocol-version", "2025-11-25"),
+        &tool_call(json!(2), "glob", json!({"pattern": "*"})),
+    )
+    .await;
+    assert_eq!(body["result"]["isError"], true, "{body}");
+    assert_eq!(
+        body["result"]["_meta"]["toolexec/status"], "denied",
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_request_id_returns_the_recorded_result_and_other_arguments_are_refused() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    let call = tool_call(
+        json!("w-1"),
+        "write_file",
+        json!({"file_path": "a.txt", "content": "1"}),
+    );
+    let (status, first) = send(rpc(&app, &sid), &call).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["result"]["isError"], false, "{first}");
+    let events = app.events(&sid).await.len();
+    let (_, second) = send(rpc(&app, &sid), &call).await;
+    assert_eq!(second["result"], first["result"]);
+    assert_eq!(
+        app.events(&sid).await.len(),
+        events,
+        "the retry ran nothing"
+    );
+    let other = tool_call(
+        json!("w-1"),
+        "write_file",
+        json!({"file_path": "a.txt", "content": "2"}),
+    );
+    let (_, body) = send(rpc(&app, &sid), &other).await;
+    assert_eq!(body["id"], "w-1", "{body}");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    assert_eq!(body["error"]["data"]["code"], "call_id_reused", "{body}");
+    // `_meta` may name the call instead: the model's own id, recorded as such.
+    let mut named = tool_call(
+        json!(1),
+        "write_file",
+        json!({"file_path": "c.txt", "content": "3"}),
+    );
+    named["params"]["_meta"] = json!({"toolexec/call_id": "toolu_07"});
+    let (_, body) = send(rpc(&app, &sid), &named).await;
+    assert_eq!(body["result"]["isError"], false, "{body}");
+    let events = app.events(&sid).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == "toolu_07")
+    );
+    assert!(!events.iter().any(|e| e["data"]["call_id"] == "1"));
+    // Invalid arguments are the tool's failure, told to the model, not a protocol error.
+    let (_, body) = send(
+        rpc(&app, &sid),
+        &tool_call(json!(9), "read_file", json!({"limit": 0})),
+    )
+    .await;
+    assert_eq!(body["result"]["isError"], true, "{body}");
+    assert_eq!(
+        body["result"]["_meta"]["toolexec/status"],
+        "invalid_arguments"
+    );
+    // A closed session: recorded calls still answer, new ones are refused with its problem code.
+    assert_eq!(
+        app.delete(&format!("/v1/sessions/{sid}")).await.status(),
+        200
+    );
+    let (_, again) = send(rpc(&app, &sid), &call).await;
+    assert_eq!(again["result"], first["result"]);
+    let new = tool_call(json!("w-2"), "read_file", json!({"file_path": "a.txt"}));
+    let (_, body) = send(rpc(&app, &sid), &new).await;
+    assert_eq!(body["error"]["data"]["code"], "session_closed", "{body}");
+}
+
+#[tokio::test]
+async fn malformed_json_rpc_gets_json_rpc_errors_and_unknown_methods_are_not_found() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    let raw = |body: &'static str| rpc(&app, &sid).body(body);
+    for (body, code) in [
+        ("{not json", -32700),
+        ("[]", -32600),
+        (r#"{"jsonrpc":"2.0","id":3}"#, -32600),
+        (r#"{"jsonrpc":"1.0","id":3,"method":"tools/list"}"#, -32600),
+    ] {
+        let resp = raw(body).send().await.unwrap();
+        assert_eq!(resp.status(), 400, "{body}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{body}: {v}");
+        assert_eq!(v["jsonrpc"], "2.0");
+    }
+    let (_, v) = send(
+        rpc(&app, &sid).header("mcp-protocol-version", "2025-11-25"),
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "no/such/method"}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32601, "{v}");
+    // A body over the API's limit is refused before it is read.
+    let app = spawn_sqlite_app_with(|c| c.body_limit_bytes = 1024).await;
+    let sid = session(&app).await;
+    let big = tool_call(
+        json!(1),
+        "write_file",
+        json!({"file_path": "b", "content": "x".repeat(4096)}),
+    );
+    let (status, body) = send(rpc(&app, &sid), &big).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], "body_too_large");
+}
+
+#[tokio::test]
+async fn get_and_delete_are_405_for_the_stateless_endpoint() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    for method in ["GET", "DELETE"] {
+        let resp = app
+            .http
+            .request(
+                method.parse().unwrap(),
+                app.url(&format!("/v1/sessions/{sid}/mcp")),
+            )
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 405, "{method}");
+        assert_eq!(resp.headers()["allow"], "POST");
+    }
+}
+
+#[tokio::test]
+async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
+    let app = spawn_sqlite_app_with(|c| {
+        c.mcp.allowed_origins = vec!["https://agent.example.com".into()];
+    })
+    .await;
+    let sid = session(&app).await;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (status, body) = send(
+        rpc(&app, &sid).header("origin", "https://evil.example"),
+        &list,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["code"], "forbidden");
+    let (status, body) = send(
+        rpc(&app, &sid).header("origin", "https://agent.example.com"),
+        &list,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A DNS-rebinding page: its own name pointed at the service.
+    let (status, body) = send(rpc(&app, &sid).header("host", "rebind.example:80"), &list).await;
+    assert_eq!(status, 403, "{body}");
+
+    // Behind a gateway: the names clients use, set by TOOLEXEC_MCP__ALLOWED_HOSTS as any setting.
+    let app =
+        spawn_sqlite_app_with(|c| c.mcp.allowed_hosts = vec!["tools.example.com".into()]).await;
+    let sid = session(&app).await;
+    let (status, _) = send(rpc(&app, &sid).header("host", "tools.example.com"), &list).await;
+    assert_eq!(status, 200);
+    let (status, _) = send(rpc(&app, &sid), &list).await;
+    assert_eq!(status, 403, "127.0.0.1 is no longer on the list");
+}
+
+#[tokio::test]
+async fn mcp_needs_the_same_api_key_as_rest_and_another_tenants_session_is_not_found() {
+    let app = spawn_app().await;
+    let keys = [api_key(&app, "alice").await, api_key(&app, "bob").await];
+    let app = app.restart().await;
+    let (alice, bob) = (&keys[0], &keys[1]);
+    let sid = app
+        .http
+        .post(app.url("/v1/sessions"))
+        .bearer_auth(alice)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    let (status, body) = send(rpc(&app, &sid), &list).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["code"], "unauthorized");
+    let (status, body) = send(rpc(&app, &sid).bearer_auth(bob), &list).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["code"], "not_found");
+    let (status, body) = send(rpc(&app, &sid).bearer_auth("tx_wrong"), &list).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = send(rpc(&app, &sid).bearer_auth(alice), &list).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = send(
+        rpc(&app, &uuid::Uuid::now_v7().to_string()).bearer_auth(alice),
+        &list,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn the_official_typescript_sdk_lists_and_calls_a_sessions_tools() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
+    let run = tokio::process::Command::new("node")
+        .arg(dir.join("mcp_client.mjs"))
+        .arg(app.url(&format!("/v1/sessions/{sid}/mcp")))
+        .current_dir(&dir)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("the MCP client finished within 90 s")
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the MCP TypeScript SDK failed (needs `npm ci` in tests/node; .ci/run runs it):\n{stdout}\n{stderr}"
+    );
+    let run: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(run["version"], "2025-11-25", "{run}");
+    let read_file = run["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "read_file")
+        .unwrap();
+    assert_eq!(read_file["annotations"]["readOnlyHint"], true);
+    assert_eq!(run["calls"]["read"]["isError"], false, "{run}");
+    assert!(
+        run["calls"]["read"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello world")
+    );
+    assert_eq!(run["calls"]["missing"]["isError"], true, "{run}");
+    let events = app.events(&sid).await;
+    for s in run["sent"].as_array().unwrap() {
+        let id = s["id"].to_string();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == id),
+            "call id {id} in the log"
+        );
+    }
+    assert_eq!(run["sent"].as_array().unwrap().len(), 2);
+}

@@ -392,3 +392,179 @@ async fn a_hostile_archive_is_refused_whole_and_writes_nothing() {
         .collect();
     assert!(left.is_empty(), "spool files left: {left:?}");
 }
+
+/// One raw tar entry: a ustar header of `kind` declaring `size`, then `data` padded to 512.
+fn raw_entry(out: &mut Vec<u8>, name: &str, kind: tar::EntryType, size: u64, data: &[u8]) {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_mode(0o644);
+    h.set_size(size);
+    raw_name(&mut h, name);
+    h.set_cksum();
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+}
+
+/// A pax record line: `LEN key=value\n`, LEN counting itself.
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}{body}").len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extension_headers_cannot_smuggle_sizes_or_memory_past_the_checks() {
+    let app = spawn_app_with(|c| c.limits.max_archive_unpacked_bytes = 1 << 20).await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // A GNU long name declaring 8 MiB (the tar reader would hold it whole): refused on its size.
+    let mut bomb = Vec::new();
+    let name = vec![b'a'; 8 << 20];
+    raw_entry(
+        &mut bomb,
+        "././@LongLink",
+        tar::EntryType::GNULongName,
+        name.len() as u64,
+        &name,
+    );
+    raw_entry(&mut bomb, "x", tar::EntryType::Regular, 1, b"x");
+    bomb.extend_from_slice(&[0u8; 1024]);
+    let (status, problem) = put(&app, &sid, gzip(&bomb)).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("extension header"),
+        "{problem}"
+    );
+
+    // A pax `size` of 2 MiB under a header that says 0: the real size is what counts.
+    let mut smuggled = Vec::new();
+    let record = pax_record("size", &(2u64 << 20).to_string());
+    raw_entry(
+        &mut smuggled,
+        "PaxHeaders/big",
+        tar::EntryType::XHeader,
+        record.len() as u64,
+        &record,
+    );
+    raw_entry(
+        &mut smuggled,
+        "big",
+        tar::EntryType::Regular,
+        0,
+        &vec![7u8; 2 << 20],
+    );
+    smuggled.extend_from_slice(&[0u8; 1024]);
+    let (status, problem) = put(&app, &sid, gzip(&smuggled)).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("pax 'size' record"),
+        "{problem}"
+    );
+    let events = app.events(&sid).await;
+    assert_eq!(events.len(), 1, "nothing recorded: {events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_client_goes_away_is_finished_and_recorded_whole() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let names: Vec<String> = (0..6000).map(|i| format!("d{}/f{i}", i % 50)).collect();
+    let entries: Vec<E<'_>> = names.iter().map(|n| E::File(n, b"", 0o644)).collect();
+    let body = tar_of(&entries);
+    // The client gives up once the body is sent, long before the upload is done.
+    let req = app
+        .http
+        .put(app.url(&format!("/v1/sessions/{sid}/archive")))
+        .body(body)
+        .timeout(std::time::Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(req.is_err(), "the upload answered within 300 ms: {req:?}");
+    // It goes on: every file on disk ends up in the log.
+    let mut recorded = 0;
+    for _ in 0..100 {
+        let events = app.events_all(&sid).await;
+        recorded = events
+            .iter()
+            .filter(|e| e["kind"] == "file.created")
+            .count();
+        if recorded == 6000 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(recorded, 6000);
+    let r = app
+        .call(
+            &sid,
+            "count",
+            "shell",
+            json!({"command": "find . -type f | wc -l"}),
+        )
+        .await;
+    assert!(r["content"].as_str().unwrap().contains("\n6000\n"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_at_most_its_archive_transfers_at_once() {
+    let app = spawn_app_with(|c| c.limits.max_archive_transfers_per_tenant = 1).await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // One upload that stalls after its head...
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    s.write_all(
+        format!(
+            "PUT /v1/sessions/{sid}/archive HTTP/1.1\r\nHost: t\r\nContent-Length: 10240\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&[0u8; 512]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // ...holds the tenant's one slot: another is 429 and says which limit.
+    let resp = app.get(&format!("/v1/sessions/{sid}/archive")).await;
+    assert_eq!(resp.status(), 429);
+    let problem: Value = resp.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_archive_transfers_per_tenant"),
+        "{problem}"
+    );
+    drop(s);
+    let mut status = 0;
+    for _ in 0..50 {
+        status = app
+            .get(&format!("/v1/sessions/{sid}/archive"))
+            .await
+            .status()
+            .as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "the slot is given back when the client goes");
+}

@@ -285,3 +285,50 @@ async fn a_tenant_runs_at_most_its_commands_at_once_and_other_tenants_are_unaffe
     }
     assert_eq!(freed["status"], "ok", "{freed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_disk_is_mounted_once_however_many_calls_open_it_at_once() {
+    let app = spawn_app_with(|c| c.limits.session_disk_bytes = QUOTA).await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let w = app
+        .call(
+            &sid,
+            "w",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "kept"}),
+        )
+        .await;
+    assert_eq!(w["status"], "ok", "{w}");
+    let mounts = |sid: &str| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(sid))
+            .count()
+    };
+    assert_eq!(mounts(&sid), 1);
+    // A restart: the disk is unmounted with the engine, and opened again by the first calls,
+    // four at once.
+    let app = app.restart().await;
+    let ids: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
+    let calls = ids
+        .iter()
+        .map(|id| app.call(&sid, id, "read_file", json!({"file_path": "a.txt"})));
+    for r in futures::future::join_all(calls).await {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(r["content"].as_str().unwrap().contains("kept"), "{r}");
+    }
+    assert_eq!(
+        mounts(&sid),
+        1,
+        "one mount of the image, not one per racing call"
+    );
+    assert_eq!(
+        app.delete(&format!("/v1/sessions/{sid}")).await.status(),
+        200
+    );
+    assert_eq!(mounts(&sid), 0);
+}

@@ -247,6 +247,26 @@ impl TestApp {
         let body: Value = resp.json().await.expect("events json");
         body["events"].as_array().expect("events").clone()
     }
+
+    /// Every event of a session, page after page.
+    pub async fn events_all(&self, session_id: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let resp = self
+                .get(&format!(
+                    "/v1/sessions/{session_id}/events?limit=1000&after={after}"
+                ))
+                .await;
+            assert_eq!(resp.status(), 200);
+            let body: Value = resp.json().await.expect("events json");
+            all.extend(body["events"].as_array().expect("events").iter().cloned());
+            match body["next_after"].as_i64() {
+                Some(next) => after = next,
+                None => return all,
+            }
+        }
+    }
 }
 
 impl Drop for TestApp {

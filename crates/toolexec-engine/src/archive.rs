@@ -70,6 +70,67 @@ enum Kind {
     Directory,
 }
 
+/// Largest GNU long-name or pax extension header: the tar crate reads one whole into memory
+/// before the entry it describes, so its declared size must be bounded first.
+const MAX_EXTENSION_BYTES: u64 = 64 * 1024;
+
+/// Opens `path` as a tar stream, gunzipped when it starts with gzip's magic, and never longer
+/// than `cap` bytes unpacked (past it the stream ends, and the archive is unreadable).
+fn open_capped(path: &Path, cap: u64) -> io::Result<Box<dyn Read>> {
+    Ok(Box::new(open(path)?.take(cap)))
+}
+
+/// Refuses an archive with an extension header (GNU long name or link, pax) over
+/// [`MAX_EXTENSION_BYTES`], reading the entries raw: nothing of such a header is held.
+fn check_extensions(path: &Path, cap: u64) -> Result<()> {
+    let reader =
+        open_capped(path, cap).map_err(|e| EngineError::Internal(format!("archive spool: {e}")))?;
+    let mut archive = tar::Archive::new(reader);
+    let entries = archive
+        .entries()
+        .map_err(|e| refused(format!("not a tar archive: {e}")))?
+        .raw(true);
+    for (n, entry) in entries.enumerate() {
+        let mut entry =
+            entry.map_err(|e| refused(format!("entry {}: not readable as tar: {e}", n + 1)))?;
+        use tar::EntryType as T;
+        let kind = entry.header().entry_type();
+        if !matches!(
+            kind,
+            T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink
+        ) {
+            continue;
+        }
+        if entry.size() > MAX_EXTENSION_BYTES {
+            return Err(refused(format!(
+                "entry {}: an extension header (a long name or pax record) of {} bytes, over \
+                 the {MAX_EXTENSION_BYTES}-byte limit",
+                n + 1,
+                entry.size()
+            )));
+        }
+        if kind == T::XHeader {
+            // A pax `size` record is only needed for a file over 8 GiB, which no archive we
+            // take holds; refused, it cannot make the entry's data differ from its header.
+            let mut data = Vec::new();
+            entry
+                .read_to_end(&mut data)
+                .map_err(|e| refused(format!("entry {}: not readable as tar: {e}", n + 1)))?;
+            let sized = tar::PaxExtensions::new(&data)
+                .flatten()
+                .any(|ext| ext.key_bytes() == b"size");
+            if sized {
+                return Err(refused(format!(
+                    "entry {}: a pax 'size' record (only files over 8 GiB need one; one file \
+                     may be {MAX_ARCHIVE_FILE_BYTES} bytes)",
+                    n + 1
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens `path` as a tar stream, gunzipped when it starts with gzip's magic.
 fn open(path: &Path) -> io::Result<Box<dyn Read>> {
     let mut file = std::fs::File::open(path)?;
@@ -135,6 +196,19 @@ pub(crate) struct Bounds {
     pub unpacked_bytes: u64,
 }
 
+impl Bounds {
+    /// The most an archive within these bounds can unpack to as a stream: its contents, a
+    /// header and up to two extension headers per entry, padding, and the end marker.
+    fn stream_bytes(&self) -> u64 {
+        self.unpacked_bytes
+            .saturating_add(
+                self.files
+                    .saturating_mul(3 * (512 + MAX_EXTENSION_BYTES) + 512),
+            )
+            .saturating_add(1 << 20)
+    }
+}
+
 /// What the first pass found.
 #[derive(Debug, Default, Clone, Copy)]
 struct Checked {
@@ -158,7 +232,8 @@ fn each_entry(
     bounds: Bounds,
     mut f: impl FnMut(Vec<u8>, Kind, &mut dyn Read, u64) -> Result<()>,
 ) -> Result<Checked> {
-    let reader = open(path).map_err(|e| EngineError::Internal(format!("archive spool: {e}")))?;
+    let reader = open_capped(path, bounds.stream_bytes())
+        .map_err(|e| EngineError::Internal(format!("archive spool: {e}")))?;
     let mut archive = tar::Archive::new(reader);
     let entries = archive
         .entries()
@@ -186,7 +261,8 @@ fn each_entry(
                 bounds.files
             )));
         }
-        let size = entry.header().size().unwrap_or(u64::MAX);
+        // The size the entry's data really has (a pax record overrides the header's field).
+        let size = entry.size();
         let kind = match kind {
             T::Directory => {
                 checked.directories += 1;
@@ -241,7 +317,15 @@ fn each_entry(
     Ok(checked)
 }
 
+/// One of a tenant's archive transfers on this node, held while it lasts.
+pub struct ArchiveSlot(#[allow(dead_code, reason = "held for its drop")] crate::slots::Slot);
+
 impl Engine {
+    /// A slot for one of `tenant`'s archive transfers, or 429 `too_many_concurrent`.
+    pub fn archive_slot(&self, tenant: Uuid) -> Result<ArchiveSlot> {
+        self.archive_slots.take(tenant).map(ArchiveSlot)
+    }
+
     /// A new spool file for an upload, beneath the workspace root (`.uploads/`, the service's
     /// alone), and the file to write the body to.
     pub fn archive_spool(&self) -> io::Result<(Spool, std::fs::File)> {
@@ -284,6 +368,7 @@ impl Engine {
         let checked = {
             let spool = spool.clone();
             tokio::task::spawn_blocking(move || {
+                check_extensions(spool.path(), bounds.stream_bytes())?;
                 each_entry(spool.path(), bounds, |_, _, _, _| Ok(()))
             })
             .await
@@ -341,10 +426,16 @@ impl Engine {
                         Kind::File { mode } => {
                             let mut contents = Vec::with_capacity(size.min(1 << 20) as usize);
                             reader
-                                .take(MAX_ARCHIVE_FILE_BYTES + 1)
+                                .take(size.min(MAX_ARCHIVE_FILE_BYTES) + 1)
                                 .read_to_end(&mut contents)
                                 .map_err(|e| format!("reading '{shown}' from the archive: {e}"))
-                                .and_then(|_| {
+                                .and_then(|n| {
+                                    // The first pass counted `size`: more is not this archive.
+                                    if n as u64 != size {
+                                        return Err(format!(
+                                            "'{shown}' holds {n} bytes where its header says {size}"
+                                        ));
+                                    }
                                     ws.restore_file(&path, &contents, mode)
                                         .map_err(|e| e.model_message())
                                 })
@@ -508,6 +599,13 @@ impl Engine {
     ) -> Result<(u64, Option<i64>)> {
         let mut out = toolexec_tools::ToolOutput::ok(String::new());
         let _contents = self.record_workspace_changes(rt, &mut out).await;
+        if !out.content.is_empty() {
+            // The scan failed: what the batch wrote may be missing from the log; say so.
+            return Err(EngineError::Unavailable(format!(
+                "the upload stopped: {}",
+                out.content.trim()
+            )));
+        }
         if out.changes.is_empty() {
             return Ok((0, None));
         }

@@ -78,6 +78,9 @@ pub struct Limits {
     /// Most bytes of file contents one archive may unpack to (a gzip bomb stops here); past it
     /// 422 `invalid_archive`.
     pub max_archive_unpacked_bytes: u64,
+    /// Archive uploads and downloads one tenant may have under way on this node at once (429
+    /// `too_many_concurrent` beyond): each holds a request slot and spool space while it lasts.
+    pub max_archive_transfers_per_tenant: usize,
     // --- workspace scans ---
     /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
     /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
@@ -177,6 +180,7 @@ impl Default for Limits {
             // Twice the files of the Linux kernel's tree.
             max_archive_files: 200_000,
             max_archive_unpacked_bytes: 4 * 1024 * 1024 * 1024,
+            max_archive_transfers_per_tenant: 4,
             // --- workspace scans ---
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).

@@ -34,7 +34,7 @@ use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
 
-pub use archive::{MAX_ARCHIVE_FILE_BYTES, Spool};
+pub use archive::{ArchiveSlot, MAX_ARCHIVE_FILE_BYTES, Spool};
 pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
 pub use canonical::arguments_sha256;
 pub use cluster::Route;
@@ -128,6 +128,8 @@ pub struct Engine {
     /// Each tenant's event streams and replays on this node.
     stream_slots: Arc<slots::TenantSlots>,
     replay_slots: Arc<slots::TenantSlots>,
+    /// Each tenant's archive uploads and downloads on this node.
+    archive_slots: Arc<slots::TenantSlots>,
     /// Each tenant's commands running on this node (`limits.max_processes_per_tenant`).
     process_slots: Option<Arc<slots::TenantSlots>>,
     /// Sessions a verify replay is re-running calls in: no other batch may run in them until
@@ -209,6 +211,11 @@ impl Engine {
             "limits.max_replays_per_tenant",
             config.limits.max_replays_per_tenant,
         );
+        let archive_slots = slots::TenantSlots::new(
+            "archive transfers under way",
+            "limits.max_archive_transfers_per_tenant",
+            config.limits.max_archive_transfers_per_tenant.max(1),
+        );
         let process_slots = (config.limits.max_processes_per_tenant > 0).then(|| {
             slots::TenantSlots::new(
                 "commands running",
@@ -237,6 +244,7 @@ impl Engine {
             stream_slots,
             replay_slots,
             process_slots,
+            archive_slots,
             replaying: Mutex::new(std::collections::HashSet::new()),
         }))
     }

@@ -593,7 +593,15 @@ impl Engine {
             origin: None,
         };
         let name = id.to_string();
-        let workspace = self.workspaces.create(&name).map_err(|e| {
+        // Off the async threads: with a disk quota this makes and mounts a filesystem (~50 ms).
+        let made = {
+            let workspaces = self.workspaces.clone();
+            let name = name.clone();
+            tokio::task::spawn_blocking(move || workspaces.create(&name))
+                .await
+                .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?
+        };
+        let workspace = made.map_err(|e| {
             out_of_descriptors(&e)
                 .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
         })?;

@@ -129,6 +129,14 @@ pub async fn build_state_with(
         url::Url::parse(url)
             .map_err(|e| anyhow::anyhow!("cluster.advertise_url {url:?} is not a URL: {e}"))?;
     }
+    if config.cluster.shared_workspaces && config.limits.session_disk_bytes > 0 {
+        // Each node would mount a session's image on its own: one ext4 image mounted by two
+        // hosts is corrupted.
+        anyhow::bail!(
+            "limits.session_disk_bytes cannot be used with cluster.shared_workspaces: a session's \
+             disk image would be mounted by more than one node; use one or the other"
+        );
+    }
     engine_config.cluster = config.cluster.clone();
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let mut sandbox_config = config.sandbox.clone();

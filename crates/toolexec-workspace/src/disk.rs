@@ -47,7 +47,7 @@ pub struct Disks {
 /// leaves no mount behind; one killed leaves them to its successor, which finds them mounted
 /// and uses them as they are — never a second mount of one image).
 #[derive(Debug, Default)]
-struct Mounted(Mutex<HashSet<PathBuf>>);
+struct Mounted(Mutex<HashSet<PathBuf>>, Mutex<()>);
 
 impl Drop for Mounted {
     fn drop(&mut self) {
@@ -95,6 +95,7 @@ impl Disks {
             owner,
             mounted: Arc::default(),
         };
+        disks.sweep(root);
         disks.probe().map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -174,7 +175,14 @@ impl Disks {
     }
 
     /// Mounts the disk of `session` on `target` unless something is mounted there already.
+    /// One check-and-mount at a time in this process: two calls racing to open a session after
+    /// a restart must not mount its image twice (two ext4 instances over one image corrupt it).
     pub fn mount(&self, session: &str, target: &Path) -> io::Result<()> {
+        let _one = self
+            .mounted
+            .1
+            .lock()
+            .map_err(|_| io::Error::other("the disk mount lock is poisoned"))?;
         if is_mount_point(target) {
             return Ok(());
         }
@@ -203,6 +211,27 @@ impl Disks {
             && e.kind() != io::ErrorKind::NotFound
         {
             tracing::warn!(session, error = %e, "could not remove a session's disk image");
+        }
+    }
+
+    /// Images a crashed service left without a session (made, then the session's record was
+    /// never written), an hour old: removed.
+    fn sweep(&self, root: &Path) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(session) = name.strip_suffix(".img") else {
+                continue;
+            };
+            if crate::lifecycle::is_stale(&entry)
+                && !root.join(session).exists()
+                && !self.fork_mount(session).exists()
+            {
+                tracing::info!(session, "removing a disk image no session uses");
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 

@@ -328,29 +328,30 @@ impl Workspaces {
     /// Removes what a crashed service left in the layers: half-built bases and bases no fork
     /// uses, once they are [`LEFTOVER_AGE`] old.
     fn sweep(&self) {
+        // Archive uploads a crashed service was spooling (`.uploads/`, see the engine's
+        // `archive` module): an hour old, no replica is still receiving them.
+        if let Ok(spooled) = std::fs::read_dir(self.root.join(".uploads")) {
+            for entry in spooled.flatten() {
+                if is_stale(&entry) {
+                    remove_tree(&entry.path());
+                }
+            }
+        }
         let Ok(entries) = std::fs::read_dir(&self.layers.dir) else {
             return;
         };
         // Another replica on the same storage may be building a base, or about to mount one it
         // just made: only what has been left for an hour is taken for a leftover.
-        let stale = |entry: &std::fs::DirEntry| {
-            entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age >= LEFTOVER_AGE)
-        };
         let mut used = HashSet::new();
         let mut bases = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with("tmp-") {
-                if stale(&entry) {
+                if is_stale(&entry) {
                     remove_tree(&entry.path());
                 }
             } else if let Some(key) = name.strip_prefix("base-") {
-                if stale(&entry) {
+                if is_stale(&entry) {
                     bases.push(key.to_owned());
                 }
             } else if name.ends_with(".base")
@@ -461,6 +462,16 @@ fn check_key(key: &str) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether `entry` was last changed [`LEFTOVER_AGE`] ago or longer.
+pub(crate) fn is_stale(entry: &std::fs::DirEntry) -> bool {
+    entry
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age >= LEFTOVER_AGE)
 }
 
 fn poisoned() -> io::Error {

@@ -28,6 +28,8 @@ pub fn router() -> OpenApiRouter<SharedState> {
 
 /// Longest an upload may go without a byte arriving: a slow link is fine, a stalled one is not.
 pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
+/// Longest a whole upload may take to arrive (1 GiB at ~600 KiB/s).
+pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
 
 /// Unpacks a tar (or gzipped tar) stream into the session's workspace. Every entry is checked
 /// before the first is written — relative paths without `..`, regular files, directories and
@@ -62,7 +64,11 @@ async fn put_archive(
         .get_session(tenant.id, id)
         .await
         .map_err(or_not_found("session"))?;
+    let _slot = state.engine.archive_slot(tenant.id)?;
     let max = state.engine.config().limits.max_archive_bytes;
+    // However slowly it may arrive, an upload ends: a body that trickles forever would hold its
+    // request slot and spool space forever.
+    let deadline = tokio::time::Instant::now() + UPLOAD_TOTAL;
     let (spool, file) = state.engine.archive_spool().map_err(|e| {
         tracing::error!(error = %e, "cannot spool an archive upload");
         ApiError::internal()
@@ -71,13 +77,16 @@ async fn put_archive(
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     loop {
-        let chunk = match tokio::time::timeout(UPLOAD_IDLE, stream.next()).await {
+        let wait = UPLOAD_IDLE.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let chunk = match tokio::time::timeout(wait, stream.next()).await {
             Err(_) => {
                 return Err(ApiError::new(
                     ProblemCode::RequestTimeout,
                     format!(
-                        "no byte of the archive arrived for {} s; nothing was written. Send it again",
-                        UPLOAD_IDLE.as_secs()
+                        "the archive did not arrive (no byte for {} s, or not all of it within {} \
+                         minutes); nothing was written. Send it again",
+                        UPLOAD_IDLE.as_secs(),
+                        UPLOAD_TOTAL.as_secs() / 60
                     ),
                 ));
             }
@@ -107,10 +116,15 @@ async fn put_archive(
     }
     file.flush().await.map_err(|_| ApiError::internal())?;
     drop(file);
-    let uploaded = state
-        .engine
-        .upload_archive(tenant.id, id, spool)
+    // In a task of its own: a client that goes away does not stop an upload halfway (between
+    // a batch written and its record).
+    let engine = state.engine.clone();
+    let uploaded = tokio::spawn(async move { engine.upload_archive(tenant.id, id, spool).await })
         .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "an archive upload task failed");
+            ApiError::internal()
+        })?
         .map_err(or_not_found("session"))?;
     Ok(Json(uploaded))
 }
@@ -145,6 +159,7 @@ async fn get_archive(
     Query(q): Query<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
+    let _slot = state.engine.archive_slot(tenant.id)?;
     let (spool, at, missing) = state
         .engine
         .archive_at(tenant.id, id, q.at, q.allow_partial.unwrap_or(false))

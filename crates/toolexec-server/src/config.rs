@@ -60,6 +60,8 @@ pub struct Config {
     /// How this node works with other replicas on the same database (see docs/operator.md,
     /// "Several replicas").
     pub cluster: toolexec_engine::ClusterConfig,
+    /// Where traces go (see docs/operator.md, "Traces"); off by default.
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Default for Config {
@@ -88,6 +90,7 @@ impl Default for Config {
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
+            telemetry: crate::telemetry::TelemetryConfig::default(),
         }
     }
 }
@@ -128,6 +131,7 @@ impl std::fmt::Debug for Config {
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
             .field("cluster", &self.cluster)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -676,6 +680,7 @@ mod tests {
             "web.search_url" => ("http://searx:8888", json!("http://searx:8888")),
             "web.search_api_key" => ("bsk-test", json!("bsk-test")),
             "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
+            "telemetry.otlp_endpoint" => ("http://otel:4318", json!("http://otel:4318")),
             _ => return None,
         })
     }

@@ -363,6 +363,11 @@ async fn request_metrics_are_counted_by_route_template_and_status_never_by_raw_p
         )
         .await;
     }
+    // A command too (a sandbox run and a workspace scan), on the same route.
+    let r = app
+        .call(&a, "c2", "shell", json!({"command": "echo y > y.txt"}))
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
     let missing = uuid::Uuid::now_v7();
     let resp = app.get(&format!("/v1/sessions/{missing}/events")).await;
     assert_eq!(resp.status(), 404);
@@ -386,7 +391,7 @@ async fn request_metrics_are_counted_by_route_template_and_status_never_by_raw_p
             &text,
             &format!("toolexec_http_requests_total{{{calls},status=\"200\"}}")
         ),
-        Some(3.0),
+        Some(4.0),
         "{text}"
     );
     assert_eq!(
@@ -394,7 +399,7 @@ async fn request_metrics_are_counted_by_route_template_and_status_never_by_raw_p
             &text,
             &format!("toolexec_http_request_duration_seconds_count{{{calls}}}")
         ),
-        Some(3.0),
+        Some(4.0),
         "{text}"
     );
     let sum = sample(
@@ -432,6 +437,48 @@ async fn request_metrics_are_counted_by_route_template_and_status_never_by_raw_p
         assert!(
             !text.contains(id.as_str()),
             "a raw id in /metrics: {id}\n{text}"
+        );
+    }
+    assert_eq!(
+        sample(&text, "toolexec_sessions_created_total"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "toolexec_sessions_cached"),
+        Some(2.0),
+        "{text}"
+    );
+    // Every series the example Grafana dashboard queries is one the service exposes: a
+    // renamed metric fails here, not on an operator's empty panel.
+    let dashboard = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/toolexec.json"),
+    )
+    .unwrap();
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("toolexec_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                queried.insert(name);
+            }
+        }
+    }
+    assert!(queried.len() >= 15, "{queried:?}");
+    for name in &queried {
+        let exposed = text
+            .lines()
+            .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")));
+        assert!(
+            exposed,
+            "the dashboard queries {name}, which /metrics does not have:\n{text}"
         );
     }
     // The scrape itself is counted once it is answered: the next scrape shows it.

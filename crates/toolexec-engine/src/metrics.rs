@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -51,6 +52,10 @@ pub struct Metrics {
     call_index: Family<AnswerLabel, Counter>,
     http_requests: Family<HttpLabels, Counter>,
     http_seconds: Family<RouteLabels, Histogram>,
+    sessions_created: Counter,
+    sessions_cached: Gauge,
+    takeovers: Counter,
+    takeover_seconds: Histogram,
 }
 
 /// What a session's call index answered for a call id about to run (`crate::callindex`).
@@ -152,7 +157,35 @@ impl Default for Metrics {
             "Time from a request's arrival to its response's head, by method and route template (a stream's body is not counted)",
             http_seconds.clone(),
         );
+        let sessions_created = Counter::default();
+        registry.register(
+            "sessions_created",
+            "Sessions created on this node",
+            sessions_created.clone(),
+        );
+        let sessions_cached = Gauge::default();
+        registry.register(
+            "sessions_cached",
+            "Sessions whose runtime (workspace handle, resident sandbox, read-state) this node keeps now (at most limits.max_cached_sessions)",
+            sessions_cached.clone(),
+        );
+        let takeovers = Counter::default();
+        registry.register(
+            "session_takeovers",
+            "Sessions this node took over from a replica that was gone or handed them over",
+            takeovers.clone(),
+        );
+        let takeover_seconds = latency_histogram();
+        registry.register(
+            "session_takeover_duration_seconds",
+            "Time to take a session over: interrupting its calls, rebuilding its workspace from the log, recording session.taken_over",
+            takeover_seconds.clone(),
+        );
         Self {
+            sessions_created,
+            sessions_cached,
+            takeovers,
+            takeover_seconds,
             http_requests,
             http_seconds,
             call_index,
@@ -201,6 +234,21 @@ impl Metrics {
                 route: route.to_owned(),
             })
             .observe(seconds);
+    }
+
+    pub fn session_created(&self) {
+        self.sessions_created.inc();
+    }
+
+    pub fn session_taken_over(&self, seconds: f64) {
+        self.takeovers.inc();
+        self.takeover_seconds.observe(seconds);
+    }
+
+    /// Sessions whose runtime this node keeps (set when the metrics are rendered).
+    pub fn sessions_cached(&self, n: usize) {
+        self.sessions_cached
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn commit(&self, batch: usize, seconds: f64) {

@@ -154,6 +154,123 @@ fn children<'a>(spans: &'a [Received], parent: &Received, name: &str) -> Vec<&'a
         .collect()
 }
 
+/// A caller's trace context (W3C `traceparent`), as an agent loop that traces would send it.
+const CALLER_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const CALLER_SPAN: &str = "b7ad6b7169203331";
+
+/// SIGTERM, then waits (bounded) for a clean exit: the service flushes the spans still queued
+/// before it exits (the batch processor's own schedule is 5 s; the tests do not wait for it).
+async fn terminate(served: &mut toolexec_tests::binary::Served) {
+    let t0 = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(served.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let exited = loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "toolexec did not stop within 30 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exited.success(), "toolexec exited with {exited}");
+}
+
+/// A replica of the binary on a port known in advance (it advertises it to the others),
+/// exporting traces to `endpoint`.
+fn replica(
+    name: &str,
+    db: &TestPgDatabase,
+    endpoint: &str,
+) -> (toolexec_tests::binary::Served, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", format!("127.0.0.1:{port}"))
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_DATABASE_URL", db.url())
+        .env("TOOLEXEC_NODE", name)
+        .env(
+            "TOOLEXEC_CLUSTER__ADVERTISE_URL",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .env("TOOLEXEC_TELEMETRY__OTLP_ENDPOINT", endpoint);
+    (serve(cmd), data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_forwarded_to_its_sessions_replica_is_one_trace_across_both() {
+    let (endpoint, inbox) = collector().await;
+    let db = TestPgDatabase::create().await;
+    let (mut a, _a_data) = replica("trace-a", &db, &endpoint);
+    let (mut b, _b_data) = replica("trace-b", &db, &endpoint);
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{}/v1/sessions", a.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let sid = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Sent to the replica the session does not live on: it forwards the call to trace-a.
+    let resp = http
+        .post(format!("{}/v1/sessions/{sid}/calls", b.base))
+        .json(&json!({"calls": [{"id": "c1", "name": "shell", "arguments": {"command": "echo hop"}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["results"][0]["status"], "ok", "{body}");
+    terminate(&mut b).await;
+    terminate(&mut a).await;
+
+    let inbox = inbox.lock().unwrap();
+    let spans = &inbox.spans;
+    let on = |node: &str| {
+        spans
+            .iter()
+            .filter(|s| {
+                s.span.name == "POST /v1/sessions/{id}/calls"
+                    && s.resource.get("service.instance.id").map(String::as_str) == Some(node)
+            })
+            .collect::<Vec<_>>()
+    };
+    let (at_b, at_a) = (on("trace-b"), on("trace-a"));
+    assert_eq!(at_b.len(), 1, "the request on trace-b: {spans:#?}");
+    assert_eq!(
+        at_a.len(),
+        1,
+        "the forwarded request on trace-a: {spans:#?}"
+    );
+    assert_child(at_a[0], at_b[0]);
+    let call = one(spans, "call shell", "session.id", &sid);
+    assert_eq!(
+        call.resource.get("service.instance.id").map(String::as_str),
+        Some("trace-a"),
+        "the call ran where its session lives"
+    );
+    assert_child(call, at_a[0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_collector() {
     let (endpoint, inbox) = collector().await;
@@ -191,33 +308,21 @@ async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_co
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["results"][0]["status"], "ok", "{body}");
-    let (status, body) = post(
-        format!("/v1/sessions/{sid}/calls"),
-        json!({"calls": [{"id": "c2", "name": "read_file", "arguments": {"file_path": "nope.txt"}}]}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    // This one continues a caller's trace (an agent loop that traces, a gateway).
+    let resp = http
+        .post(format!("{}/v1/sessions/{sid}/calls", served.base))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&json!({"calls": [{"id": "c2", "name": "read_file", "arguments": {"file_path": "nope.txt"}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
     assert_eq!(body["results"][0]["status"], "error", "{body}");
 
     // SIGTERM: the service stops, and flushes the spans still queued before it exits (the
     // batch processor's own schedule is 5 s; the test does not wait for it).
-    let t0 = Instant::now();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(served.child.id() as i32).unwrap(),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let exited = loop {
-        if let Some(status) = served.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "toolexec did not stop within 30 s of SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(exited.success(), "toolexec exited with {exited}");
+    terminate(&mut served).await;
 
     let inbox = inbox.lock().unwrap();
     assert!(inbox.refused.is_empty(), "{:?}", inbox.refused);
@@ -321,6 +426,12 @@ async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_co
         hex(&request.span.trace_id),
         "each request is a trace of its own"
     );
+    assert_eq!(
+        hex(&read_request.span.trace_id),
+        CALLER_TRACE,
+        "a request with a traceparent continues the caller's trace"
+    );
+    assert_eq!(hex(&read_request.span.parent_span_id), CALLER_SPAN);
 
     // Session creation is traced too, by its route.
     let create = spans

@@ -9,10 +9,12 @@
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderName, Method, Response};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response};
 use axum::middleware::Next;
+use opentelemetry::propagation::{Extractor, Injector};
 use tracing::Span;
 use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::SharedState;
 
@@ -84,7 +86,61 @@ pub(crate) fn request_span<B>(req: &Request<B>, request_id: &HeaderName) -> Span
     if let Some(session) = session_of(req, route) {
         span.record("session.id", tracing::field::display(session));
     }
+    continue_trace(&span, req.headers());
     span
+}
+
+/// The W3C trace context headers (<https://www.w3.org/TR/trace-context/>).
+const TRACEPARENT: &str = "traceparent";
+const TRACESTATE: &str = "tracestate";
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct HeadersMut<'a>(&'a mut HeaderMap);
+
+impl Injector for HeadersMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
+
+/// A request that carries a `traceparent` (from a gateway or an agent loop that traces, or
+/// from the replica that forwarded it) continues that trace: its span's parent is the caller's.
+/// Without an exporter (no propagator installed) this does nothing.
+fn continue_trace(span: &Span, headers: &HeaderMap) {
+    if !headers.contains_key(TRACEPARENT) {
+        return;
+    }
+    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(headers)));
+    // A malformed header leaves the span a root of its own trace.
+    let _ = span.set_parent(cx);
+}
+
+/// Sets the trace context of a request this replica sends on (a forwarded one) to the current
+/// span's, so that the owner's spans join this replica's trace. The caller's own headers are
+/// replaced: they name the caller's span, not this hop.
+pub(crate) fn propagate(headers: &mut HeaderMap) {
+    headers.remove(TRACEPARENT);
+    headers.remove(TRACESTATE);
+    let cx = Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut HeadersMut(headers));
+    });
 }
 
 /// Records a request's answer on its span: the status, and an error status for a 5xx (a

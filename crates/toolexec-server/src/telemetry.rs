@@ -106,6 +106,10 @@ pub fn init(format: &str, config: &TelemetryConfig, node: &str) -> anyhow::Resul
         None => (None, None),
         Some(endpoint) => {
             let provider = tracer_provider(endpoint, node)?;
+            // W3C trace context in and out (a caller's traceparent, forwarded requests).
+            opentelemetry::global::set_text_map_propagator(
+                opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+            );
             let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("toolexec"));
             (Some(provider), Some(layer))
         }

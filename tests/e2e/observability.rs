@@ -603,3 +603,86 @@ async fn request_metrics_are_counted_by_route_template_and_status_never_by_raw_p
         "{again}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_costs_spans_not_requests_and_the_log_says_so() {
+    // A port nothing listens on: every export fails to connect.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let log_path = data.path().join("toolexec.log");
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env(
+            "TOOLEXEC_TELEMETRY__OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{dead}"),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let child = cmd.spawn().unwrap();
+    let mut served = toolexec_tests::binary::Served {
+        child,
+        base: String::new(),
+        log: Vec::new(),
+    };
+    let lines = || -> Vec<Value> {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let t0 = Instant::now();
+    served.base = loop {
+        if let Some(l) = lines().iter().find(|l| l["message"] == "listening") {
+            break format!("http://{}", l["address"].as_str().unwrap());
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "not listening: {:?}",
+            lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    toolexec_tools::web::install_tls_provider();
+    let http = reqwest::Client::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let resp = http
+            .post(format!("{}/v1/sessions", served.base))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "a request waited for the collector: {:?}",
+            t.elapsed()
+        );
+    }
+    terminate(&mut served).await;
+    let log = lines();
+    let failed = log.iter().find(|l| {
+        l["level"] == "ERROR"
+            && l["target"] == "opentelemetry_sdk"
+            && l["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("export failed"))
+    });
+    assert!(
+        failed.is_some(),
+        "no log line says the spans could not be exported: {log:#?}"
+    );
+}

@@ -87,8 +87,14 @@ impl Telemetry {
 /// `node` as the service instance. `RUST_LOG` filters the traces too: the service's spans are
 /// at `info`, so a filter that turns the service's `info` off turns its traces off.
 pub fn init(format: &str, config: &TelemetryConfig, node: &str) -> anyhow::Result<Telemetry> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The OpenTelemetry crates' own diagnostics (a target prefix: the SDK, the exporter) at
+    // `warn` at most, whatever RUST_LOG asks: their debug events are emitted while spans are
+    // being ended and exported, which must not be traced in turn.
+    if let Ok(directive) = "opentelemetry=warn".parse() {
+        filter = filter.add_directive(directive);
+    }
     // Colours only for a person at a terminal: escape codes in a log file or a collector are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()

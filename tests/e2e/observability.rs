@@ -308,6 +308,13 @@ async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_co
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["results"][0]["status"], "ok", "{body}");
+    let (status, body) = post(
+        format!("/v1/sessions/{sid}/calls"),
+        json!({"calls": [{"id": "c3", "name": "shell", "arguments": {"command": "sleep 30", "background": true}}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["status"], "ok", "{body}");
     // This one continues a caller's trace (an agent loop that traces, a gateway).
     let resp = http
         .post(format!("{}/v1/sessions/{sid}/calls", served.base))
@@ -347,7 +354,7 @@ async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_co
 
     // The request: a server span named by method and route template, with its status, session
     // and tenant.
-    let shell_call = one(spans, "call shell", "session.id", &sid);
+    let shell_call = one(spans, "call shell", "call.id", "c1");
     let request = spans
         .iter()
         .find(|s| s.span.span_id == shell_call.span.parent_span_id)
@@ -406,6 +413,20 @@ async fn traces_of_requests_calls_sandbox_runs_and_store_writes_reach_an_otlp_co
     assert!(
         start[0].span.end_time_unix_nano <= tool[0].span.start_time_unix_nano,
         "a mutating call's start is durable before its tool runs"
+    );
+
+    // A background command: its start is traced, not its life.
+    let background = one(spans, "call shell", "call.id", "c3");
+    let tool = children(spans, background, "tool shell");
+    assert_eq!(tool.len(), 1, "{spans:#?}");
+    assert_eq!(
+        children(spans, tool[0], "sandbox.start").len(),
+        1,
+        "{spans:#?}"
+    );
+    assert!(
+        children(spans, tool[0], "sandbox.run").is_empty(),
+        "{spans:#?}"
     );
 
     // A read-only call that failed: its status as the model saw it, recorded in one write.

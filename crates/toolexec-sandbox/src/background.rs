@@ -336,6 +336,40 @@ impl ProcessTable {
         network: bool,
         lifetime: Duration,
     ) -> Result<ProcessInfo, SandboxError> {
+        // Starting it, not its life (which outlasts the call): a child of the call's `tool` span.
+        let span = tracing::info_span!(
+            "sandbox.start",
+            sandbox.resident = self.sandbox.is_resident(),
+            network,
+            refused = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let started = self
+            .start_in_sandbox(workdir, command, env, network, lifetime)
+            .instrument(span.clone())
+            .await;
+        match &started {
+            // A session limit is the model's to act on (its result says so), not a fault.
+            Err(SandboxError::Limit(why)) => {
+                span.record("refused", why.as_str());
+            }
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                tracing::warn!(parent: &span, error = %e, "the sandbox could not start the process");
+            }
+            Ok(_) => {}
+        }
+        started
+    }
+
+    async fn start_in_sandbox(
+        &self,
+        workdir: &str,
+        command: &str,
+        env: &BTreeMap<String, String>,
+        network: bool,
+        lifetime: Duration,
+    ) -> Result<ProcessInfo, SandboxError> {
         let cfg = self.sandbox.config();
         let running = self
             .procs

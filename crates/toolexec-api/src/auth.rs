@@ -77,6 +77,7 @@ impl FromRequestParts<Arc<AppState>> for AuthTenant {
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
         let tenant = authenticate(parts, state).await?;
+        crate::observe::record_tenant(tenant.0.id);
         state.limiter.check(tenant.0.id)?;
         Ok(tenant)
     }

@@ -239,6 +239,7 @@ async fn send(
     if let Ok(value) = HeaderValue::from_str(engine.node()) {
         headers.insert(FORWARDED_BY.clone(), value);
     }
+    crate::observe::propagate(&mut headers);
     let sent = client
         .request(parts.method.clone(), url)
         .headers(headers)

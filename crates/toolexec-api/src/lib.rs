@@ -9,6 +9,7 @@ pub mod extract;
 pub mod forward;
 pub mod limits;
 pub mod mcp;
+mod observe;
 mod openapi;
 pub mod problem;
 mod routes;
@@ -128,12 +129,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         // JSON-RPC, described by the MCP specification rather than the OpenAPI document.
         .merge(mcp::router(&state))
         .fallback(|| async {
-            ApiError::new(ProblemCode::NoRoute,
+            ApiError::new(
+                ProblemCode::NoRoute,
                 "no such endpoint; see /docs for the API",
             )
         })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(ProblemCode::MethodNotAllowed,
+            ApiError::new(
+                ProblemCode::MethodNotAllowed,
                 "this endpoint does not accept that method; see /docs",
             )
         })
@@ -153,7 +156,10 @@ pub fn app(state: Arc<AppState>) -> Router {
             },
             limits::guard_body,
         ))
-        .layer(axum::middleware::from_fn_with_state(permits, limits::shed_load))
+        .layer(axum::middleware::from_fn_with_state(
+            permits,
+            limits::shed_load,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
                 use axum::response::IntoResponse;
@@ -162,18 +168,20 @@ pub fn app(state: Arc<AppState>) -> Router {
             },
         ))
         .layer(axum::middleware::from_fn(problem::with_request_id))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe::count_request,
+        ))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
-                let id = req
-                    .headers()
-                    .get(&X_REQUEST_ID)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("-");
-                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<_>| observe::request_span(req, &X_REQUEST_ID))
+                .on_response(observe::on_response),
         )
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID.clone()))
-        .layer(SetRequestIdLayer::new(X_REQUEST_ID.clone(), MakeRequestIdV7))
+        .layer(SetRequestIdLayer::new(
+            X_REQUEST_ID.clone(),
+            MakeRequestIdV7,
+        ))
 }
 
 /// How long `/readyz` waits for the store before calling it down.

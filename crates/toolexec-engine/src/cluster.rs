@@ -252,6 +252,8 @@ impl Engine {
         self.store
             .append_events(session.tenant_id, session.id, events, Vec::new())
             .await?;
+        self.metrics
+            .session_taken_over(started.elapsed().as_secs_f64());
         tracing::info!(session = %session.id, from = ?from, interrupted, processes = gone.len(), ms = started.elapsed().as_millis() as u64, "session taken over");
         Ok(gone.into_iter().map(|(id, _)| id).collect())
     }

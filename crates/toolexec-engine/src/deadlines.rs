@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use toolexec_tools::{Tool, ToolContext, ToolOutput};
+use tracing::Instrument;
 
 use crate::Engine;
 
@@ -20,7 +21,12 @@ impl Engine {
         let limit = Duration::from_millis(self.config.limits.tool_timeout_ms);
         ctx.deadline = toolexec_tools::deadline_for(tool.spec(), limit);
         let journal = ctx.journal.clone();
-        let mut out = toolexec_tools::run_within_deadline(tool, &ctx, args).await;
+        // The tool's own time, apart from waiting for its turn and recording its result.
+        let span = tracing::info_span!("tool", otel.name = %format_args!("tool {}", tool.spec().name), tool = %tool.spec().name, status = tracing::field::Empty);
+        let mut out = toolexec_tools::run_within_deadline(tool, &ctx, args)
+            .instrument(span.clone())
+            .await;
+        span.record("status", out.status.as_str());
         // What a web tool sent and got before it was abandoned (cancelled, or stuck past its
         // deadline) is recorded too; a tool that returned has taken its own already.
         journal.abandoned();

@@ -262,6 +262,13 @@ impl Engine {
         self.registry.get(name)?.unavailable(&self.config.web)
     }
 
+    /// The metrics as Prometheus text, with the gauges read now.
+    pub fn render_metrics(&self) -> String {
+        let cached = self.runtimes.lock().map_or(0, |m| m.len());
+        self.metrics.sessions_cached(cached);
+        self.metrics.render()
+    }
+
     pub fn metrics(&self) -> &metrics::Metrics {
         &self.metrics
     }

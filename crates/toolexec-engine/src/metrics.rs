@@ -1,10 +1,12 @@
-//! Prometheus metrics of the engine: calls by tool and status, call latency, and the recorder's
-//! commit latency and batch sizes. Rendered as Prometheus text at `GET /metrics`.
+//! Prometheus metrics of the service: HTTP requests by route template and status, calls by tool
+//! and status, call latency, and the recorder's commit latency and batch sizes. Rendered as
+//! Prometheus text at `GET /metrics`.
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -12,6 +14,23 @@ use prometheus_client::registry::Registry;
 pub struct CallLabels {
     pub tool: String,
     pub status: String,
+}
+
+/// An HTTP request as counted: its route as a template (`/v1/sessions/{id}/calls`, never the
+/// raw path: one series per route, not per session), its method and its response's status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: String,
+    pub status: String,
+}
+
+/// An HTTP request's route and method, for its latency (the status is left out of the
+/// histogram: route x method x status x buckets would multiply the series for little).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +50,12 @@ pub struct Metrics {
     blob_statement_bytes: Histogram,
     writes_refused: Counter,
     call_index: Family<AnswerLabel, Counter>,
+    http_requests: Family<HttpLabels, Counter>,
+    http_seconds: Family<RouteLabels, Histogram>,
+    sessions_created: Counter,
+    sessions_cached: Gauge,
+    takeovers: Counter,
+    takeover_seconds: Histogram,
 }
 
 /// What a session's call index answered for a call id about to run (`crate::callindex`).
@@ -118,7 +143,51 @@ impl Default for Metrics {
             "Call ids checked against a session's call index before running: new (no store read), recorded (a retry, read from the store) or not_recorded (a false positive of the filter, or an index still loading: one store read for nothing)",
             call_index.clone(),
         );
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by method, route template and status code",
+            http_requests.clone(),
+        );
+        let http_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Time from a request's arrival to its response's head, by method and route template (a stream's body is not counted)",
+            http_seconds.clone(),
+        );
+        let sessions_created = Counter::default();
+        registry.register(
+            "sessions_created",
+            "Sessions created on this node",
+            sessions_created.clone(),
+        );
+        let sessions_cached = Gauge::default();
+        registry.register(
+            "sessions_cached",
+            "Sessions whose runtime (workspace handle, resident sandbox, read-state) this node keeps now (at most limits.max_cached_sessions)",
+            sessions_cached.clone(),
+        );
+        let takeovers = Counter::default();
+        registry.register(
+            "session_takeovers",
+            "Sessions this node took over from a replica that was gone or handed them over",
+            takeovers.clone(),
+        );
+        let takeover_seconds = latency_histogram();
+        registry.register(
+            "session_takeover_duration_seconds",
+            "Time to take a session over: interrupting its calls, rebuilding its workspace from the log, recording session.taken_over",
+            takeover_seconds.clone(),
+        );
         Self {
+            sessions_created,
+            sessions_cached,
+            takeovers,
+            takeover_seconds,
+            http_requests,
+            http_seconds,
             call_index,
             registry: Mutex::new(registry),
             blob_statement_bytes,
@@ -147,6 +216,39 @@ impl Metrics {
                 tool: tool.to_owned(),
             })
             .observe(seconds);
+    }
+
+    /// One HTTP request answered. `route` must be a template (or a fixed word for requests that
+    /// matched none), so that the label's values stay bounded.
+    pub fn http_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.http_seconds
+            .get_or_create(&RouteLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn session_created(&self) {
+        self.sessions_created.inc();
+    }
+
+    pub fn session_taken_over(&self, seconds: f64) {
+        self.takeovers.inc();
+        self.takeover_seconds.observe(seconds);
+    }
+
+    /// Sessions whose runtime this node keeps (set when the metrics are rendered).
+    pub fn sessions_cached(&self, n: usize) {
+        self.sessions_cached
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn commit(&self, batch: usize, seconds: f64) {

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 use toolexec_store::{Assigned, Blob, Store, StoreError, Write, WriteError};
+use tracing::Instrument;
 
 use crate::metrics::Metrics;
 
@@ -84,7 +85,30 @@ impl Recorder {
     /// Like [`Recorder::write`], and hands the write back (when the recorder still has it), so
     /// that a caller can retry it or record something in its place without having kept a copy.
     /// Blobs it handed to [`Store::put_blobs`] are no longer in it: they are stored.
-    pub async fn write_back(&self, mut write: Write) -> (WriteResult, Option<Write>) {
+    pub async fn write_back(&self, write: Write) -> (WriteResult, Option<Write>) {
+        // A span per write waited for (a child of the call that waits): the time from submitting
+        // it to its commit, whoever's transaction it rode in.
+        let span = tracing::info_span!(
+            "store.write",
+            otel.name = %format_args!("store.write {}", write.kind()),
+            write.kind = write.kind(),
+            blob_bytes = write.blob_bytes(),
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let (result, back) = self.submit(write).instrument(span.clone()).await;
+        match &result {
+            Ok(Ok(_)) => span.record("outcome", "committed"),
+            Ok(Err(e)) => span.record("outcome", tracing::field::display(e)),
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("outcome", tracing::field::display(e))
+            }
+        };
+        (result, back)
+    }
+
+    async fn submit(&self, mut write: Write) -> (WriteResult, Option<Write>) {
         if let Some(reason) = write.unstorable() {
             self.metrics.write_refused();
             return (Ok(Err(WriteError::Refused(reason))), Some(write));

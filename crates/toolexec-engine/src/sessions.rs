@@ -631,6 +631,7 @@ impl Engine {
             .await
         {
             Ok(stored) => {
+                self.metrics.session_created();
                 self.keep_runtime(rt);
                 self.settle(stored.id).await;
                 Ok(stored)

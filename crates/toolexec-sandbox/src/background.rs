@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
+use tracing::Instrument;
 
 use crate::cgroup::SessionGroup;
 use crate::resident::{Agent, Started};
@@ -291,10 +292,57 @@ impl ProcessTable {
         limits: &RunLimits,
     ) -> Result<Finished, SandboxError> {
         let _admitted = self.admit()?;
+        // The command's time in the sandbox, setup included (a child of the call's `tool` span
+        // in traces): what a slow shell call spent where.
+        let span = tracing::info_span!(
+            "sandbox.run",
+            sandbox.resident = self.sandbox.is_resident(),
+            network,
+            exit_code = tracing::field::Empty,
+            signal = tracing::field::Empty,
+            killed = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let finished = self
+            .run_in_sandbox(workdir, command, env, network, limits)
+            .instrument(span.clone())
+            .await;
+        match &finished {
+            Ok(f) => {
+                if let Some(code) = f.exit_code {
+                    span.record("exit_code", code);
+                }
+                if let Some(signal) = f.signal {
+                    span.record("signal", signal);
+                }
+                if let Some(why) = &f.killed {
+                    span.record("killed", tracing::field::debug(why));
+                }
+            }
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                tracing::warn!(parent: &span, error = %e, "the sandbox could not run the command");
+            }
+        }
+        finished
+    }
+
+    async fn run_in_sandbox(
+        &self,
+        workdir: &str,
+        command: &str,
+        env: &BTreeMap<String, String>,
+        network: bool,
+        limits: &RunLimits,
+    ) -> Result<Finished, SandboxError> {
         let group = self.group()?;
         let launch = self.launch(workdir, command, env, network)?;
         if self.sandbox.is_resident() {
-            let agent = self.agent(&launch).await?;
+            // The session's resident agent: started by its first command, reused after.
+            let agent = self
+                .agent(&launch)
+                .instrument(tracing::info_span!("sandbox.agent"))
+                .await?;
             return self
                 .sandbox
                 .run_resident(&agent, &launch, group.as_deref(), limits)
@@ -305,6 +353,40 @@ impl ProcessTable {
 
     /// Starts a background process; its stdout and stderr are one stream.
     pub async fn start(
+        &self,
+        workdir: &str,
+        command: &str,
+        env: &BTreeMap<String, String>,
+        network: bool,
+        lifetime: Duration,
+    ) -> Result<ProcessInfo, SandboxError> {
+        // Starting it, not its life (which outlasts the call): a child of the call's `tool` span.
+        let span = tracing::info_span!(
+            "sandbox.start",
+            sandbox.resident = self.sandbox.is_resident(),
+            network,
+            refused = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let started = self
+            .start_in_sandbox(workdir, command, env, network, lifetime)
+            .instrument(span.clone())
+            .await;
+        match &started {
+            // A session limit is the model's to act on (its result says so), not a fault.
+            Err(SandboxError::Limit(why)) => {
+                span.record("refused", why.as_str());
+            }
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                tracing::warn!(parent: &span, error = %e, "the sandbox could not start the process");
+            }
+            Ok(_) => {}
+        }
+        started
+    }
+
+    async fn start_in_sandbox(
         &self,
         workdir: &str,
         command: &str,

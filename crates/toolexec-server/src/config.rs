@@ -65,6 +65,8 @@ pub struct Config {
     /// Who may reach the MCP endpoint (`/v1/sessions/{id}/mcp`): browser origins and host names
     /// (see docs/operator.md, "MCP").
     pub mcp: toolexec_api::mcp::McpConfig,
+    /// Where traces go (see docs/operator.md, "Traces"); off by default.
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Default for Config {
@@ -95,6 +97,7 @@ impl Default for Config {
             cluster: toolexec_engine::ClusterConfig::default(),
             tools: toolexec_tools::custom::CustomToolsConfig::default(),
             mcp: toolexec_api::mcp::McpConfig::default(),
+            telemetry: crate::telemetry::TelemetryConfig::default(),
         }
     }
 }
@@ -136,6 +139,7 @@ impl std::fmt::Debug for Config {
             .field("web", &self.web)
             .field("cluster", &self.cluster)
             .field("mcp", &self.mcp)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -685,6 +689,7 @@ mod tests {
             "web.search_api_key" => ("bsk-test", json!("bsk-test")),
             "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
             "tools.dir" => ("/etc/toolexec/tools", json!("/etc/toolexec/tools")),
+            "telemetry.otlp_endpoint" => ("http://otel:4318", json!("http://otel:4318")),
             _ => return None,
         })
     }
@@ -735,6 +740,72 @@ mod tests {
             assert_eq!(at_key(&got, &key), Some(&expected), "{var}={text}");
             assert_eq!(loaded.sources[&key], Source::Env(var.clone()), "{var}");
         }
+    }
+
+    /// The Kubernetes example (deploy/k8s) as the binary would see it: the ConfigMap's
+    /// `toolexec.toml` with every `TOOLEXEC_*` variable the StatefulSet sets (or shows,
+    /// commented out) on top. A key renamed here without the manifests following fails this.
+    #[test]
+    fn the_kubernetes_manifests_configure_the_service() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/k8s");
+        let configmap = std::fs::read_to_string(root.join("11-configmap.yaml")).unwrap();
+        let mut lines = configmap
+            .lines()
+            .skip_while(|l| l.trim() != "toolexec.toml: |");
+        lines.next();
+        let toml: String = lines
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+            .collect();
+        assert!(
+            toml.contains("bind = "),
+            "no toolexec.toml in the ConfigMap"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("toolexec.toml");
+        std::fs::write(&file, &toml).unwrap();
+
+        let statefulset = std::fs::read_to_string(root.join("31-statefulset.yaml")).unwrap();
+        let names: BTreeSet<&str> = statefulset
+            .lines()
+            .filter_map(|l| l.trim().trim_start_matches("# ").strip_prefix("- name: "))
+            .filter(|n| n.starts_with(ENV_PREFIX))
+            .collect();
+        for want in [
+            "TOOLEXEC_NODE",
+            "TOOLEXEC_CLUSTER__ADVERTISE_URL",
+            "TOOLEXEC_TELEMETRY__OTLP_ENDPOINT",
+        ] {
+            assert!(
+                names.contains(want),
+                "{want} not in the StatefulSet: {names:?}"
+            );
+        }
+        let values = |name: &str| match name {
+            "TOOLEXEC_NODE" => "toolexec-1",
+            "TOOLEXEC_CLUSTER__ADVERTISE_URL" => "http://10.1.2.3:8080",
+            "TOOLEXEC_TELEMETRY__OTLP_ENDPOINT" => "http://otel-collector:4318",
+            _ => "1",
+        };
+        let vars: Vec<(&str, &str)> = names.iter().map(|n| (*n, values(n))).collect();
+        let loaded = Config::load_from(Some(&file), env(&vars))
+            .unwrap_or_else(|e| panic!("the Kubernetes configuration does not load: {e:#}"));
+        let c = &loaded.config;
+        assert_eq!(c.bind, "0.0.0.0:8080");
+        assert!(!c.auto_migrate);
+        assert_eq!(c.node.as_deref(), Some("toolexec-1"));
+        assert_eq!(
+            c.cluster.advertise_url.as_deref(),
+            Some("http://10.1.2.3:8080")
+        );
+        assert_eq!(
+            c.telemetry.otlp_endpoint.as_deref(),
+            Some("http://otel-collector:4318")
+        );
+        assert_eq!(
+            loaded.sources["recorder_writers"],
+            Source::File(file.clone())
+        );
     }
 
     #[test]

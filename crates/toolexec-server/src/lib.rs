@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod http;
+pub mod telemetry;
 mod toolsdoc;
 
 use std::future::Future;

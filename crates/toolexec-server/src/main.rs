@@ -81,23 +81,9 @@ enum KeysCommand {
     },
 }
 
-fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a person at a terminal: escape codes in a log file or a collector are noise.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if format == "text" {
-        builder.init();
-    } else {
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .init();
-    }
+/// Logs only (no trace export): the one-shot commands.
+fn init_logs(format: &str) -> anyhow::Result<toolexec_server::telemetry::Telemetry> {
+    toolexec_server::telemetry::init(format, &Default::default(), "")
 }
 
 fn main() -> anyhow::Result<()> {
@@ -115,8 +101,12 @@ async fn run() -> anyhow::Result<()> {
     let config = loaded.config.clone();
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            init_tracing(&config.log_format);
-            tracing::info!(config = ?config, "starting");
+            let telemetry = toolexec_server::telemetry::init(
+                &config.log_format,
+                &config.telemetry,
+                &config.node(),
+            )?;
+            tracing::info!(config = ?config, traces = telemetry.exporting(), "starting");
             let state = build_state(&config).await?;
             let addr = config.bind_addr()?;
             let listener = tokio::net::TcpListener::bind(addr)
@@ -128,11 +118,14 @@ async fn run() -> anyhow::Result<()> {
                 auth = state.auth.describe(),
                 "listening"
             );
-            serve(state, listener, shutdown_signal()).await?;
+            let served = serve(state, listener, shutdown_signal()).await;
+            // The spans of the last requests are queued still: export them before leaving.
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+            served?;
             tracing::info!("stopped");
         }
         Command::Migrate => {
-            init_tracing(&config.log_format);
+            init_logs(&config.log_format)?;
             let store = open_store(&config).await?;
             store.migrate().await.context("applying migrations")?;
             eprintln!("migrations applied ({})", store.backend());

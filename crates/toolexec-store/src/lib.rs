@@ -164,6 +164,15 @@ impl Write {
         }
     }
 
+    /// What kind of write this is, as named in traces: `start`, `finish` or `record`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Write::Start { .. } => "start",
+            Write::Finish { .. } => "finish",
+            Write::Record { .. } => "record",
+        }
+    }
+
     /// The blobs this write carries (none for a `Start`).
     pub fn blobs(&self) -> &[Blob] {
         match self {

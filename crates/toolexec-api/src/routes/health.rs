@@ -28,7 +28,7 @@ async fn metrics(State(state): State<SharedState>) -> Response {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.engine.metrics().render(),
+        state.engine.render_metrics(),
     )
         .into_response()
 }

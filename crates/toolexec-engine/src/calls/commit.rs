@@ -7,6 +7,7 @@ use std::time::Duration;
 use toolexec_core::ProblemCode;
 use toolexec_core::{Call, CallResult};
 use toolexec_store::{Assigned, CallKey, NewInvocation, Outcome, Write, WriteError};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::inflight::InflightGuard;
@@ -95,14 +96,18 @@ impl Engine {
         let result = rec.result;
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
-        // Its own task: the record must land even if the client goes away meanwhile.
-        tokio::spawn(async move {
-            if let Some((result, a)) =
-                record_finish(&recorder, write, result, invocation_id, failed_tx).await
-            {
-                let _ = done_tx.send(finish(&metrics, guard, result, a));
+        // Its own task: the record must land even if the client goes away meanwhile. In the
+        // call's span, so that its store writes show as the call's.
+        tokio::spawn(
+            async move {
+                if let Some((result, a)) =
+                    record_finish(&recorder, write, result, invocation_id, failed_tx).await
+                {
+                    let _ = done_tx.send(finish(&metrics, guard, result, a));
+                }
             }
-        });
+            .in_current_span(),
+        );
         let done = tokio::select! {
             biased;
             done = &mut done_rx => Ok(done),

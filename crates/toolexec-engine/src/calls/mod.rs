@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use toolexec_core::{Call, CallResult};
+use tracing::Instrument;
 use uuid::Uuid;
 
 pub(crate) use cancel::Cancels;
@@ -55,6 +56,40 @@ impl CallBatch {
         Self {
             calls,
             replay_of: None,
+        }
+    }
+}
+
+/// The span of one call run here, a child of its request's: named after its tool
+/// (`call shell`), with the tool, session, tenant and call id; its status once it is recorded.
+/// Its children are the tool's run (`tool`, with the sandbox's own `sandbox.*` spans) and the
+/// store writes it waits for (`store.write`).
+fn call_span(tenant_id: Uuid, session_id: Uuid, call: &Call) -> tracing::Span {
+    tracing::info_span!(
+        "call",
+        otel.name = %format_args!("call {}", call.name),
+        otel.status_code = tracing::field::Empty,
+        tool = %call.name,
+        session.id = %session_id,
+        tenant.id = %tenant_id,
+        call.id = %call.id,
+        invocation.id = tracing::field::Empty,
+        status = tracing::field::Empty,
+    )
+}
+
+/// A call's recorded status on its span; a call that could not be recorded (an engine error,
+/// answered as a 5xx or 503) is an error span.
+fn record_outcome(span: &tracing::Span, r: &Result<CallResult>) {
+    match r {
+        Ok(r) => {
+            span.record("status", r.status.as_str());
+            span.record("invocation.id", tracing::field::display(r.invocation_id));
+        }
+        Err(e) => {
+            span.record("status", "unrecorded");
+            span.record("otel.status_code", "ERROR");
+            tracing::warn!(parent: span, error = %e, "the call could not be run or recorded");
         }
     }
 }
@@ -88,12 +123,16 @@ impl Engine {
         // then must not start.
         let client = control.client_gone().clone().drop_guard();
         let engine = self.clone();
-        let mut task = tokio::spawn(async move {
-            let _registration = registration;
-            engine
-                .run_batch(tenant_id, session_id, &batch.calls, &control)
-                .await
-        });
+        // In the request's span: the calls' spans are its children, in the logs and traces.
+        let mut task = tokio::spawn(
+            async move {
+                let _registration = registration;
+                engine
+                    .run_batch(tenant_id, session_id, &batch.calls, &control)
+                    .await
+            }
+            .in_current_span(),
+        );
         let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
         match tokio::time::timeout(waited, &mut task).await {
             Ok(done) => {
@@ -146,10 +185,15 @@ impl Engine {
                         () = control.client_gone().cancelled() => Ok(None),
                     },
                     Plan::Run(tool) => match rt {
-                        Some(rt) => self
-                            .run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k], control)
-                            .await
-                            .map(Some),
+                        Some(rt) => {
+                            let span = call_span(session.tenant_id, session.id, &calls[k]);
+                            let r = self
+                                .run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k], control)
+                                .instrument(span.clone())
+                                .await;
+                            record_outcome(&span, &r);
+                            r.map(Some)
+                        }
                         None => Err(EngineError::Internal("no runtime".into())),
                     },
                     Plan::Alias(_) => Err(EngineError::Internal("alias scheduled".into())),

@@ -60,6 +60,9 @@ pub struct Config {
     /// How this node works with other replicas on the same database (see docs/operator.md,
     /// "Several replicas").
     pub cluster: toolexec_engine::ClusterConfig,
+    /// Where blobs live: the database (default) or S3-compatible object storage (see
+    /// docs/operator.md, "Blobs in object storage").
+    pub blobs: toolexec_store::objects::BlobsConfig,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
+            blobs: toolexec_store::objects::BlobsConfig::default(),
         }
     }
 }
@@ -128,6 +132,7 @@ impl std::fmt::Debug for Config {
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
             .field("cluster", &self.cluster)
+            .field("blobs", &self.blobs)
             .finish()
     }
 }
@@ -514,8 +519,10 @@ impl Config {
             {
                 value = serde_json::Value::String(redact_url(url));
             }
-            if (key == "web.summarizer_api_key" || key == "web.search_api_key") && !value.is_null()
-            {
+            let secret = key == "web.summarizer_api_key"
+                || key == "web.search_api_key"
+                || toolexec_store::objects::SECRET_KEYS.contains(&key.as_str());
+            if secret && !value.is_null() {
                 value = serde_json::Value::String("***".to_owned());
             }
             let shown = match &value {
@@ -676,6 +683,12 @@ mod tests {
             "web.search_url" => ("http://searx:8888", json!("http://searx:8888")),
             "web.search_api_key" => ("bsk-test", json!("bsk-test")),
             "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
+            "blobs.s3_endpoint" => ("http://127.0.0.1:9000", json!("http://127.0.0.1:9000")),
+            "blobs.s3_bucket" => ("toolexec-blobs", json!("toolexec-blobs")),
+            "blobs.s3_region" => ("eu-west-1", json!("eu-west-1")),
+            "blobs.s3_access_key_id" => ("AKIDEXAMPLE", json!("AKIDEXAMPLE")),
+            "blobs.s3_secret_access_key" => ("s3-secret", json!("s3-secret")),
+            "blobs.s3_session_token" => ("s3-token", json!("s3-token")),
             _ => return None,
         })
     }
@@ -706,6 +719,7 @@ mod tests {
                         "log_format" => "text".to_owned(),
                         "sandbox.mode" => "unsandboxed".to_owned(),
                         "bind" => "127.0.0.1:9999".to_owned(),
+                        "blobs.backend" => "s3".to_owned(),
                         _ => format!("{s}-x"),
                     };
                     (v.clone(), json!(v))
@@ -770,6 +784,36 @@ mod tests {
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("sk-secret-1"), "{shown}");
             assert!(!shown.contains("bsk-secret-2"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_object_store_credentials_are_never_shown() {
+        let loaded = Config::load_from(
+            None,
+            env(&[
+                ("TOOLEXEC_BLOBS__BACKEND", "s3"),
+                ("TOOLEXEC_BLOBS__S3_ACCESS_KEY_ID", "AKID-secret-3"),
+                ("TOOLEXEC_BLOBS__S3_SECRET_ACCESS_KEY", "s3-secret-4"),
+                ("TOOLEXEC_BLOBS__S3_SESSION_TOKEN", "s3-secret-5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.config.blobs.s3_secret_access_key.as_deref(),
+            Some("s3-secret-4")
+        );
+        let described = Config::describe(&loaded);
+        for key in toolexec_store::objects::SECRET_KEYS {
+            assert!(
+                described.contains(&format!("{key} = \"***\"")),
+                "{described}"
+            );
+        }
+        for shown in [described, format!("{:?}", loaded.config)] {
+            for secret in ["AKID-secret-3", "s3-secret-4", "s3-secret-5"] {
+                assert!(!shown.contains(secret), "{shown}");
+            }
         }
     }
 

@@ -30,6 +30,16 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "cluster",
         include_str!("../../../migrations/postgres/0004_cluster.sql"),
     ),
+    (
+        5,
+        "blob objects",
+        include_str!("../../../migrations/postgres/0005_blob_objects.sql"),
+    ),
+    (
+        6,
+        "retention",
+        include_str!("../../../migrations/postgres/0006_retention.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -52,6 +62,16 @@ pub(crate) const SQLITE: &[Embedded] = &[
         4,
         "cluster",
         include_str!("../../../migrations/sqlite/0004_cluster.sql"),
+    ),
+    (
+        5,
+        "blob objects",
+        include_str!("../../../migrations/sqlite/0005_blob_objects.sql"),
+    ),
+    (
+        6,
+        "retention",
+        include_str!("../../../migrations/sqlite/0006_retention.sql"),
     ),
 ];
 

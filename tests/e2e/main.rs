@@ -16,6 +16,7 @@ mod dialects;
 mod http_jail;
 mod http_limits;
 mod http_scenarios;
+mod object_store;
 mod openapi;
 mod problems;
 mod recording;

@@ -52,7 +52,7 @@ impl Moto {
     /// anew) and waits until it answers.
     pub async fn up(&mut self) {
         assert!(self.child.is_none(), "moto is already running");
-        let mut child = Command::new(moto_server())
+        let child = Command::new(moto_server())
             .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -65,10 +65,13 @@ impl Moto {
                     moto_server()
                 )
             });
+        // Owned by `self` from here on, so that a panic below still kills it (Drop).
+        self.child = Some(child);
+        toolexec_tools::web::install_tls_provider();
         let http = reqwest::Client::new();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("moto_server exited at start: {status}");
             }
             if http
@@ -79,14 +82,12 @@ impl Moto {
             {
                 break;
             }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("moto_server did not answer within {START_TIMEOUT:?}");
-            }
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not answer within {START_TIMEOUT:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        self.child = Some(child);
         let created = http
             .put(format!("{}/{BUCKET}", self.endpoint()))
             .send()

@@ -447,3 +447,40 @@ async fn the_binary_keeps_blobs_in_s3_and_expires_them_configured_by_the_environ
     .await
     .expect("the test took too long");
 }
+
+/// A bucket that does not exist (or credentials that may not write) stops the service at
+/// start with a message that says so, instead of a service that refuses every call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_the_service_cannot_write_stops_it_at_start() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let moto = Moto::start().await;
+        let data = toolexec_tests::app::data_dir();
+        let mut cmd = toolexec(data.path());
+        cmd.env("TOOLEXEC_BIND", "127.0.0.1:0")
+            .env("TOOLEXEC_DATA_DIR", data.path())
+            .env("TOOLEXEC_LOG_FORMAT", "json")
+            .env("TOOLEXEC_BLOBS__BACKEND", "s3")
+            .env("TOOLEXEC_BLOBS__S3_ENDPOINT", moto.endpoint())
+            .env("TOOLEXEC_BLOBS__S3_BUCKET", "no-such-bucket")
+            .env("TOOLEXEC_BLOBS__S3_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", moto::SECRET_KEY)
+            .env("AWS_REGION", "us-east-1")
+            .arg("serve");
+        let started = tokio::task::spawn_blocking(move || toolexec_tests::binary::start(cmd))
+            .await
+            .unwrap();
+        match started {
+            toolexec_tests::binary::Started::Exited(log) => {
+                assert!(log.contains("blobs: cannot write"), "{log}");
+                assert!(log.contains("no-such-bucket"), "{log}");
+                assert!(!log.contains(moto::SECRET_KEY), "{log}");
+            }
+            toolexec_tests::binary::Started::Serving(s) => {
+                panic!("it serves at {} with a bucket that does not exist", s.base)
+            }
+        }
+    })
+    .await
+    .expect("the test took too long");
+}

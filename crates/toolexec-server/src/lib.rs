@@ -42,6 +42,10 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         config.blobs.inline_max_bytes,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
+    blobs
+        .check_writable()
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
     tracing::info!(
         bucket = config.blobs.s3_bucket.as_deref().unwrap_or_default(),
         endpoint = config.blobs.s3_endpoint.as_deref().unwrap_or("(AWS)"),

@@ -44,6 +44,10 @@ pub const DEFAULT_INLINE_MAX_BYTES: usize = 64 * 1024;
 /// just went down (its finish then waits for the store, retried, like any store outage).
 const HEALTHY_FOR: Duration = Duration::from_secs(1);
 
+/// The object written at start-up (and asked for by the liveness probe): under the prefix, and
+/// no hash, so never taken for a blob.
+const PROBE_KEY: &str = "toolexec-probe";
+
 /// Most object requests in flight at once for one write or read.
 const PARALLEL_REQUESTS: usize = 16;
 
@@ -248,13 +252,38 @@ impl ObjectBlobs {
             return Ok(());
         }
         // A HEAD of a key that need not exist: any answer of the store (found or not) is one.
-        match self.objects.head(&self.key("probe")).await {
+        match self.objects.head(&self.key(PROBE_KEY)).await {
             Ok(_) | Err(object_store::Error::NotFound { .. }) => {
                 self.set_healthy(true);
                 Ok(())
             }
             Err(e) => Err(self.unavailable("probe", e)),
         }
+    }
+
+    /// Writes and reads back a small object: the bucket exists, and the credentials may write
+    /// and read under the prefix. Run at start, so that a wrong bucket or key stops the service
+    /// with a clear error instead of refusing every call.
+    pub async fn check_writable(&self) -> std::result::Result<(), String> {
+        let key = self.key(PROBE_KEY);
+        let body = Bytes::from_static(b"toolexec writes its blobs here\n");
+        self.objects
+            .put(&key, body.clone().into())
+            .await
+            .map_err(|e| format!("blobs: cannot write {key} to the bucket: {e}"))?;
+        let read = self
+            .objects
+            .get(&key)
+            .await
+            .map_err(|e| format!("blobs: cannot read {key} from the bucket: {e}"))?
+            .bytes()
+            .await
+            .map_err(|e| format!("blobs: cannot read {key} from the bucket: {e}"))?;
+        if read != body {
+            return Err(format!("blobs: {key} read back other bytes than written"));
+        }
+        self.set_healthy(true);
+        Ok(())
     }
 
     /// Puts the blobs above the inline bound into the object store and records them, and

@@ -36,8 +36,9 @@ pub struct Report {
     /// Sessions closed before the cutoff and kept because a session that stays was forked or
     /// replayed from them.
     pub kept_as_origin: Vec<Uuid>,
+    /// Events of the expired sessions (counted in a dry run too).
     pub events: u64,
-    /// Invocations with an output blob (in a dry run), or all deleted.
+    /// Invocations and replays deleted (0 in a dry run).
     pub invocations: u64,
     pub replays: u64,
     /// Hashes of blobs named by the expired sessions only: deleted (or to be) where stored.
@@ -191,7 +192,6 @@ pub async fn run(store: &dyn Store, closed_before: DateTime<Utc>, dry_run: bool)
         outputs_after = Some(last.invocation_id);
         for r in page {
             if expire.contains(&r.session_id) {
-                report.invocations += 1;
                 candidates.insert(r.sha256);
             } else if candidates.contains(&r.sha256) {
                 named_elsewhere.insert(r.sha256);

@@ -232,6 +232,9 @@ impl Store for CountingStore {
     async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
         self.inner.interrupt_session(session_id, content).await
     }
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        self.inner.prepare(write).await
+    }
     async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
         self.inner.put_blob_objects(objects).await
     }

@@ -393,6 +393,17 @@ pub trait Store: Send + Sync + 'static {
     /// Most bytes of blob contents one statement carries.
     fn blob_statement_bytes(&self) -> usize;
 
+    /// What a write needs done before it joins a group commit, done in the caller's task so
+    /// that no other session's commit waits for it. The database backends need nothing; with
+    /// blobs in object storage ([`objects::ObjectBlobs`]) a write that starts a call is refused
+    /// ([`StoreError::Unavailable`]) while the object store cannot be reached, and the blobs
+    /// above the inline bound are uploaded and taken out of the write. On an error the write
+    /// is as it was.
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        let _ = write;
+        Ok(())
+    }
+
     /// Marks every invocation still `running` on `node` as `interrupted` and appends their
     /// `invocation.finished` events. Returns how many there were.
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64>;

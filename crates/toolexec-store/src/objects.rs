@@ -448,13 +448,8 @@ impl Store for ObjectBlobs {
         &self,
         batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
-        // Fail closed: nothing starts while the blobs of its finish could not be written.
-        if batch
-            .iter()
-            .any(|w| matches!(w, Write::Start { .. } | Write::Record { .. }))
-        {
-            self.ensure_reachable().await?;
-        }
+        // The recorder has prepared its writes (`prepare`): this uploads only what a caller
+        // that did not left in them.
         if !batch
             .iter()
             .any(|w| w.blobs().iter().any(|b| b.len() > self.inline_max_bytes))
@@ -478,6 +473,25 @@ impl Store for ObjectBlobs {
     }
     fn blob_statement_bytes(&self) -> usize {
         self.inner.blob_statement_bytes()
+    }
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        // Fail closed: nothing starts while the blobs of its finish could not be written.
+        if matches!(write, Write::Start { .. } | Write::Record { .. }) {
+            self.ensure_reachable().await?;
+        }
+        if !write
+            .blobs()
+            .iter()
+            .any(|b| b.len() > self.inline_max_bytes)
+        {
+            return Ok(());
+        }
+        let inline = self.offload(write.blobs().to_vec()).await?;
+        match write {
+            Write::Start { .. } => {}
+            Write::Finish { blobs, .. } | Write::Record { blobs, .. } => *blobs = inline,
+        }
+        Ok(())
     }
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
         self.inner.interrupt_running(node, content).await

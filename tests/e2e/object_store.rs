@@ -297,6 +297,10 @@ async fn a_call_is_refused_while_the_object_store_is_down_and_runs_once_it_is_ba
     .expect("the test took too long");
 }
 
+/// Blobs small enough to stay rows of the database: B's own, and one C writes too.
+const SMALL_ONLY_B: &str = "only b, small\n";
+const SMALL_SHARED: &str = "shared, small\n";
+
 /// The retention scenario, with `retain(dry_run)` running retention and returning its report:
 /// A (closed) has a live fork F; B (closed) shares one file with C (active). Retention expires
 /// B only (A is F's origin): B's own object goes, the shared one stays; a dry run first
@@ -317,9 +321,12 @@ async fn retention_scenario(
     let b = api.session().await;
     api.write(&b, "b1", "b.txt", &only_b).await;
     api.write(&b, "b2", "shared.txt", &shared).await;
+    api.write(&b, "b3", "small.txt", SMALL_ONLY_B).await;
+    api.write(&b, "b4", "small-shared.txt", SMALL_SHARED).await;
     api.close(&b).await;
     let c = api.session().await;
     let c_at = api.write(&c, "c1", "shared.txt", &shared).await;
+    api.write(&c, "c2", "small-shared.txt", SMALL_SHARED).await;
     let all = moto.keys().await;
     for content in [&shared, &only_a, &only_b] {
         assert!(all.contains(&key(prefix, content)), "{all:?}");
@@ -381,6 +388,17 @@ async fn retention_expires_closed_sessions_and_the_objects_only_they_name(backen
             serde_json::to_value(report).unwrap()
         })
         .await;
+        // The blobs kept in the database go the same way: B's own, not the shared one.
+        let only_b = store
+            .blob(&sha256_hex(SMALL_ONLY_B.as_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(only_b, None);
+        let shared = store
+            .blob(&sha256_hex(SMALL_SHARED.as_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(shared.as_deref(), Some(SMALL_SHARED.as_bytes()));
     })
     .await
     .expect("the test took too long");

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolexec_core::sha256_hex;
+use toolexec_store::Store;
 use toolexec_tests::app::Backend;
 use toolexec_tests::binary::{serve, toolexec};
 use toolexec_tests::db::TestPgDatabase;
@@ -404,7 +405,54 @@ async fn retention_expires_closed_sessions_and_the_objects_only_they_name(backen
     .expect("the test took too long");
 }
 
+/// A live session that writes, while retention runs, the same bytes as a session it expires
+/// (after retention read the logs, before it deletes): those blobs are kept, and the live
+/// session's file reads back.
+async fn blobs_written_again_while_retention_runs_are_kept(backend: Backend) {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let moto = Moto::start().await;
+        let app = backend
+            .spawn_with(|c| c.blobs = moto.config("", INLINE_MAX))
+            .await;
+        let api = Api::new(&app.base);
+        let big = large("written again");
+        let b = api.session().await;
+        api.write(&b, "b1", "big.txt", &big).await;
+        api.write(&b, "b2", "small.txt", SMALL_ONLY_B).await;
+        api.close(&b).await;
+        let c = api.session().await;
+
+        let store = toolexec_tests::counting::CountingStore::new(app.state.engine.store().clone());
+        let (base, sid, content) = (app.base.clone(), c.clone(), big.clone());
+        let (written_tx, written_rx) = tokio::sync::oneshot::channel::<i64>();
+        *store.before_delete_sessions.lock().await = Some(Box::pin(async move {
+            let api = Api::new(&base);
+            api.write(&sid, "c1", "small.txt", SMALL_ONLY_B).await;
+            let at = api.write(&sid, "c2", "big.txt", &content).await;
+            let _ = written_tx.send(at);
+        }));
+        let report = toolexec_store::retention::run(store.as_ref(), chrono::Utc::now(), false)
+            .await
+            .unwrap();
+        assert_eq!(report.sessions.len(), 1, "{report:?}");
+        let at = written_rx.await.expect("the write ran while retention ran");
+
+        assert!(moto.keys().await.contains(&key("", &big)));
+        let (status, bytes) = api.file_at(&c, "big.txt", at).await;
+        assert_eq!(status, 200);
+        assert_eq!(bytes, big.as_bytes());
+        let small = store
+            .blob(&sha256_hex(SMALL_ONLY_B.as_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(small.as_deref(), Some(SMALL_ONLY_B.as_bytes()));
+    })
+    .await
+    .expect("the test took too long");
+}
+
 on_both_stores!(
+    blobs_written_again_while_retention_runs_are_kept,
     large_blobs_are_objects_of_the_bucket_and_read_back_through_the_api,
     a_call_is_refused_while_the_object_store_is_down_and_runs_once_it_is_back,
     retention_expires_closed_sessions_and_the_objects_only_they_name,

@@ -17,6 +17,9 @@ pub struct CountingStore {
     pub event_pages: AtomicU64,
     /// Calls of [`Store::lookup_calls`] (recorded calls looked up by id).
     pub call_lookups: AtomicU64,
+    /// Run (once) at the start of [`Store::delete_sessions`]: something that happens while
+    /// retention runs, between its reading of the logs and its deletes.
+    pub before_delete_sessions: tokio::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
 }
 
 impl CountingStore {
@@ -26,6 +29,7 @@ impl CountingStore {
             process_lookups: AtomicU64::new(0),
             event_pages: AtomicU64::new(0),
             call_lookups: AtomicU64::new(0),
+            before_delete_sessions: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -247,6 +251,9 @@ impl Store for CountingStore {
     async fn retention_sessions(&self) -> Result<Vec<toolexec_store::RetentionSession>> {
         self.inner.retention_sessions().await
     }
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        self.inner.session_seqs().await
+    }
     async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
         self.inner.scan_events(after, limit).await
     }
@@ -258,6 +265,10 @@ impl Store for CountingStore {
         self.inner.scan_output_refs(after, limit).await
     }
     async fn delete_sessions(&self, ids: &[Uuid]) -> Result<toolexec_store::Deleted> {
+        let hook = self.before_delete_sessions.lock().await.take();
+        if let Some(hook) = hook {
+            hook.await;
+        }
         self.inner.delete_sessions(ids).await
     }
     async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64> {

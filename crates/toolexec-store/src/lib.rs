@@ -548,6 +548,10 @@ pub trait Store: Send + Sync + 'static {
     /// Every session that is closed or has an origin (no tenant check: an operator's job).
     async fn retention_sessions(&self) -> Result<Vec<RetentionSession>>;
 
+    /// Every session's id and `last_seq`: what retention compares, at its end, with what it
+    /// saw at its start, to read again the events appended while it ran.
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>>;
+
     /// A page of every session's events in `(session_id, seq)` order: those after `after`
     /// (`None`: from the first), at most `limit`. One range of the primary key per page.
     async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>>;

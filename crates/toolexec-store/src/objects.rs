@@ -639,6 +639,9 @@ impl Store for ObjectBlobs {
     async fn retention_sessions(&self) -> Result<Vec<RetentionSession>> {
         self.inner.retention_sessions().await
     }
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        self.inner.session_seqs().await
+    }
     async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
         self.inner.scan_events(after, limit).await
     }

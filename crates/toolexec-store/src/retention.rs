@@ -11,7 +11,7 @@
 //!
 //! It reads the whole log once (a page at a time), so it is a batch job for a quiet hour, not
 //! something the service runs on a request path.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 
 use chrono::{DateTime, Utc};
@@ -149,9 +149,43 @@ async fn event_names(store: &dyn Store, event: &Event, out: &mut HashSet<String>
     Ok(())
 }
 
+/// The candidates named by events appended after `seqs_at_start` was read (to sessions that
+/// had more events since, or are new).
+async fn appended_since(
+    store: &dyn Store,
+    seqs_at_start: &HashMap<Uuid, i64>,
+    candidates: &HashSet<String>,
+) -> Result<HashSet<String>> {
+    let mut named = HashSet::new();
+    for (id, last_seq) in store.session_seqs().await? {
+        let seen = seqs_at_start.get(&id).copied().unwrap_or(0);
+        if last_seq <= seen {
+            continue;
+        }
+        let mut after = Some((id, seen));
+        'session: loop {
+            let page = store.scan_events(after, PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some((last.session_id, last.seq));
+            for event in &page {
+                if event.session_id != id {
+                    break 'session;
+                }
+                let mut names = HashSet::new();
+                event_names(store, event, &mut names).await?;
+                named.extend(names.into_iter().filter(|s| candidates.contains(s)));
+            }
+        }
+    }
+    Ok(named)
+}
+
 /// Expires what closed before `closed_before` (see the module docs); with `dry_run`, only says
 /// what it would delete.
 pub async fn run(store: &dyn Store, closed_before: DateTime<Utc>, dry_run: bool) -> Result<Report> {
+    // Where every log ended when the run began: events appended later are read again at the
+    // end (see `appended_since`).
+    let seqs_at_start: HashMap<Uuid, i64> = store.session_seqs().await?.into_iter().collect();
     let sessions = store.retention_sessions().await?;
     let (expire, kept_as_origin) = expiring(&sessions, closed_before);
     let mut report = Report {
@@ -227,6 +261,19 @@ pub async fn run(store: &dyn Store, closed_before: DateTime<Utc>, dry_run: bool)
     // The sessions first, then their blobs: a crash in between leaves blobs nothing names
     // (found again by no run, but harmless), never a log that names a deleted blob.
     let deleted = store.delete_sessions(&ids).await?;
+    // A live session may have written one of these blobs again while the logs were read: what
+    // was appended since the start names it too. (Left: a write landing between this read and
+    // the delete below, a window of milliseconds — docs/operator.md.)
+    let again = appended_since(store, &seqs_at_start, &candidates).await?;
+    if !again.is_empty() {
+        tracing::info!(
+            blobs = again.len(),
+            "retention: blobs named again while it ran are kept"
+        );
+        unnamed.retain(|s| !again.contains(s));
+        report.blobs = unnamed.len() as u64;
+        report.blobs_shared += again.len() as u64;
+    }
     report.events = deleted.events;
     report.invocations = deleted.invocations;
     report.replays = deleted.replays;

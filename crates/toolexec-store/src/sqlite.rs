@@ -1068,6 +1068,12 @@ impl Store for SqliteStore {
             .collect())
     }
 
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        Ok(sqlx::query_as("SELECT id, last_seq FROM sessions")
+            .fetch_all(&self.reader)
+            .await?)
+    }
+
     async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
         let (session, seq) = after.unwrap_or((Uuid::nil(), -1));
         sqlx::query(concat!(

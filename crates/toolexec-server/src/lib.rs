@@ -56,8 +56,9 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(blobs))
 }
 
-/// The database store alone (Postgres or the embedded SQLite file).
-async fn open_database(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+/// The database store alone (Postgres or the embedded SQLite file): what `migrate` and `keys`
+/// need, without reaching for the object store (and its credentials).
+pub async fn open_database(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match config.database_url.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             Arc::new(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use toolexec_server::{Config, build_state, open_store, serve};
+use toolexec_server::{Config, build_state, open_database, open_store, serve};
 
 #[derive(Parser)]
 #[command(
@@ -127,7 +127,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Migrate => {
             init_tracing(&config.log_format);
-            let store = open_store(&config).await?;
+            let store = open_database(&config).await?;
             store.migrate().await.context("applying migrations")?;
             eprintln!("migrations applied ({})", store.backend());
         }
@@ -139,7 +139,7 @@ async fn run() -> anyhow::Result<()> {
                 !tenant.is_empty() && tenant.len() <= 200,
                 "--tenant must be 1 to 200 characters"
             );
-            let store = open_store(&config).await?;
+            let store = open_database(&config).await?;
             store.migrate().await.context("applying migrations")?;
             let t = store.ensure_tenant(tenant).await?;
             let mut secret = [0u8; 32];

@@ -357,18 +357,6 @@ impl ObjectBlobs {
             Err(e) => Err(self.unavailable("deleting a blob", e)),
         }
     }
-
-    /// Every key under the prefix (for tests and operators' checks).
-    pub async fn list_keys(&self) -> Result<Vec<String>> {
-        let prefix = Path::from_iter(self.prefix.split('/').filter(|s| !s.is_empty()));
-        let metas: Vec<object_store::ObjectMeta> = self
-            .objects
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| self.unavailable("listing", e))?;
-        Ok(metas.into_iter().map(|m| m.location.to_string()).collect())
-    }
 }
 
 #[async_trait]

@@ -207,6 +207,19 @@ async fn large_blobs_are_objects_of_the_bucket_and_read_back_through_the_api(bac
         );
         assert!(moto.keys().await.len() > keys.len());
 
+        // A verify replay re-runs the calls and compares their full outputs, read back from
+        // the bucket (the recorded one and the replayed one).
+        let (status, replay) = api
+            .post(
+                &format!("/v1/sessions/{sid}/replay"),
+                json!({"mode": "verify"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{replay}");
+        assert_eq!(replay["status"], "finished", "{replay}");
+        assert_eq!(replay["calls_total"], 3, "{replay}");
+        assert_eq!(replay["calls_diverged"], 0, "{replay}");
+
         // A fork rebuilt from those objects has the bytes.
         let fork = api.fork(&sid, at).await;
         let r = api

@@ -19,6 +19,7 @@ mod http_jail;
 mod http_limits;
 mod http_scenarios;
 mod mcp;
+mod object_store;
 mod observability;
 mod openapi;
 mod problems;

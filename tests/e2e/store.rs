@@ -74,6 +74,8 @@ store_suite!(
     a_session_remembers_where_it_came_from,
     a_replay_report_is_saved_replaced_and_read_by_its_tenant_only,
     a_lease_is_held_by_one_node_until_released_or_expired,
+    retention_deletes_closed_sessions_only_and_never_an_origin_that_stays,
+    blob_rows_of_either_kind_are_deleted_by_hash,
 );
 
 // --- helpers ---
@@ -1759,6 +1761,110 @@ async fn a_session_remembers_where_it_came_from(db: &TestStore) {
     assert_eq!(
         db.store.get_session(t.id, source.id).await.unwrap().origin,
         None
+    );
+}
+
+async fn retention_deletes_closed_sessions_only_and_never_an_origin_that_stays(db: &TestStore) {
+    let t = tenant(db, "acme").await;
+    let origin = session(db, &t).await;
+    db.store
+        .commit(&[record(call(origin.id, "c1"), "x")])
+        .await
+        .unwrap();
+    let mut fork = new_session(&t);
+    fork.origin = Some(toolexec_core::Origin {
+        kind: toolexec_core::OriginKind::Fork,
+        session_id: origin.id,
+        seq: 1,
+    });
+    let created = vec![NewEvent {
+        kind: EventKind::SessionCreated,
+        data: json!({}),
+    }];
+    db.store
+        .create_session(&fork, created, vec![], u64::MAX)
+        .await
+        .unwrap();
+    let active = session(db, &t).await;
+    db.store
+        .close_session(t.id, origin.id, json!({}))
+        .await
+        .unwrap();
+
+    // The origin of a session that stays: refused, nothing deleted.
+    let refused = db.store.delete_sessions(&[origin.id]).await;
+    assert!(
+        matches!(refused, Err(StoreError::Refused { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        db.store.events(t.id, origin.id, 0, 10).await.unwrap().len(),
+        4
+    );
+    // An active session is not deleted.
+    let none = db.store.delete_sessions(&[active.id]).await.unwrap();
+    assert_eq!(none.sessions, 0);
+    assert!(db.store.get_session(t.id, active.id).await.is_ok());
+    // Once the fork is closed too, the chain goes together, with every row of it.
+    db.store
+        .close_session(t.id, fork.id, json!({}))
+        .await
+        .unwrap();
+    let gone = db
+        .store
+        .delete_sessions(&[origin.id, fork.id])
+        .await
+        .unwrap();
+    assert_eq!(gone.sessions, 2);
+    assert_eq!(gone.invocations, 1);
+    assert_eq!(gone.events, 4 + 2);
+    for id in [origin.id, fork.id] {
+        assert!(matches!(
+            db.store.get_session(t.id, id).await,
+            Err(StoreError::NotFound)
+        ));
+    }
+    // And the log stays append-only for everyone else.
+    let delete = db.execute("DELETE FROM events").await;
+    assert!(delete.is_err(), "{delete:?}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM sessions_expiring")
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn blob_rows_of_either_kind_are_deleted_by_hash(db: &TestStore) {
+    let inline = Blob::new(b"inline bytes".to_vec());
+    let kept = Blob::new(b"kept bytes".to_vec());
+    db.store
+        .put_blobs(vec![inline.clone(), kept.clone()])
+        .await
+        .unwrap();
+    let object = sha256_hex(b"an object's bytes");
+    db.store
+        .put_blob_objects(&[(object.clone(), 17)])
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .blob_objects(&[object.clone(), kept.sha256.clone()])
+            .await
+            .unwrap(),
+        vec![object.clone()]
+    );
+    let n = db
+        .store
+        .delete_blobs(&[inline.sha256.clone(), object.clone(), sha256_hex(b"never")])
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(db.store.blob(&inline.sha256).await.unwrap(), None);
+    assert!(db.store.blob_objects(&[object]).await.unwrap().is_empty());
+    assert_eq!(
+        db.store.blob(&kept.sha256).await.unwrap(),
+        Some(kept.bytes.to_vec())
     );
 }
 

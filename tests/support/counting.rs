@@ -19,6 +19,9 @@ pub struct CountingStore {
     pub call_lookups: AtomicU64,
     /// Calls of [`Store::todo_events`] (one probe of the todo index each).
     pub todo_lookups: AtomicU64,
+    /// Run (once) at the start of [`Store::delete_sessions`]: something that happens while
+    /// retention runs, between its reading of the logs and its deletes.
+    pub before_delete_sessions: tokio::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
 }
 
 impl CountingStore {
@@ -29,6 +32,7 @@ impl CountingStore {
             event_pages: AtomicU64::new(0),
             call_lookups: AtomicU64::new(0),
             todo_lookups: AtomicU64::new(0),
+            before_delete_sessions: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -246,5 +250,43 @@ impl Store for CountingStore {
     }
     async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
         self.inner.interrupt_session(session_id, content).await
+    }
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        self.inner.prepare(write).await
+    }
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        self.inner.put_blob_objects(objects).await
+    }
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        self.inner.blob_objects(sha256s).await
+    }
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        self.inner.invocation_output_sha256(tenant_id, id).await
+    }
+    async fn retention_sessions(&self) -> Result<Vec<toolexec_store::RetentionSession>> {
+        self.inner.retention_sessions().await
+    }
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        self.inner.session_seqs().await
+    }
+    async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
+        self.inner.scan_events(after, limit).await
+    }
+    async fn scan_output_refs(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<toolexec_store::OutputRef>> {
+        self.inner.scan_output_refs(after, limit).await
+    }
+    async fn delete_sessions(&self, ids: &[Uuid]) -> Result<toolexec_store::Deleted> {
+        let hook = self.before_delete_sessions.lock().await.take();
+        if let Some(hook) = hook {
+            hook.await;
+        }
+        self.inner.delete_sessions(ids).await
+    }
+    async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64> {
+        self.inner.delete_blobs(sha256s).await
     }
 }

@@ -5,6 +5,7 @@ pub mod binary;
 pub mod counting;
 pub mod db;
 pub mod fixtures;
+pub mod moto;
 pub mod procs;
 
 /// `on_both_stores!(a, b)` turns each listed `async fn a(backend: Backend)` of the module into

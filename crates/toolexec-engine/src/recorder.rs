@@ -14,6 +14,9 @@
 //!   ([`Store::put_blobs`]), before it is queued — so a 1 GiB change set never sits in (or holds
 //!   up) another session's commit. Blobs are content-addressed: one stored for a write that then
 //!   fails is harmless.
+//! - **The store's preparation too** ([`Store::prepare`]): with blobs in object storage, the
+//!   check that the bucket answers and the upload of large blobs happen in the caller's task,
+//!   so no commit waits for a round trip to the bucket.
 //! - **Commits are bounded in bytes** too (the store's statement bound), not only in writes.
 //! - **A refused commit is retried apart**: if the store refuses a batch for anything but being
 //!   unreachable, its halves are committed separately (recursively), so only the guilty write
@@ -112,6 +115,11 @@ impl Recorder {
         if let Some(reason) = write.unstorable() {
             self.metrics.write_refused();
             return (Ok(Err(WriteError::Refused(reason))), Some(write));
+        }
+        // The store's own preparation (object storage: the probe that fails a call closed, the
+        // upload of large blobs), here in the caller's task rather than in the commit loop.
+        if let Err(e) = self.store.prepare(&mut write).await {
+            return (Err(e), Some(write));
         }
         let inline = INLINE_BLOB_BYTES.min(self.store.blob_statement_bytes());
         if write.blob_bytes() > inline {

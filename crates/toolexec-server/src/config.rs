@@ -67,6 +67,9 @@ pub struct Config {
     pub mcp: toolexec_api::mcp::McpConfig,
     /// Where traces go (see docs/operator.md, "Traces"); off by default.
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// Where blobs live: the database (default) or S3-compatible object storage (see
+    /// docs/operator.md, "Blobs in object storage").
+    pub blobs: toolexec_store::objects::BlobsConfig,
 }
 
 impl Default for Config {
@@ -98,6 +101,7 @@ impl Default for Config {
             tools: toolexec_tools::custom::CustomToolsConfig::default(),
             mcp: toolexec_api::mcp::McpConfig::default(),
             telemetry: crate::telemetry::TelemetryConfig::default(),
+            blobs: toolexec_store::objects::BlobsConfig::default(),
         }
     }
 }
@@ -140,6 +144,7 @@ impl std::fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("mcp", &self.mcp)
             .field("telemetry", &self.telemetry)
+            .field("blobs", &self.blobs)
             .finish()
     }
 }
@@ -526,8 +531,10 @@ impl Config {
             {
                 value = serde_json::Value::String(redact_url(url));
             }
-            if (key == "web.summarizer_api_key" || key == "web.search_api_key") && !value.is_null()
-            {
+            let secret = key == "web.summarizer_api_key"
+                || key == "web.search_api_key"
+                || toolexec_store::objects::SECRET_KEYS.contains(&key.as_str());
+            if secret && !value.is_null() {
                 value = serde_json::Value::String("***".to_owned());
             }
             let shown = match &value {
@@ -690,6 +697,12 @@ mod tests {
             "cluster.advertise_url" => ("http://ts-0.ts:8080", json!("http://ts-0.ts:8080")),
             "tools.dir" => ("/etc/toolexec/tools", json!("/etc/toolexec/tools")),
             "telemetry.otlp_endpoint" => ("http://otel:4318", json!("http://otel:4318")),
+            "blobs.s3_endpoint" => ("http://127.0.0.1:9000", json!("http://127.0.0.1:9000")),
+            "blobs.s3_bucket" => ("toolexec-blobs", json!("toolexec-blobs")),
+            "blobs.s3_region" => ("eu-west-1", json!("eu-west-1")),
+            "blobs.s3_access_key_id" => ("AKIDEXAMPLE", json!("AKIDEXAMPLE")),
+            "blobs.s3_secret_access_key" => ("s3-secret", json!("s3-secret")),
+            "blobs.s3_session_token" => ("s3-token", json!("s3-token")),
             _ => return None,
         })
     }
@@ -727,6 +740,7 @@ mod tests {
                         "log_format" => "text".to_owned(),
                         "sandbox.mode" => "unsandboxed".to_owned(),
                         "bind" => "127.0.0.1:9999".to_owned(),
+                        "blobs.backend" => "s3".to_owned(),
                         _ => format!("{s}-x"),
                     };
                     (v.clone(), json!(v))
@@ -857,6 +871,36 @@ mod tests {
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("sk-secret-1"), "{shown}");
             assert!(!shown.contains("bsk-secret-2"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_object_store_credentials_are_never_shown() {
+        let loaded = Config::load_from(
+            None,
+            env(&[
+                ("TOOLEXEC_BLOBS__BACKEND", "s3"),
+                ("TOOLEXEC_BLOBS__S3_ACCESS_KEY_ID", "AKID-secret-3"),
+                ("TOOLEXEC_BLOBS__S3_SECRET_ACCESS_KEY", "s3-secret-4"),
+                ("TOOLEXEC_BLOBS__S3_SESSION_TOKEN", "s3-secret-5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.config.blobs.s3_secret_access_key.as_deref(),
+            Some("s3-secret-4")
+        );
+        let described = Config::describe(&loaded);
+        for key in toolexec_store::objects::SECRET_KEYS {
+            assert!(
+                described.contains(&format!("{key} = \"***\"")),
+                "{described}"
+            );
+        }
+        for shown in [described, format!("{:?}", loaded.config)] {
+            for secret in ["AKID-secret-3", "s3-secret-4", "s3-secret-5"] {
+                assert!(!shown.contains(secret), "{shown}");
+            }
         }
     }
 

@@ -24,8 +24,42 @@ use toolexec_tools::Registry;
 pub use config::Config;
 pub use toolsdoc::{problems_markdown, tool_manual, tools_list, tools_markdown};
 
-/// Opens the store the configuration names (Postgres or the embedded SQLite file).
+/// Opens the store the configuration names (Postgres or the embedded SQLite file), with its
+/// large blobs in object storage when `blobs.backend = "s3"`.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let store = open_database(config).await?;
+    if !config
+        .blobs
+        .uses_object_store()
+        .map_err(|e| anyhow::anyhow!(e))?
+    {
+        return Ok(store);
+    }
+    let s3 = config.blobs.s3().map_err(|e| anyhow::anyhow!(e))?;
+    let blobs = toolexec_store::objects::ObjectBlobs::new(
+        store,
+        s3,
+        &config.blobs.s3_prefix,
+        config.blobs.inline_max_bytes,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    blobs
+        .check_writable()
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    tracing::info!(
+        bucket = config.blobs.s3_bucket.as_deref().unwrap_or_default(),
+        endpoint = config.blobs.s3_endpoint.as_deref().unwrap_or("(AWS)"),
+        prefix = %config.blobs.s3_prefix,
+        inline_max_bytes = config.blobs.inline_max_bytes,
+        "blobs in object storage"
+    );
+    Ok(Arc::new(blobs))
+}
+
+/// The database store alone (Postgres or the embedded SQLite file): what `migrate` and `keys`
+/// need, without reaching for the object store (and its credentials).
+pub async fn open_database(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match config.database_url.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             Arc::new(

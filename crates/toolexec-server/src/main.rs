@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use toolexec_server::{Config, build_state, open_store, serve};
+use toolexec_server::{Config, build_state, open_database, open_store, serve};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,19 @@ enum Command {
     Tools {
         #[command(subcommand)]
         command: ToolsCommand,
+    },
+    /// Expire closed sessions: delete those closed before the cutoff with their logs, then the
+    /// blobs no other session names (in the database and the object store). A session that
+    /// another one was forked or replayed from is kept while that one is (docs/operator.md,
+    /// "Retention and backup"). Prints what it deleted as JSON.
+    Retention {
+        /// Age of the cutoff: sessions closed more than this long ago expire (`30d`, `12h`,
+        /// `90m`, `3600s`, `2w`).
+        #[arg(long, value_parser = parse_age)]
+        closed_before: std::time::Duration,
+        /// Say what would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Print the tools reference as Markdown (or write it to a file; `docs/tools.md` is the checked-in copy).
     ToolsDoc {
@@ -126,7 +139,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Migrate => {
             init_logs(&config.log_format)?;
-            let store = open_store(&config).await?;
+            let store = open_database(&config).await?;
             store.migrate().await.context("applying migrations")?;
             eprintln!("migrations applied ({})", store.backend());
         }
@@ -138,7 +151,7 @@ async fn run() -> anyhow::Result<()> {
                 !tenant.is_empty() && tenant.len() <= 200,
                 "--tenant must be 1 to 200 characters"
             );
-            let store = open_store(&config).await?;
+            let store = open_database(&config).await?;
             store.migrate().await.context("applying migrations")?;
             let t = store.ensure_tenant(tenant).await?;
             let mut secret = [0u8; 32];
@@ -188,6 +201,20 @@ async fn run() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Retention {
+            closed_before,
+            dry_run,
+        } => {
+            let _telemetry = init_logs(&config.log_format)?;
+            let store = open_store(&config).await?;
+            store.migrate().await.context("applying migrations")?;
+            let cutoff = chrono::Utc::now()
+                - chrono::Duration::from_std(closed_before).context("--closed-before")?;
+            let report = toolexec_store::retention::run(store.as_ref(), cutoff, dry_run)
+                .await
+                .context("retention")?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
         Command::ToolsDoc { write } => {
             let registry = toolexec_tools::Registry::builtin()?;
             emit(toolexec_server::tools_markdown(&registry), write)?;
@@ -213,6 +240,31 @@ fn stdout(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// `30d`, `12h`, `90m`, `3600s`, `2w` (a whole number and one unit).
+fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?}: give a unit (s, m, h, d or w), e.g. 30d"))?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a whole number and a unit, e.g. 30d"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (s, m, h, d or w)"
+            ));
+        }
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(seconds)))
 }
 
 /// Prints `doc`, or writes it to `path`.

@@ -24,8 +24,10 @@ use uuid::Uuid;
 
 pub mod check;
 mod migrations;
+pub mod objects;
 mod plan;
 pub mod postgres;
+pub mod retention;
 mod rows;
 pub mod sqlite;
 
@@ -274,6 +276,33 @@ pub struct SessionPage {
     pub next_before: Option<Uuid>,
 }
 
+/// A session as retention sees it ([`Store::retention_sessions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionSession {
+    pub id: Uuid,
+    /// When it was closed; `None` while it is active.
+    pub closed_at: Option<DateTime<Utc>>,
+    /// The session it was forked or replayed from: its log starts from that one's.
+    pub origin: Option<Uuid>,
+}
+
+/// Rows [`Store::delete_sessions`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deleted {
+    pub sessions: u64,
+    pub events: u64,
+    pub invocations: u64,
+    pub replays: u64,
+}
+
+/// A blob named by an invocation row (its full output), for retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRef {
+    pub invocation_id: Uuid,
+    pub session_id: Uuid,
+    pub sha256: String,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// `"postgres"` or `"sqlite"`.
@@ -372,6 +401,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Most bytes of blob contents one statement carries.
     fn blob_statement_bytes(&self) -> usize;
+
+    /// What a write needs done before it joins a group commit, done in the caller's task so
+    /// that no other session's commit waits for it. The database backends need nothing; with
+    /// blobs in object storage ([`objects::ObjectBlobs`]) a write that starts a call is refused
+    /// ([`StoreError::Unavailable`]) while the object store cannot be reached, and the blobs
+    /// above the inline bound are uploaded and taken out of the write. On an error the write
+    /// is as it was.
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        let _ = write;
+        Ok(())
+    }
 
     /// Marks every invocation still `running` on `node` as `interrupted` and appends their
     /// `invocation.finished` events. Returns how many there were.
@@ -509,4 +549,42 @@ pub trait Store: Send + Sync + 'static {
     /// Marks every invocation of one session still `running` as `interrupted` (a node took the
     /// session over from one that is gone) and appends their `invocation.finished` events.
     async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64>;
+
+    // --- blobs kept in object storage (see [`objects`]) ---
+
+    /// Records that these blobs (hash, size in bytes) are objects of the object store, not rows
+    /// of `blobs`; hashes already recorded are left as they are.
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()>;
+
+    /// Which of `sha256s` are recorded as objects of the object store.
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>>;
+
+    /// The hash of an invocation's full output when it is a blob (its content was truncated),
+    /// tenant-checked like [`Store::invocation_output`].
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>>;
+
+    // --- retention (see [`retention`]) ---
+
+    /// Every session that is closed or has an origin (no tenant check: an operator's job).
+    async fn retention_sessions(&self) -> Result<Vec<RetentionSession>>;
+
+    /// Every session's id and `last_seq`: what retention compares, at its end, with what it
+    /// saw at its start, to read again the events appended while it ran.
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>>;
+
+    /// A page of every session's events in `(session_id, seq)` order: those after `after`
+    /// (`None`: from the first), at most `limit`. One range of the primary key per page.
+    async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>>;
+
+    /// A page of the invocations that have an output blob, by id: those after `after`.
+    async fn scan_output_refs(&self, after: Option<Uuid>, limit: u32) -> Result<Vec<OutputRef>>;
+
+    /// Deletes these sessions if they are closed — their events, invocations, replays and
+    /// lease — in one transaction (the append-only rule of events lifted for them alone).
+    /// Fails, deleting nothing, when a session not in the list has one of them as its origin.
+    async fn delete_sessions(&self, ids: &[Uuid]) -> Result<Deleted>;
+
+    /// Deletes the rows of these blobs (in `blobs` and in `blob_objects`); how many there were.
+    /// The objects themselves are the object store's ([`objects::ObjectBlobs`] deletes them).
+    async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64>;
 }

@@ -35,6 +35,16 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "todos",
         include_str!("../../../migrations/postgres/0005_todos.sql"),
     ),
+    (
+        6,
+        "blob objects",
+        include_str!("../../../migrations/postgres/0006_blob_objects.sql"),
+    ),
+    (
+        7,
+        "retention",
+        include_str!("../../../migrations/postgres/0007_retention.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -62,6 +72,16 @@ pub(crate) const SQLITE: &[Embedded] = &[
         5,
         "todos",
         include_str!("../../../migrations/sqlite/0005_todos.sql"),
+    ),
+    (
+        6,
+        "blob objects",
+        include_str!("../../../migrations/sqlite/0006_blob_objects.sql"),
+    ),
+    (
+        7,
+        "retention",
+        include_str!("../../../migrations/sqlite/0007_retention.sql"),
     ),
 ];
 

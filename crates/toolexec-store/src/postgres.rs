@@ -1241,6 +1241,175 @@ impl Store for PgStore {
         .await?;
         Ok(())
     }
+
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let hashes: Vec<&str> = objects.iter().map(|(h, _)| h.as_str()).collect();
+        let sizes: Vec<i64> = objects
+            .iter()
+            .map(|(_, s)| i64::try_from(*s).unwrap_or(i64::MAX))
+            .collect();
+        sqlx::query(
+            "INSERT INTO blob_objects (sha256, size) SELECT * FROM UNNEST($1::text[], $2::bigint[]) \
+             ON CONFLICT (sha256) DO NOTHING",
+        )
+        .bind(&hashes)
+        .bind(&sizes)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        if sha256s.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar::<_, String>(
+            "SELECT sha256 FROM blob_objects WHERE sha256 = ANY($1)",
+        )
+        .bind(sha256s)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+    }
+
+    async fn retention_sessions(&self) -> Result<Vec<crate::RetentionSession>> {
+        let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
+            "SELECT id, closed_at, origin_session_id FROM sessions \
+             WHERE status = 'closed' OR origin_session_id IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, closed_at, origin)| crate::RetentionSession {
+                id,
+                closed_at,
+                origin,
+            })
+            .collect())
+    }
+
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        Ok(sqlx::query_as("SELECT id, last_seq FROM sessions")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
+        let (session, seq) = after.unwrap_or((Uuid::nil(), -1));
+        sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE (e.session_id, e.seq) > ($1, $2) \
+              ORDER BY e.session_id, e.seq LIMIT $3"
+        ))
+        .bind(session)
+        .bind(seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect()
+    }
+
+    async fn scan_output_refs(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<crate::OutputRef>> {
+        let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+            "SELECT id, session_id, output_sha256 FROM invocations \
+             WHERE output_sha256 IS NOT NULL AND id > $1 ORDER BY id LIMIT $2",
+        )
+        .bind(after.unwrap_or(Uuid::nil()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(invocation_id, session_id, sha256)| crate::OutputRef {
+                invocation_id,
+                session_id,
+                sha256,
+            })
+            .collect())
+    }
+
+    async fn delete_sessions(&self, ids: &[Uuid]) -> Result<crate::Deleted> {
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM sessions WHERE id = ANY($1) AND status = 'closed' ORDER BY id FOR UPDATE",
+        )
+        .bind(ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        if ids.is_empty() {
+            return Ok(crate::Deleted::default());
+        }
+        sqlx::query("INSERT INTO sessions_expiring (session_id) SELECT * FROM UNNEST($1::uuid[])")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        let mut deleted = crate::Deleted::default();
+        let mut run = async |sql: &'static str| -> Result<u64> {
+            Ok(sqlx::query(sql)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .map_err(crate::retention::refused_delete)?
+                .rows_affected())
+        };
+        deleted.events = run("DELETE FROM events WHERE session_id = ANY($1)").await?;
+        deleted.replays =
+            run("DELETE FROM replays WHERE session_id = ANY($1) OR source_session_id = ANY($1)")
+                .await?;
+        run("DELETE FROM session_leases WHERE session_id = ANY($1)").await?;
+        deleted.invocations = run("DELETE FROM invocations WHERE session_id = ANY($1)").await?;
+        deleted.sessions = run("DELETE FROM sessions WHERE id = ANY($1)").await?;
+        run("DELETE FROM sessions_expiring WHERE session_id = ANY($1)").await?;
+        tx.commit().await?;
+        // What the cache knew of them is gone with them.
+        if let Ok(mut cache) = self.cache.lock() {
+            for id in &ids {
+                cache.sessions.remove(id);
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64> {
+        if sha256s.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        let inline = sqlx::query("DELETE FROM blobs WHERE sha256 = ANY($1)")
+            .bind(sha256s)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let objects = sqlx::query("DELETE FROM blob_objects WHERE sha256 = ANY($1)")
+            .bind(sha256s)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(inline + objects)
+    }
 }
 
 /// Which running invocations [`PgStore::interrupt`] marks.

@@ -1034,6 +1034,191 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(())
     }
+
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let now = Utc::now().timestamp_millis();
+        let mut tx = self.begin().await?;
+        for (sha256, size) in objects {
+            sqlx::query(
+                "INSERT INTO blob_objects (sha256, size, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (sha256) DO NOTHING",
+            )
+            .bind(sha256)
+            .bind(i64::try_from(*size).unwrap_or(i64::MAX))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        let mut conn = self.reader.acquire().await?;
+        for sha256 in sha256s {
+            let hit: Option<String> =
+                sqlx::query_scalar("SELECT sha256 FROM blob_objects WHERE sha256 = $1")
+                    .bind(sha256)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            found.extend(hit);
+        }
+        Ok(found)
+    }
+
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+    }
+
+    async fn retention_sessions(&self) -> Result<Vec<crate::RetentionSession>> {
+        let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
+            "SELECT id, closed_at, origin_session_id FROM sessions \
+             WHERE status = 'closed' OR origin_session_id IS NOT NULL",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, closed_at, origin)| crate::RetentionSession {
+                id,
+                closed_at,
+                origin,
+            })
+            .collect())
+    }
+
+    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
+        Ok(sqlx::query_as("SELECT id, last_seq FROM sessions")
+            .fetch_all(&self.reader)
+            .await?)
+    }
+
+    async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
+        let (session, seq) = after.unwrap_or((Uuid::nil(), -1));
+        sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE (e.session_id, e.seq) > ($1, $2) \
+              ORDER BY e.session_id, e.seq LIMIT $3"
+        ))
+        .bind(session)
+        .bind(seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect()
+    }
+
+    async fn scan_output_refs(
+        &self,
+        after: Option<Uuid>,
+        limit: u32,
+    ) -> Result<Vec<crate::OutputRef>> {
+        let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
+            "SELECT id, session_id, output_sha256 FROM invocations \
+             WHERE output_sha256 IS NOT NULL AND id > $1 ORDER BY id LIMIT $2",
+        )
+        .bind(after.unwrap_or(Uuid::nil()))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(invocation_id, session_id, sha256)| crate::OutputRef {
+                invocation_id,
+                session_id,
+                sha256,
+            })
+            .collect())
+    }
+
+    async fn delete_sessions(&self, ids: &[Uuid]) -> Result<crate::Deleted> {
+        let mut tx = self.begin().await?;
+        let mut closed = Vec::with_capacity(ids.len());
+        for id in ids {
+            let hit: Option<Uuid> =
+                sqlx::query_scalar("SELECT id FROM sessions WHERE id = $1 AND status = 'closed'")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            closed.extend(hit);
+        }
+        let mut deleted = crate::Deleted::default();
+        for id in &closed {
+            sqlx::query("INSERT INTO sessions_expiring (session_id) VALUES ($1)")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Children before parents: a session's origin must still exist when it is deleted
+        // (SQLite checks each statement's foreign keys as it ends).
+        for id in &closed {
+            let mut run = async |sql: &'static str| -> Result<u64> {
+                Ok(sqlx::query(sql)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(crate::retention::refused_delete)?
+                    .rows_affected())
+            };
+            deleted.events += run("DELETE FROM events WHERE session_id = $1").await?;
+            deleted.replays +=
+                run("DELETE FROM replays WHERE session_id = $1 OR source_session_id = $1").await?;
+            run("DELETE FROM session_leases WHERE session_id = $1").await?;
+            deleted.invocations += run("DELETE FROM invocations WHERE session_id = $1").await?;
+            run("DELETE FROM sessions_expiring WHERE session_id = $1").await?;
+        }
+        // All sessions in one statement: forks among them refer to each other.
+        for id in &closed {
+            sqlx::query("UPDATE sessions SET origin_session_id = NULL WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for id in &closed {
+            deleted.sessions += sqlx::query("DELETE FROM sessions WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(crate::retention::refused_delete)?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let mut n = 0;
+        for sha256 in sha256s {
+            for sql in [
+                "DELETE FROM blobs WHERE sha256 = $1",
+                "DELETE FROM blob_objects WHERE sha256 = $1",
+            ] {
+                n += sqlx::query(sql)
+                    .bind(sha256)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            }
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
 }
 
 /// Which running invocations [`SqliteStore::interrupt`] marks.

@@ -327,6 +327,7 @@ async fn a_hostile_archive_is_refused_whole_and_writes_nothing() {
             b"this is not an archive at all, just text that goes on".repeat(20),
             "not",
         ),
+        ("empty body", Vec::new(), "the body is empty"),
     ];
     for (name, body, says) in cases {
         let (status, problem) = put(&app, &sid, body).await;

@@ -51,8 +51,9 @@ pub struct Todo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_form: Option<String>,
     pub status: TodoStatus,
-    /// A task's key/value notes.
+    /// A task's key/value notes, in order: each a `[key, value]` pair.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Vec<String>>)]
     pub metadata: Vec<(String, String)>,
     /// A plan step's place in the plan, from 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]

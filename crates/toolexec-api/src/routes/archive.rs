@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -19,12 +19,17 @@ use utoipa_axum::routes;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::parse_id;
+use crate::extract::{ApiQuery, parse_id};
 use crate::problem::{ApiError, Problem, or_not_found};
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new().routes(routes!(put_archive, get_archive))
 }
+
+/// A tar stream (gzipped or not), as bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct TarStream(#[allow(dead_code, reason = "a schema only")] Vec<u8>);
 
 /// Longest an upload may go without a byte arriving: a slow link is fine, a stalled one is not.
 pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
@@ -42,7 +47,7 @@ pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
 /// not stall for more than 60 s.
 #[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id")),
-    request_body(content = Vec<u8>, description = "A tar stream, gzipped or not (detected by its magic bytes)", content_type = "application/x-tar"),
+    request_body(content = TarStream, description = "A tar stream, gzipped or not (detected by its magic bytes); sent with any content type (`application/x-tar`, `application/gzip`, `application/octet-stream`)", content_type = "application/octet-stream"),
     responses(
         (status = 200, description = "Unpacked and recorded", body = ArchiveUploaded),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
@@ -116,6 +121,13 @@ async fn put_archive(
     }
     file.flush().await.map_err(|_| ApiError::internal())?;
     drop(file);
+    if total == 0 {
+        return Err(ApiError::new(
+            ProblemCode::InvalidArchive,
+            "the body is empty: send the archive as a tar or tar.gz stream (for example \
+             `git archive --format=tar.gz HEAD | curl -X PUT --data-binary @- …`)",
+        ));
+    }
     // In a task of its own: a client that goes away does not stop an upload halfway (between
     // a batch written and its record).
     let engine = state.engine.clone();
@@ -147,7 +159,7 @@ pub struct ArchiveQuery {
 #[utoipa::path(get, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id"), ArchiveQuery),
     responses(
-        (status = 200, description = "The workspace as tar", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 200, description = "The workspace as tar", content_type = "application/x-tar", body = TarStream),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Files of that state are in the log by hash only (`unrestorable`); send `allow_partial=true` to leave them out", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`at` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
@@ -156,7 +168,7 @@ async fn get_archive(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
     Path(id): Path<String>,
-    Query(q): Query<ArchiveQuery>,
+    ApiQuery(q): ApiQuery<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
     let _slot = state.engine.archive_slot(tenant.id)?;

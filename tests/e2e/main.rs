@@ -15,6 +15,7 @@ mod cluster;
 mod custom_tools;
 mod descriptors;
 mod dialects;
+mod examples;
 mod generated_client;
 mod http_jail;
 mod http_limits;

@@ -294,3 +294,63 @@ async fn a_strict_models_arguments_with_nulls_are_understood_and_results_come_ba
         .await;
     assert!(r.get("rendered").is_none(), "{r}");
 }
+
+#[tokio::test]
+async fn a_sessions_tools_are_its_allow_list_in_any_format() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({"tools": ["read_file", "shell"]})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let names = |v: &Value| -> Vec<String> {
+        v["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let own: Value = app
+        .get(&format!("/v1/sessions/{sid}/tools"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(names(&own), ["read_file", "shell"], "{own}");
+    assert!(own["tools"][0]["capabilities"].is_array(), "{own}");
+    let anthropic: Value = app
+        .get(&format!("/v1/sessions/{sid}/tools?format=anthropic"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(names(&anthropic), ["read_file", "shell"]);
+    assert_eq!(
+        anthropic["tools"][1]["input_schema"]["additionalProperties"],
+        false
+    );
+    let openai: Value = app
+        .get(&format!("/v1/sessions/{sid}/tools?format=openai"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(openai["tools"][0]["strict"], true, "{openai}");
+    // Without an allow-list: the whole catalog, as GET /v1/tools shows it.
+    let all = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let every: Value = app
+        .get(&format!("/v1/sessions/{all}/tools"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let catalog: Value = app.get("/v1/tools").await.json().await.unwrap();
+    assert_eq!(names(&every), names(&catalog));
+    let missing = app
+        .get(&format!("/v1/sessions/{}/tools", uuid::Uuid::now_v7()))
+        .await;
+    assert_eq!(missing.status(), 404);
+}

@@ -17,6 +17,7 @@ pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
         .routes(routes!(list_tools))
         .routes(routes!(get_tool))
+        .routes(routes!(session_tools))
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
@@ -126,21 +127,52 @@ async fn list_tools(
     _tenant: AuthTenant,
     ApiQuery(q): ApiQuery<CatalogQuery>,
 ) -> Json<Catalog> {
+    Json(catalog(&state, q.format, |_| true))
+}
+
+/// One tool.
+/// The catalog's tools that `include` names, in `format`.
+fn catalog(state: &SharedState, format: CatalogFormat, include: impl Fn(&str) -> bool) -> Catalog {
     let tools = state
         .engine
         .registry()
         .specs()
+        .filter(|s| include(&s.name))
         .filter_map(|s| {
-            let here = Deployment::of(&state, &s.name);
+            let here = Deployment::of(state, &s.name);
             // A definition handed to a model is a tool it may call: not one that can only fail.
-            (here.unavailable.is_none() || matches!(q.format, CatalogFormat::Toolexec))
-                .then(|| render(s, here, q.format))
+            (here.unavailable.is_none() || matches!(format, CatalogFormat::Toolexec))
+                .then(|| render(s, here, format))
         })
         .collect();
-    Json(Catalog { tools })
+    Catalog { tools }
 }
 
-/// One tool.
+/// The tools a session may call — its allow-list (all the catalog's when it has none), as
+/// `GET /v1/tools` shows them, in any format: what to hand that session's model.
+#[utoipa::path(get, path = "/v1/sessions/{id}/tools", tag = "tools", security(("bearer" = [])),
+    params(("id" = uuid::Uuid, Path, description = "Session id"), CatalogQuery),
+    responses(
+        (status = 200, description = "The session's tools", body = Catalog),
+        (status = 404, description = "No such session for this tenant (`not_found`)", body = crate::problem::Problem, content_type = "application/problem+json"),
+    ))]
+async fn session_tools(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<CatalogQuery>,
+) -> Result<Json<Catalog>, ApiError> {
+    let id = crate::extract::parse_id(&id, "session")?;
+    let session = state
+        .engine
+        .get_session(tenant.id, id)
+        .await
+        .map_err(crate::problem::or_not_found("session"))?;
+    Ok(Json(catalog(&state, q.format, |name| {
+        session.allows_tool(name)
+    })))
+}
+
 #[utoipa::path(get, path = "/v1/tools/{name}", tag = "tools", security(("bearer" = [])),
     params(("name" = String, Path, description = "Tool name (the catalog's names are listed in this parameter's schema)"), CatalogQuery),
     responses(

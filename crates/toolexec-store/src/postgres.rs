@@ -887,16 +887,7 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        if found.is_empty() {
-            return Err(StoreError::NotFound);
-        }
-        let mut events = Vec::with_capacity(found.len());
-        for row in &found {
-            if row.opt_int("e_seq")?.is_some() {
-                events.push(rows::event(row)?);
-            }
-        }
-        Ok(events)
+        joined_events(&found)
     }
 
     async fn process_started(
@@ -1062,16 +1053,7 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        if found.is_empty() {
-            return Err(StoreError::NotFound);
-        }
-        let mut events = Vec::with_capacity(found.len());
-        for row in &found {
-            if row.opt_int("e_seq")?.is_some() {
-                events.push(rows::event(row)?);
-            }
-        }
-        Ok(events)
+        joined_events(&found)
     }
 
     async fn events_of_kinds(
@@ -1100,16 +1082,7 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        if found.is_empty() {
-            return Err(StoreError::NotFound);
-        }
-        let mut events = Vec::with_capacity(found.len());
-        for row in &found {
-            if row.opt_int("e_seq")?.is_some() {
-                events.push(rows::event(row)?);
-            }
-        }
-        Ok(events)
+        joined_events(&found)
     }
 
     async fn append_events(
@@ -1458,4 +1431,20 @@ impl PgStore {
         }
         Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
     }
+}
+
+/// The events of a query that joins a tenant's session to its events (`LEFT JOIN LATERAL`):
+/// `NotFound` when no row came back (no such session for this tenant), and the session's row
+/// alone (no event columns) when it has no events in range.
+fn joined_events(found: &[sqlx::postgres::PgRow]) -> Result<Vec<Event>> {
+    if found.is_empty() {
+        return Err(StoreError::NotFound);
+    }
+    let mut events = Vec::with_capacity(found.len());
+    for row in found {
+        if row.opt_int("e_seq")?.is_some() {
+            events.push(rows::event(row)?);
+        }
+    }
+    Ok(events)
 }

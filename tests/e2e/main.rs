@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api;
+mod approvals;
 mod archive;
 mod binary;
 mod budget_scan;

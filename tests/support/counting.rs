@@ -207,6 +207,28 @@ impl Store for CountingStore {
             .append_events(tenant_id, session_id, events, blobs)
             .await
     }
+    async fn request_approval(
+        &self,
+        invocation: toolexec_store::NewInvocation,
+        data: serde_json::Value,
+    ) -> Result<std::result::Result<i64, WriteError>> {
+        self.inner.request_approval(invocation, data).await
+    }
+    async fn decide_approval(
+        &self,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decided: serde_json::Value,
+        denied: Option<toolexec_store::Outcome>,
+        node: &str,
+    ) -> Result<std::result::Result<toolexec_store::Decided, WriteError>> {
+        self.inner
+            .decide_approval(tenant_id, invocation_id, decided, denied, node)
+            .await
+    }
+    async fn pending_approvals(&self, node: &str) -> Result<Vec<toolexec_store::PendingApproval>> {
+        self.inner.pending_approvals(node).await
+    }
     async fn save_replay(&self, tenant_id: Uuid, replay: &Replay) -> Result<()> {
         self.inner.save_replay(tenant_id, replay).await
     }

@@ -71,7 +71,9 @@ fn target(method: &Method, path: &str) -> Option<Target> {
     let mut parts = rest.split('/');
     let invocation = id(parts.next()?)?;
     match (method, parts.next(), parts.next()) {
-        (&Method::POST, Some("cancel"), None) => Some(Target::Invocation(invocation)),
+        (&Method::POST, Some("cancel" | "approve" | "deny"), None) => {
+            Some(Target::Invocation(invocation))
+        }
         _ => None,
     }
 }

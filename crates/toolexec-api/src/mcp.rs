@@ -439,6 +439,17 @@ impl ServerHandler for ToolexecMcp {
         let result = results
             .pop()
             .ok_or_else(|| ErrorData::internal_error("the call returned no result", None))?;
+        // A call that waits for a person's approval: an MCP client has no way to come back for
+        // the result, so the request waits for the decision (and the run), as long as a batch
+        // may take; still undecided then, it is answered with the pending text.
+        let wait =
+            std::time::Duration::from_millis(self.state.engine.config().limits.request_timeout_ms);
+        let result = self
+            .state
+            .engine
+            .after_approval(tenant.id, result, wait)
+            .await
+            .map_err(|e| protocol_error(or_not_found("session")(e)))?;
         Ok(mcp_result(&result).into())
     }
 }

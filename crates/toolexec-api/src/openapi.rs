@@ -39,6 +39,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::sessions::router())
         .merge(routes::calls::router())
         .merge(routes::cancel::router())
+        .merge(routes::approvals::router())
         .merge(routes::log::router())
         .merge(routes::history::router())
         .merge(routes::todos::router())

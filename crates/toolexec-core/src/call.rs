@@ -40,11 +40,17 @@ pub enum CallStatus {
     Cancelled,
     /// The service stopped while the call ran; its effects, if any, are in the log.
     Interrupted,
+    /// Not run yet: the session's policy makes this call wait for a person's decision
+    /// (`POST /v1/invocations/{id}/approve` or `/deny`). Not a final status: wait for the
+    /// invocation (`GET /v1/invocations/{id}?wait=SECONDS`) and hand the model its result then.
+    PendingApproval,
 }
 
 impl CallStatus {
+    /// Whether the model should read this result as a failure. A call still waiting for
+    /// approval has not failed (it has not run).
     pub fn is_error(self) -> bool {
-        self != CallStatus::Ok
+        !matches!(self, CallStatus::Ok | CallStatus::PendingApproval)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +63,7 @@ impl CallStatus {
             CallStatus::TimedOut => "timed_out",
             CallStatus::Cancelled => "cancelled",
             CallStatus::Interrupted => "interrupted",
+            CallStatus::PendingApproval => "pending_approval",
         }
     }
 
@@ -70,6 +77,7 @@ impl CallStatus {
             "timed_out" => CallStatus::TimedOut,
             "cancelled" => CallStatus::Cancelled,
             "interrupted" => CallStatus::Interrupted,
+            "pending_approval" => CallStatus::PendingApproval,
             _ => return None,
         })
     }
@@ -80,6 +88,8 @@ impl CallStatus {
 #[serde(rename_all = "snake_case")]
 pub enum InvocationStatus {
     Running,
+    /// Waiting for a person's decision; it has not run.
+    PendingApproval,
     Ok,
     Error,
     InvalidArguments,
@@ -94,6 +104,7 @@ impl InvocationStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             InvocationStatus::Running => "running",
+            InvocationStatus::PendingApproval => "pending_approval",
             other => other
                 .finished()
                 .map(CallStatus::as_str)
@@ -108,10 +119,10 @@ impl InvocationStatus {
         CallStatus::parse(s).map(Self::from)
     }
 
-    /// The final status, or `None` while running.
+    /// The final status, or `None` while running or waiting for approval.
     pub fn finished(self) -> Option<CallStatus> {
         Some(match self {
-            InvocationStatus::Running => return None,
+            InvocationStatus::Running | InvocationStatus::PendingApproval => return None,
             InvocationStatus::Ok => CallStatus::Ok,
             InvocationStatus::Error => CallStatus::Error,
             InvocationStatus::InvalidArguments => CallStatus::InvalidArguments,
@@ -135,6 +146,7 @@ impl From<CallStatus> for InvocationStatus {
             CallStatus::TimedOut => InvocationStatus::TimedOut,
             CallStatus::Cancelled => InvocationStatus::Cancelled,
             CallStatus::Interrupted => InvocationStatus::Interrupted,
+            CallStatus::PendingApproval => InvocationStatus::PendingApproval,
         }
     }
 }

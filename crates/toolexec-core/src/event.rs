@@ -68,10 +68,18 @@ pub enum EventKind {
     /// A todo was removed (a task set to `deleted`, a step gone from the plan).
     #[serde(rename = "todo.deleted")]
     TodoDeleted,
+    /// A call waits for a person's decision (the session's `policy.approval`): its call, why
+    /// it waits, and until when. Its `invocation.started` follows its approval.
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested,
+    /// A person approved or denied a waiting call, or nobody did in time: `decision`
+    /// (`approved`/`denied`), `by` (who), `reason`, `expired`.
+    #[serde(rename = "approval.decided")]
+    ApprovalDecided,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -90,6 +98,8 @@ impl EventKind {
         EventKind::TodoCreated,
         EventKind::TodoUpdated,
         EventKind::TodoDeleted,
+        EventKind::ApprovalRequested,
+        EventKind::ApprovalDecided,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -112,6 +122,8 @@ impl EventKind {
             EventKind::TodoCreated => "todo.created",
             EventKind::TodoUpdated => "todo.updated",
             EventKind::TodoDeleted => "todo.deleted",
+            EventKind::ApprovalRequested => "approval.requested",
+            EventKind::ApprovalDecided => "approval.decided",
         }
     }
 

@@ -75,6 +75,8 @@ problem_codes! {
         "The state asked for has more files and symlinks than `limits.max_state_entries`, more than the service rebuilds from a log in memory; the detail says how many."),
     ReplayRunning => ("replay_running", 409, "A replay is running in this session",
         "The session is a verify replay's, and the replay is still re-running its calls; nothing else may run in it until it ends (GET /v1/replays/{id} shows when). Nothing ran."),
+    AlreadyDecided => ("already_decided", 409, "Already decided",
+        "The invocation is not waiting for approval: it was approved or denied before (the detail says how and by whom; the same decision again is answered 200), or it never waited."),
     TooManyOpenSessions => ("too_many_open_sessions", 409, "Too many open sessions",
         "The tenant holds `limits.max_open_sessions_per_tenant` open sessions; close some (DELETE /v1/sessions/{id})."),
     ArchiveNotApplied => ("archive_not_applied", 409, "Archive not applied",

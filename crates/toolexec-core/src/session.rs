@@ -58,6 +58,67 @@ pub struct Policy {
     /// Per-tool output limit overrides, in characters: `{"read_file": 20000}`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub output_limits: BTreeMap<String, usize>,
+    /// Calls that wait for a person's decision before they run (see [`ApprovalPolicy`]).
+    /// Absent: no call waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalPolicy>,
+}
+
+/// Which calls of a session need a person's approval before they run: a call of a tool named in
+/// `tools`, or of a tool that declares one of `capabilities`. Such a call is answered at once
+/// with `status: "pending_approval"` and its invocation id; `POST /v1/invocations/{id}/approve`
+/// runs it, `…/deny` records it `denied` without running it, and one nobody decides within
+/// `timeout_ms` is recorded `denied` too.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalPolicy {
+    /// Tools whose every call waits for approval: `["shell", "write_file"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
+    /// Capabilities whose tools' calls wait for approval: `process` (runs commands), `network`
+    /// (reaches the outside world), `fs.write` (changes the workspace), `fs.read`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::tool::Capability>,
+    /// How long a call waits for a decision before it is recorded `denied` (milliseconds);
+    /// default 15 minutes (or the operator's `limits.max_approval_wait_ms` if lower), at most
+    /// that ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Default of [`ApprovalPolicy::timeout_ms`]: long enough for a person to read a command, short
+/// enough that a forgotten call does not hold its place all day.
+pub const DEFAULT_APPROVAL_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+
+impl ApprovalPolicy {
+    /// Why a call of `tool` (declaring `capabilities`) needs approval: each rule it meets, as
+    /// `tool:NAME` or `capability:NAME`; empty if it may run at once.
+    pub fn reasons(&self, tool: &str, capabilities: &[crate::tool::Capability]) -> Vec<String> {
+        let mut why: Vec<String> = Vec::new();
+        if self.tools.iter().any(|t| t == tool) {
+            why.push(format!("tool:{tool}"));
+        }
+        for c in &self.capabilities {
+            if capabilities.contains(c) {
+                why.push(format!("capability:{}", c.as_str()));
+            }
+        }
+        why
+    }
+
+    /// The wait for a decision, milliseconds.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms.unwrap_or(DEFAULT_APPROVAL_TIMEOUT_MS)
+    }
+
+    /// Whether `self` gates at least every call `other` gates (a fork may only tighten).
+    pub fn covers(&self, other: &ApprovalPolicy) -> bool {
+        other.tools.iter().all(|t| self.tools.contains(t))
+            && other
+                .capabilities
+                .iter()
+                .all(|c| self.capabilities.contains(c))
+    }
 }
 
 /// The body of `POST /v1/sessions`.

@@ -30,6 +30,9 @@ pub struct Limits {
     /// (and rebuilt on their next call, with their read-state forgotten). The service lowers it
     /// further to what its open-file limit allows (see docs/operator.md).
     pub max_cached_sessions: usize,
+    /// Longest a call may wait for a person's approval (a session's
+    /// `policy.approval.timeout_ms`), milliseconds; default one day.
+    pub max_approval_wait_ms: u64,
     /// Longest a request waits for its batch of calls, milliseconds. A batch that runs longer
     /// goes on: the request is answered 503 `still_running`, and the same calls sent again
     /// (same ids) return their results as they are recorded. Bounds how long one request holds a
@@ -157,6 +160,7 @@ impl Default for Limits {
             max_calls_per_batch: 64,
             max_output_chars: 200_000,
             max_timeout_ms: 600_000,
+            max_approval_wait_ms: 24 * 60 * 60 * 1000,
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
             // A million calls at a 1 % false-positive rate (~3.1 MB); ~1.4 KB for a session's

@@ -430,6 +430,7 @@ impl Engine {
                 Some(mut p) => {
                     p.default_timeout_ms =
                         p.default_timeout_ms.or(source.policy.default_timeout_ms);
+                    p.approval = p.approval.or_else(|| source.policy.approval.clone());
                     p
                 }
                 None => source.policy.clone(),
@@ -464,6 +465,13 @@ impl Engine {
             if p.network == NetworkPolicy::Allow && source.policy.network == NetworkPolicy::None {
                 return Err(not_tighter(
                     "policy.network: the source has no network; a fork cannot be given it".into(),
+                ));
+            }
+            if let (Some(mine), Some(src)) = (&p.approval, &source.policy.approval)
+                && !mine.covers(src)
+            {
+                return Err(not_tighter(
+                    "policy.approval: a fork must gate at least every tool and capability its source gates".into(),
                 ));
             }
             if let (Some(t), Some(src)) = (p.default_timeout_ms, source.policy.default_timeout_ms)

@@ -35,7 +35,7 @@ use toolexec_tools::Registry;
 use uuid::Uuid;
 
 pub use archive::{ArchiveSlot, MAX_ARCHIVE_FILE_BYTES, Spool};
-pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation};
+pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation, Decision};
 pub use canonical::arguments_sha256;
 pub use cluster::Route;
 pub use config::{ClusterConfig, EngineConfig, Limits};
@@ -135,6 +135,11 @@ pub struct Engine {
     /// Sessions a verify replay is re-running calls in: no other batch may run in them until
     /// it ends.
     replaying: Mutex<std::collections::HashSet<Uuid>>,
+    /// The calls waiting for approval whose expiry this node times.
+    approval_timers: Mutex<std::collections::HashSet<Uuid>>,
+    /// This engine, for the tasks it starts on its own (approval timers) without keeping it
+    /// alive.
+    me: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -225,7 +230,7 @@ impl Engine {
         });
         // Alive before it serves: the other replicas forward to a node they know is there.
         leases.heartbeat().await;
-        Ok(Arc::new(Self {
+        let engine = Arc::new(Self {
             store,
             registry,
             recorder,
@@ -246,7 +251,14 @@ impl Engine {
             process_slots,
             archive_slots,
             replaying: Mutex::new(std::collections::HashSet::new()),
-        }))
+            approval_timers: Mutex::new(std::collections::HashSet::new()),
+            me: std::sync::OnceLock::new(),
+        });
+        let _ = engine.me.set(Arc::downgrade(&engine));
+        // The calls this node recorded waiting for approval before it stopped: their waits
+        // are timed again (those that ended meanwhile are denied now).
+        engine.arm_pending_of(&engine.config.node, None).await;
+        Ok(engine)
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -47,6 +47,53 @@ impl Engine {
 
     /// One invocation with a page of its side effects: those after seq `after`, at most `limit`
     /// (1–1000, default 1000).
+    /// An invocation once it has ended — not running, not waiting for approval — or as it is
+    /// when `wait` has passed (`GET /v1/invocations/{id}?wait=SECONDS`). Follows the session's
+    /// live log meanwhile (one of the tenant's streams, `limits.max_streams_per_tenant`), so
+    /// an end recorded by another node is seen too.
+    pub async fn wait_invocation(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        wait: std::time::Duration,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<Invocation> {
+        use futures::StreamExt;
+        let inv = self.invocation(tenant_id, id, after, limit).await?;
+        if inv.status.finished().is_some() || wait.is_zero() {
+            return Ok(inv);
+        }
+        // Where the log is now, then the invocation again: an end recorded after this read has
+        // a later seq, so the stream from here sees it.
+        let session = self.store.get_session(tenant_id, inv.session_id).await?;
+        let inv = self.invocation(tenant_id, id, after, limit).await?;
+        if inv.status.finished().is_some() {
+            return Ok(inv);
+        }
+        let stream = self
+            .stream(tenant_id, inv.session_id, session.last_seq)
+            .await?;
+        let mut stream = std::pin::pin!(stream);
+        let _ = tokio::time::timeout(wait, async {
+            while let Some(item) = stream.next().await {
+                match item {
+                    crate::stream::StreamItem::Event(e) => {
+                        if e.invocation_id == Some(id)
+                            && e.kind == toolexec_core::EventKind::InvocationFinished
+                        {
+                            return;
+                        }
+                    }
+                    // The stream cannot go on: answer with the invocation as it is.
+                    _ => return,
+                }
+            }
+        })
+        .await;
+        self.invocation(tenant_id, id, after, limit).await
+    }
+
     pub async fn invocation(
         &self,
         tenant_id: Uuid,

@@ -510,6 +510,13 @@ impl Engine {
                     "policy.network: this service gives commands no network (sandbox.egress is off); create the session with network \"none\"".into(),
                 ));
             }
+            let gated = policy.approval.iter().flat_map(|a| a.tools.iter());
+            if let Some(tool) = gated.into_iter().find(|t| self.registry.get(t).is_none()) {
+                return Err(invalid(
+                    ProblemCode::UnknownTool,
+                    format!("policy.approval.tools: unknown tool '{tool}'"),
+                ));
+            }
             for tool in policy.output_limits.keys() {
                 if self.registry.get(tool).is_none() {
                     return Err(invalid(
@@ -794,6 +801,8 @@ impl Engine {
         // Running calls are stopped (a command's process tree killed) and queued ones never
         // start, all recorded `cancelled`, before the session closes (SPEC §2).
         self.cancel_session_calls(tenant_id, id).await?;
+        // Calls waiting for approval can no longer run: recorded denied, and why.
+        self.deny_pending_of_session(tenant_id, id).await;
         let mut processes = Vec::new();
         if let Some(rt) = self.cached_runtime(tenant_id, id)?
             && let Some(table) = &rt.processes
@@ -834,6 +843,17 @@ fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
             format!(
                 "policy.default_timeout_ms: must be between 1 and the operator's ceiling of {} ms",
                 limits.max_timeout_ms
+            ),
+        ));
+    }
+    if let Some(t) = policy.approval.as_ref().and_then(|a| a.timeout_ms)
+        && (t == 0 || t > limits.max_approval_wait_ms)
+    {
+        return Err(invalid(
+            ProblemCode::PolicyAboveCeiling,
+            format!(
+                "policy.approval.timeout_ms: must be between 1 and the operator's ceiling of {} ms (limits.max_approval_wait_ms)",
+                limits.max_approval_wait_ms
             ),
         ));
     }

@@ -229,10 +229,34 @@ pub enum WriteError {
     /// Finish: the invocation does not exist or is not running.
     #[error("invocation is not running")]
     NotRunning,
+    /// An approval decision: the invocation is not waiting for one (it was decided before,
+    /// with this status now).
+    #[error("invocation is not waiting for approval (it is {})", .0.as_str())]
+    NotPending(toolexec_core::InvocationStatus),
     /// The store cannot hold this write (said in plain words): writing it again cannot succeed.
     /// Found before committing ([`Write::unstorable`]) or by the database itself.
     #[error("the store cannot record it: {0}")]
     Refused(String),
+}
+
+/// What [`Store::decide_approval`] recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decided {
+    pub session_id: Uuid,
+    /// The `approval.decided` event.
+    pub decided_seq: i64,
+    /// Approved: its `invocation.started`; denied: its `invocation.finished`.
+    pub next_seq: i64,
+}
+
+/// A call waiting for approval, as [`Store::pending_approvals`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingApproval {
+    pub tenant_id: Uuid,
+    pub session_id: Uuid,
+    pub invocation_id: Uuid,
+    /// When its wait ends (from its `approval.requested` event); `None` if that cannot be read.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// What identifies a recorded call: enough to tell a retry from a reuse of the id.
@@ -495,6 +519,34 @@ pub trait Store: Send + Sync + 'static {
         events: Vec<NewEvent>,
         blobs: Vec<Blob>,
     ) -> Result<(i64, i64)>;
+
+    /// Records a call that waits for a person's approval, in one transaction under its
+    /// session's lock: its invocation, `pending_approval`, and its `approval.requested` event
+    /// (the call as `invocation.started` would have it, and `data`). Returns that event's seq.
+    /// `DuplicateCall` when the call id is recorded already; `SessionNotActive` when the
+    /// session is closed.
+    async fn request_approval(
+        &self,
+        invocation: NewInvocation,
+        data: serde_json::Value,
+    ) -> Result<std::result::Result<i64, WriteError>>;
+
+    /// Decides a call waiting for approval, in one transaction under its session's lock:
+    /// appends `approval.decided` (`decided`), then — approved (`denied` is `None`) — its
+    /// `invocation.started`, and the invocation is `running` (its runner records its end with
+    /// a `Write::Finish`); or — denied — its `invocation.finished` with that outcome.
+    /// `NotFound` for another tenant's invocation; `NotPending` when it is not waiting.
+    async fn decide_approval(
+        &self,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decided: serde_json::Value,
+        denied: Option<Outcome>,
+        node: &str,
+    ) -> Result<std::result::Result<Decided, WriteError>>;
+
+    /// The calls of `node` waiting for approval (one probe of a partial index).
+    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>>;
 
     /// Inserts or replaces a replay's report.
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()>;

@@ -45,6 +45,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "retention",
         include_str!("../../../migrations/postgres/0007_retention.sql"),
     ),
+    (
+        8,
+        "approvals",
+        include_str!("../../../migrations/postgres/0008_approvals.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -82,6 +87,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         7,
         "retention",
         include_str!("../../../migrations/sqlite/0007_retention.sql"),
+    ),
+    (
+        8,
+        "approvals",
+        include_str!("../../../migrations/sqlite/0008_approvals.sql"),
     ),
 ];
 

@@ -587,6 +587,29 @@ impl Store for ObjectBlobs {
             .append_events(tenant_id, session_id, events, blobs)
             .await
     }
+    async fn request_approval(
+        &self,
+        invocation: crate::NewInvocation,
+        data: serde_json::Value,
+    ) -> Result<std::result::Result<i64, crate::WriteError>> {
+        self.inner.request_approval(invocation, data).await
+    }
+    async fn decide_approval(
+        &self,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decided: serde_json::Value,
+        denied: Option<crate::Outcome>,
+        node: &str,
+    ) -> Result<std::result::Result<crate::Decided, crate::WriteError>> {
+        // A denial's outcome is its short reason, never a blob.
+        self.inner
+            .decide_approval(tenant_id, invocation_id, decided, denied, node)
+            .await
+    }
+    async fn pending_approvals(&self, node: &str) -> Result<Vec<crate::PendingApproval>> {
+        self.inner.pending_approvals(node).await
+    }
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
         self.inner.save_replay(tenant_id, replay).await
     }

@@ -50,6 +50,32 @@ pub(crate) struct InvocationRow {
     pub invocation: NewInvocation,
     pub started_seq: i64,
     pub finish: Option<FinishRow>,
+    /// Inserted `pending_approval` (with no `finish`) rather than `running`.
+    pub pending: bool,
+}
+
+impl InvocationRow {
+    /// Its status column as inserted.
+    pub fn status(&self) -> &'static str {
+        match (&self.finish, self.pending) {
+            (Some(f), _) => f.outcome.status.as_str(),
+            (None, true) => InvocationStatus::PendingApproval.as_str(),
+            (None, false) => InvocationStatus::Running.as_str(),
+        }
+    }
+}
+
+/// A call waiting for approval, read under its session's lock to decide it.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting {
+    pub id: Uuid,
+    pub session_id: Uuid,
+    pub call_id: String,
+    pub name: String,
+    pub arguments: serde_json::Value,
+    pub read_only: bool,
+    pub capabilities: serde_json::Value,
+    pub status: InvocationStatus,
 }
 
 /// The end of an invocation: for one inserted earlier, an update of its row.
@@ -306,6 +332,7 @@ impl Planner {
             invocation,
             started_seq,
             finish: None,
+            pending: false,
         });
         match ending {
             None => Ok(Assigned {
@@ -380,6 +407,99 @@ impl Planner {
         self.plan.last_seqs = last_seqs;
         self.plan
     }
+}
+
+/// A call that waits for approval: its invocation, `pending_approval`, and its
+/// `approval.requested` event — the call as its `invocation.started` would show it, and `data`.
+pub(crate) fn requested_plan(
+    session: &LockedSession,
+    invocation: NewInvocation,
+    data: serde_json::Value,
+) -> Result<(Plan, i64), WriteError> {
+    if session.status != SessionStatus::Active {
+        return Err(WriteError::SessionNotActive);
+    }
+    let seq = session.last_seq + 1;
+    let mut event = started_data(&invocation);
+    if let (Some(event), serde_json::Value::Object(data)) = (event.as_object_mut(), data) {
+        event.extend(data);
+    }
+    let plan = Plan {
+        events: vec![EventRow {
+            session_id: session.id,
+            seq,
+            kind: EventKind::ApprovalRequested,
+            invocation_id: Some(invocation.id),
+            data: event,
+        }],
+        invocations: vec![InvocationRow {
+            invocation,
+            started_seq: seq,
+            finish: None,
+            pending: true,
+        }],
+        last_seqs: vec![(session.id, seq)],
+        ..Plan::default()
+    };
+    Ok((plan, seq))
+}
+
+/// The decision on a call waiting for approval: `approval.decided` (`decided`), then its
+/// `invocation.started` (approved: `denied` is `None`; the caller marks the invocation
+/// `running` from that seq) or its `invocation.finished` with the `denied` outcome.
+pub(crate) fn decided_plan(
+    session: &LockedSession,
+    waiting: &Waiting,
+    decided: serde_json::Value,
+    denied: Option<Outcome>,
+) -> Result<(Plan, crate::Decided), WriteError> {
+    if waiting.status != InvocationStatus::PendingApproval {
+        return Err(WriteError::NotPending(waiting.status));
+    }
+    let (decided_seq, next_seq) = (session.last_seq + 1, session.last_seq + 2);
+    let event = |seq, kind, data| EventRow {
+        session_id: session.id,
+        seq,
+        kind,
+        invocation_id: Some(waiting.id),
+        data,
+    };
+    let mut plan = Plan {
+        events: vec![event(decided_seq, EventKind::ApprovalDecided, decided)],
+        last_seqs: vec![(session.id, next_seq)],
+        ..Plan::default()
+    };
+    match denied {
+        None => plan.events.push(event(
+            next_seq,
+            EventKind::InvocationStarted,
+            json!({
+                "call_id": waiting.call_id,
+                "name": waiting.name,
+                "arguments": waiting.arguments,
+                "read_only": waiting.read_only,
+                "capabilities": waiting.capabilities,
+            }),
+        )),
+        Some(outcome) => {
+            plan.events.push(event(
+                next_seq,
+                EventKind::InvocationFinished,
+                finished_data(&waiting.call_id, &waiting.name, &outcome),
+            ));
+            plan.finishes.push(FinishRow {
+                id: waiting.id,
+                outcome,
+                finished_seq: next_seq,
+            });
+        }
+    }
+    let decided = crate::Decided {
+        session_id: session.id,
+        decided_seq,
+        next_seq,
+    };
+    Ok((plan, decided))
 }
 
 /// The first events of a new session, numbered from 1.

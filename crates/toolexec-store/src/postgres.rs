@@ -33,8 +33,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Lease, NewEvent, Result, SessionOwner, SessionPage, Store, StoreError, Write,
-    WriteError,
+    Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
+    SessionOwner, SessionPage, Store, StoreError, Write, WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -429,7 +429,7 @@ fn bind_plan<'q>(
         .bind(col(invs, |r| r.invocation.read_only))
         .bind(col(invs, |r| Json(r.invocation.capabilities.as_slice())))
         .bind(col(invs, |r| r.invocation.node.as_str()))
-        .bind(inv_end.status)
+        .bind(col(invs, plan::InvocationRow::status))
         .bind(inv_end.is_error)
         .bind(inv_end.content)
         .bind(inv_end.truncated)
@@ -1121,6 +1121,102 @@ impl Store for PgStore {
         tx.commit().await?;
         self.forget_session(session_id);
         Ok((first, last))
+    }
+
+    async fn request_approval(
+        &self,
+        invocation: NewInvocation,
+        data: serde_json::Value,
+    ) -> Result<std::result::Result<i64, WriteError>> {
+        let session_id = invocation.session_id;
+        let mut tx = self.pool.begin().await?;
+        let Some(locked) = lock_sessions(&mut tx, &[session_id]).await?.pop() else {
+            return Ok(Err(WriteError::SessionNotActive));
+        };
+        let known: Option<Uuid> =
+            sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
+                .bind(session_id)
+                .bind(&invocation.call_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(id) = known {
+            return Ok(Err(WriteError::DuplicateCall(id)));
+        }
+        let (plan, seq) = match plan::requested_plan(&locked, invocation, data) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        write_plan(&mut tx, &plan).await?;
+        tx.commit().await?;
+        self.forget_session(session_id);
+        Ok(Ok(seq))
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decided: serde_json::Value,
+        denied: Option<Outcome>,
+        node: &str,
+    ) -> Result<std::result::Result<Decided, WriteError>> {
+        let mut tx = self.pool.begin().await?;
+        let session_id: Uuid = sqlx::query_scalar(
+            "SELECT i.session_id FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(invocation_id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let locked = lock_sessions(&mut tx, &[session_id])
+            .await?
+            .pop()
+            .ok_or(StoreError::NotFound)?;
+        // Read under the lock: a decision made meanwhile is seen.
+        let row = sqlx::query(
+            "SELECT id, session_id, call_id, name, arguments, read_only, capabilities, status \
+             FROM invocations WHERE id = $1",
+        )
+        .bind(invocation_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let waiting = rows::waiting(&row)?;
+        let (plan, done) = match plan::decided_plan(&locked, &waiting, decided, denied) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        write_plan(&mut tx, &plan).await?;
+        if plan.finishes.is_empty() {
+            sqlx::query(
+                "UPDATE invocations SET status = 'running', started_seq = $2, started_at = now(), \
+                 node = $3 WHERE id = $1",
+            )
+            .bind(invocation_id)
+            .bind(done.next_seq)
+            .bind(node)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        self.forget_session(session_id);
+        Ok(Ok(done))
+    }
+
+    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>> {
+        sqlx::query(
+            "SELECT s.tenant_id, i.session_id, i.id, e.data->>'expires_at' AS expires_at \
+             FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             LEFT JOIN events e ON e.session_id = i.session_id AND e.seq = i.started_seq \
+             WHERE i.status = 'pending_approval' AND i.node = $1",
+        )
+        .bind(node)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(rows::pending_approval)
+        .collect()
     }
 
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {

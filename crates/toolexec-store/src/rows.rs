@@ -14,7 +14,7 @@ use toolexec_core::{
 
 use uuid::Uuid;
 
-use crate::plan::{Existing, LockedSession};
+use crate::plan::{Existing, LockedSession, Waiting};
 use crate::{Result, SessionPage, StoreError};
 
 /// The session columns, for `FROM sessions s`.
@@ -231,6 +231,34 @@ pub(crate) fn existing(row: &impl Columns) -> Result<Existing> {
         name: row.text("i_name")?,
         status: invocation_status(&row.text("i_status")?)?,
         started_seq: row.int("i_started_seq")?,
+    })
+}
+
+/// Columns `id`, `session_id`, `call_id`, `name`, `arguments`, `read_only`, `capabilities`,
+/// `status` of an invocation to decide.
+pub(crate) fn waiting(row: &impl Columns) -> Result<Waiting> {
+    Ok(Waiting {
+        id: row.uuid("id")?,
+        session_id: row.uuid("session_id")?,
+        call_id: row.text("call_id")?,
+        name: row.text("name")?,
+        arguments: row.json("arguments")?,
+        read_only: row.boolean("read_only")?,
+        capabilities: row.json("capabilities")?,
+        status: invocation_status(&row.text("status")?)?,
+    })
+}
+
+/// Columns `tenant_id`, `session_id`, `id`, `expires_at` (RFC 3339 text) of a waiting call.
+pub(crate) fn pending_approval(row: &impl Columns) -> Result<crate::PendingApproval> {
+    Ok(crate::PendingApproval {
+        tenant_id: row.uuid("tenant_id")?,
+        session_id: row.uuid("session_id")?,
+        invocation_id: row.uuid("id")?,
+        expires_at: row
+            .opt_text("expires_at")?
+            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+            .map(|t| t.with_timezone(&Utc)),
     })
 }
 

@@ -24,8 +24,8 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Lease, NewEvent, Result, SessionOwner, SessionPage, Store, StoreError, Write,
-    WriteError,
+    Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
+    SessionOwner, SessionPage, Store, StoreError, Write, WriteError,
 };
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
@@ -240,7 +240,7 @@ async fn write_plan(conn: &mut SqliteConnection, plan: &Plan) -> Result<()> {
         .bind(inv.read_only)
         .bind(Json(&inv.capabilities))
         .bind(&inv.node)
-        .bind(outcome.map_or("running", |o| o.status.as_str()))
+        .bind(row.status())
         .bind(outcome.is_some_and(|o| o.status.is_error()))
         .bind(outcome.map(|o| o.content.as_str()))
         .bind(outcome.and_then(|o| o.truncated.as_ref()).map(Json))
@@ -930,6 +930,101 @@ impl Store for SqliteStore {
         write_plan(&mut tx, &plan).await?;
         tx.commit().await?;
         Ok((first, last))
+    }
+
+    async fn request_approval(
+        &self,
+        invocation: NewInvocation,
+        data: serde_json::Value,
+    ) -> Result<std::result::Result<i64, WriteError>> {
+        let session_id = invocation.session_id;
+        let mut tx = self.begin().await?;
+        let Some(locked) = sqlx::query("SELECT id, status, last_seq FROM sessions WHERE id = $1")
+            .bind(session_id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(Err(WriteError::SessionNotActive));
+        };
+        let locked = rows::locked_session(&locked)?;
+        let known: Option<Uuid> =
+            sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
+                .bind(session_id)
+                .bind(&invocation.call_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(id) = known {
+            return Ok(Err(WriteError::DuplicateCall(id)));
+        }
+        let (plan, seq) = match plan::requested_plan(&locked, invocation, data) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        write_plan(&mut tx, &plan).await?;
+        tx.commit().await?;
+        Ok(Ok(seq))
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decided: serde_json::Value,
+        denied: Option<Outcome>,
+        node: &str,
+    ) -> Result<std::result::Result<Decided, WriteError>> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query(
+            "SELECT i.id, i.session_id, i.call_id, i.name, i.arguments, i.read_only, \
+             i.capabilities, i.status FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(invocation_id)
+        .bind(tenant_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let waiting = rows::waiting(&row)?;
+        let locked = sqlx::query("SELECT id, status, last_seq FROM sessions WHERE id = $1")
+            .bind(waiting.session_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let locked = rows::locked_session(&locked)?;
+        let (plan, done) = match plan::decided_plan(&locked, &waiting, decided, denied) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        write_plan(&mut tx, &plan).await?;
+        if plan.finishes.is_empty() {
+            sqlx::query(
+                "UPDATE invocations SET status = 'running', started_seq = $2, started_at = $3, \
+                 node = $4 WHERE id = $1",
+            )
+            .bind(invocation_id)
+            .bind(done.next_seq)
+            .bind(Utc::now())
+            .bind(node)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Ok(done))
+    }
+
+    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>> {
+        sqlx::query(
+            "SELECT s.tenant_id, i.session_id, i.id, json_extract(e.data, '$.expires_at') AS expires_at \
+             FROM invocations i INDEXED BY invocations_pending_node \
+             JOIN sessions s ON s.id = i.session_id \
+             LEFT JOIN events e ON e.session_id = i.session_id AND e.seq = i.started_seq \
+             WHERE i.status = 'pending_approval' AND i.node = $1",
+        )
+        .bind(node)
+        .fetch_all(&self.reader)
+        .await?
+        .iter()
+        .map(rows::pending_approval)
+        .collect()
     }
 
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {

@@ -82,6 +82,12 @@ pub struct InvocationQuery {
     /// Side effects per page (1–1000, default 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Seconds to wait for the invocation to end (not `running`, not `pending_approval`)
+    /// before answering (0–300, default 0: at once). The answer comes as soon as it ends, or
+    /// with the invocation as it is when the wait is over. A wait follows the session's live
+    /// log and counts as one of the tenant's event streams.
+    #[param(minimum = 0, maximum = 300)]
+    pub wait: Option<u64>,
 }
 
 /// One invocation: its call, status, what the model was shown, timings, the capabilities it
@@ -103,7 +109,13 @@ async fn get_invocation(
     Ok(Json(
         state
             .engine
-            .invocation(tenant.id, id, q.after, q.limit)
+            .wait_invocation(
+                tenant.id,
+                id,
+                std::time::Duration::from_secs(q.wait.unwrap_or(0).min(300)),
+                q.after,
+                q.limit,
+            )
             .await
             .map_err(or_not_found("invocation"))?,
     ))

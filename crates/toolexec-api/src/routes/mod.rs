@@ -1,5 +1,6 @@
 //! Handlers, one module per resource. Each handler extracts, calls one engine function and maps
 //! the result; tenancy comes from the [`crate::auth::AuthTenant`] extractor.
+pub mod approvals;
 pub mod archive;
 pub mod calls;
 pub mod cancel;

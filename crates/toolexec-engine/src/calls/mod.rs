@@ -17,6 +17,7 @@
 //! read-only call has no side effect to guard, so by default it is recorded in one write after it
 //! ran (`Write::Record`; `EngineConfig::durable_start_for_read_only` makes it take the two-write
 //! path too) — and in every case no result reaches the client before it is durable.
+mod approval;
 mod cancel;
 mod commit;
 mod envelope;
@@ -32,6 +33,7 @@ use toolexec_core::{Call, CallResult};
 use tracing::Instrument;
 use uuid::Uuid;
 
+pub use approval::Decision;
 pub(crate) use cancel::Cancels;
 pub use cancel::{CANCEL_WAIT, CancelledCalls, CancelledInvocation};
 pub(crate) use commit::closed;

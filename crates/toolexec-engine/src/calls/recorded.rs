@@ -86,8 +86,12 @@ impl Engine {
     }
 }
 
-/// The result a finished invocation gave (`None` while it runs).
+/// The result a finished invocation gave (`None` while it runs); a call waiting for approval
+/// answers that it waits.
 pub(super) fn result_of(inv: &Invocation) -> Option<CallResult> {
+    if inv.status == toolexec_core::InvocationStatus::PendingApproval {
+        return Some(super::approval::pending_result(inv));
+    }
     let status = inv.status.finished()?;
     Some(CallResult {
         call_id: inv.call_id.clone(),

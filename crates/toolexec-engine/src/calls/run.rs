@@ -22,12 +22,21 @@ use crate::{Engine, EngineError, Result};
 use toolexec_core::OutputLimit;
 
 /// What one call is, before it runs: enough to record it whatever happens next.
-struct Pending<'a> {
-    call: &'a Call,
-    invocation: NewInvocation,
-    limit: OutputLimit,
-    guard: InflightGuard,
-    t0: Instant,
+pub(super) struct Pending<'a> {
+    pub call: &'a Call,
+    pub invocation: NewInvocation,
+    pub limit: OutputLimit,
+    pub guard: InflightGuard,
+    pub t0: Instant,
+}
+
+/// A call whose start is recorded: enough to run it and record its end.
+pub(super) struct Started<'a> {
+    pub call: &'a Call,
+    pub invocation_id: uuid::Uuid,
+    pub limit: OutputLimit,
+    pub guard: InflightGuard,
+    pub t0: Instant,
 }
 
 impl Engine {
@@ -65,6 +74,19 @@ impl Engine {
             (_, Some(out)) => return self.record_at_once(rt, pending, out).await,
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
+        // A call the session's policy makes wait for a person is recorded waiting, and answered
+        // so at once. A replay re-runs what was approved in its source without asking again
+        // (what was denied never started there, so it is not replayed).
+        if control.replay_of().is_none()
+            && let Some(policy) = &session.policy.approval
+        {
+            let reasons = policy.reasons(&call.name, &tool.spec().capabilities);
+            if !reasons.is_empty() {
+                return self
+                    .request_approval(session, rt, pending, policy, reasons, args_hash)
+                    .await;
+            }
+        }
         let read_only = tool.spec().read_only;
         // Its turn: a mutating call has the session alone; a read-only one shares it with
         // other reads. A batch stopped meanwhile means the call never starts.
@@ -203,12 +225,11 @@ impl Engine {
         rt: &Arc<SessionRuntime>,
         p: Pending<'_>,
         tool: &Resolved,
-        mut ctx: ToolContext,
+        ctx: ToolContext,
         args_hash: &str,
         control: &BatchControl,
     ) -> Result<CallResult> {
-        let spec = tool.spec();
-        if spec.capabilities.contains(&Capability::Process) {
+        if tool.spec().capabilities.contains(&Capability::Process) {
             rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
                 .await?;
         }
@@ -237,6 +258,41 @@ impl Engine {
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
             Ok(Ok(_)) => rt.remember(key),
         }
+        let started = Started {
+            call,
+            invocation_id,
+            limit,
+            guard,
+            t0,
+        };
+        self.run_started(session, rt, started, tool, ctx, control, cancel)
+            .await
+    }
+
+    /// Runs a call whose start is durable (its invocation is `running` in the store) and
+    /// records its end: the tool, then — for a mutating one — the workspace scan.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call's parts, each used once"
+    )]
+    pub(super) async fn run_started(
+        &self,
+        session: &Session,
+        rt: &Arc<SessionRuntime>,
+        started: Started<'_>,
+        tool: &Resolved,
+        mut ctx: ToolContext,
+        control: &BatchControl,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<CallResult> {
+        let spec = tool.spec();
+        let Started {
+            call,
+            invocation_id,
+            limit,
+            guard,
+            t0,
+        } = started;
         // The node's content budget the scan's kept contents hold until they are committed.
         let mut lease = None;
         let out = if cancel.is_cancelled() {

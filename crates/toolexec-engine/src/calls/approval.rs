@@ -1,0 +1,502 @@
+//! Calls that wait for a person (a session's `policy.approval`).
+//!
+//! A call the policy gates passes every check a call must pass (known, allowed, valid
+//! arguments) and is then recorded `pending_approval` with an `approval.requested` event, and
+//! answered at once: it has not run. A decision is one store transaction under the session's
+//! lock ([`toolexec_store::Store::decide_approval`]): `approval.decided` (who, why), then, for
+//! an approval, its `invocation.started` — the call then runs on this node like any mutating
+//! call, in the session's order from then on, and its end is recorded as usual; for a denial,
+//! its `invocation.finished`, `denied`, without running. Only one decision is ever recorded:
+//! the same decision again answers as the first did (a retried approve is harmless), the other
+//! one is a conflict. A call nobody decides is denied when its wait ends, by a timer of the node
+//! that recorded it (re-armed from the store when the node starts, and by a node that takes
+//! the session over).
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use toolexec_core::{
+    ApprovalPolicy, Call, CallResult, CallStatus, EventKind, Invocation, InvocationStatus,
+    ProblemCode, Session,
+};
+use toolexec_store::{Outcome, WriteError};
+use uuid::Uuid;
+
+use super::cancel::BatchControl;
+use super::commit::{closed, key_of};
+use super::inflight::Claim;
+use super::run::{Pending, Started};
+use crate::sessions::SessionRuntime;
+use crate::{Engine, EngineError, Result};
+
+/// A person's (or the clock's) decision on a waiting call.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub approve: bool,
+    /// Who decided, as recorded: the tenant whose key made the request, and the name the
+    /// request gave.
+    pub by: serde_json::Value,
+    pub reason: Option<String>,
+    /// Nobody decided in time.
+    pub expired: bool,
+}
+
+/// What the client reads of a call that waits: it has not run, and how to go on.
+fn pending_text(invocation_id: Uuid) -> String {
+    format!(
+        "This call waits for a person's approval (the session's policy.approval) and has not run. \
+         Approve it with POST /v1/invocations/{invocation_id}/approve or deny it with \
+         POST /v1/invocations/{invocation_id}/deny; GET /v1/invocations/{invocation_id}?wait=60 \
+         returns once it is decided and has run. A call nobody decides in time is denied."
+    )
+}
+
+/// The result of a call recorded waiting (what a retry of its id answers too).
+pub(super) fn pending_result(inv: &Invocation) -> CallResult {
+    CallResult {
+        call_id: inv.call_id.clone(),
+        invocation_id: inv.id,
+        name: inv.name.clone(),
+        status: CallStatus::PendingApproval,
+        is_error: false,
+        content: pending_text(inv.id),
+        truncated: None,
+        duration_ms: 0.0,
+        seq: inv.started_seq,
+    }
+}
+
+impl Engine {
+    /// Records a call the policy gates as waiting, and answers so.
+    pub(super) async fn request_approval(
+        &self,
+        session: &Session,
+        rt: &Arc<SessionRuntime>,
+        pending: Pending<'_>,
+        policy: &ApprovalPolicy,
+        reasons: Vec<String>,
+        args_hash: &str,
+    ) -> Result<CallResult> {
+        let Pending {
+            call,
+            invocation,
+            guard,
+            ..
+        } = pending;
+        // The default wait, when the policy gives none, within the operator's ceiling too.
+        let timeout_ms = policy
+            .timeout_ms()
+            .min(self.config.limits.max_approval_wait_ms);
+        let expires_at = Utc::now()
+            + chrono::Duration::milliseconds(i64::try_from(timeout_ms).unwrap_or(i64::MAX / 2));
+        let data = json!({
+            "reasons": reasons,
+            "timeout_ms": timeout_ms,
+            "expires_at": expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+        let key = key_of(&invocation);
+        let id = invocation.id;
+        match self.store.request_approval(invocation, data).await? {
+            Ok(seq) => {
+                rt.remember(key);
+                self.streams.notify(session.id);
+                self.arm_expiry(session.tenant_id, id, expires_at);
+                drop(guard);
+                Ok(CallResult {
+                    call_id: call.id.clone(),
+                    invocation_id: id,
+                    name: call.name.clone(),
+                    status: CallStatus::PendingApproval,
+                    is_error: false,
+                    content: pending_text(id),
+                    truncated: None,
+                    duration_ms: 0.0,
+                    seq,
+                })
+            }
+            Err(WriteError::DuplicateCall(other)) => {
+                drop(guard);
+                self.adopt_recorded(rt, call, args_hash, other).await
+            }
+            Err(WriteError::SessionNotActive) => Err(closed(session.id)),
+            Err(e) => Err(EngineError::Internal(e.to_string())),
+        }
+    }
+
+    /// A `pending_approval` result once its call is decided and has ended, waiting up to
+    /// `wait` (for doors whose clients cannot be answered "later", such as MCP's `tools/call`);
+    /// any other result as it is. Still undecided after `wait`: the pending result.
+    pub async fn after_approval(
+        &self,
+        tenant_id: Uuid,
+        result: CallResult,
+        wait: std::time::Duration,
+    ) -> Result<CallResult> {
+        if result.status != CallStatus::PendingApproval {
+            return Ok(result);
+        }
+        let inv = self
+            .wait_invocation(tenant_id, result.invocation_id, wait, None, Some(1))
+            .await?;
+        Ok(match inv.status.finished() {
+            Some(_) => super::recorded::result_of(&inv).unwrap_or(result),
+            None => result,
+        })
+    }
+
+    /// Decides a waiting call (`POST /v1/invocations/{id}/approve|deny`, or its expiry) and
+    /// returns the invocation as it is then. An approved call starts running on this node
+    /// before this returns; wait for its end with [`Engine::wait_invocation`].
+    pub async fn decide(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decision: Decision,
+    ) -> Result<Invocation> {
+        let inv = self
+            .store
+            .invocation_page(tenant_id, invocation_id, 0, 0)
+            .await?;
+        if inv.status == InvocationStatus::PendingApproval {
+            let data = json!({
+                "call_id": inv.call_id,
+                "decision": if decision.approve { "approved" } else { "denied" },
+                "by": decision.by,
+                "reason": decision.reason,
+                "expired": decision.expired,
+            });
+            let denied = (!decision.approve).then(|| denial(&inv, &decision));
+            if decision.approve {
+                // Approved calls run here: check now that they can, before the decision is
+                // recorded (a closed session's calls cannot run any more).
+                let session = self.store.get_session(tenant_id, inv.session_id).await?;
+                if session.status != toolexec_core::SessionStatus::Active {
+                    return Err(closed(session.id));
+                }
+            }
+            match self
+                .store
+                .decide_approval(tenant_id, invocation_id, data, denied, &self.config.node)
+                .await?
+            {
+                Ok(done) => {
+                    self.streams.notify(done.session_id);
+                    if decision.approve {
+                        self.spawn_approved(tenant_id, invocation_id);
+                    }
+                    tracing::info!(invocation = %invocation_id, approved = decision.approve, expired = decision.expired, "approval decided");
+                    return Ok(self
+                        .store
+                        .invocation_page(tenant_id, invocation_id, 0, 0)
+                        .await?);
+                }
+                Err(WriteError::NotPending(_)) => {}
+                Err(e) => return Err(EngineError::Internal(e.to_string())),
+            }
+        }
+        // Decided before (or never waiting): the same decision answers as the first did.
+        let inv = self
+            .store
+            .invocation_page(tenant_id, invocation_id, 0, 0)
+            .await?;
+        match self.recorded_decision(tenant_id, &inv).await? {
+            Some(d)
+                if d["decision"]
+                    == if decision.approve {
+                        "approved"
+                    } else {
+                        "denied"
+                    } =>
+            {
+                Ok(inv)
+            }
+            Some(d) => Err(EngineError::Conflict {
+                code: ProblemCode::AlreadyDecided,
+                detail: format!(
+                    "invocation {invocation_id} was already {} (by {}{}); a decision is final",
+                    d["decision"].as_str().unwrap_or("decided"),
+                    d["by"],
+                    if d["expired"] == true {
+                        ", its wait having ended"
+                    } else {
+                        ""
+                    }
+                ),
+            }),
+            None => Err(EngineError::Conflict {
+                code: ProblemCode::AlreadyDecided,
+                detail: format!(
+                    "invocation {invocation_id} never waited for approval (it is {}); only a call answered pending_approval can be approved or denied",
+                    inv.status.as_str()
+                ),
+            }),
+        }
+    }
+
+    /// The `approval.decided` event of an invocation decided before: the event just before its
+    /// `invocation.started` (approved) or its `invocation.finished` (denied).
+    async fn recorded_decision(
+        &self,
+        tenant_id: Uuid,
+        inv: &Invocation,
+    ) -> Result<Option<serde_json::Value>> {
+        for seq in [Some(inv.started_seq), inv.finished_seq]
+            .into_iter()
+            .flatten()
+        {
+            let found = self
+                .store
+                .events_of_kinds(
+                    tenant_id,
+                    inv.session_id,
+                    &[EventKind::ApprovalDecided],
+                    seq - 2,
+                    seq - 1,
+                    1,
+                )
+                .await?;
+            if let Some(e) = found.into_iter().find(|e| e.invocation_id == Some(inv.id)) {
+                return Ok(Some(e.data));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs an approved call in a task of its own: the decision is recorded whatever happens to
+    /// the request that made it.
+    fn spawn_approved(self: &Arc<Self>, tenant_id: Uuid, invocation_id: Uuid) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = engine.run_approved(tenant_id, invocation_id).await {
+                tracing::error!(error = %e, invocation = %invocation_id, "an approved call could not be run");
+                engine.fail_approved(tenant_id, invocation_id, &e).await;
+            }
+        });
+    }
+
+    async fn run_approved(&self, tenant_id: Uuid, invocation_id: Uuid) -> Result<()> {
+        let inv = self
+            .store
+            .invocation_page(tenant_id, invocation_id, 0, 0)
+            .await?;
+        let session = self.store.get_session(tenant_id, inv.session_id).await?;
+        if session.status != toolexec_core::SessionStatus::Active {
+            return Err(closed(session.id));
+        }
+        let (_lease, previous) = self.leases.hold(session.id).await?;
+        if previous.is_some() {
+            self.forget_runtime(session.id);
+        }
+        let rt = self.runtime(&session, previous.as_deref()).await?;
+        let call = Call {
+            id: inv.call_id.clone(),
+            name: inv.name.clone(),
+            arguments: inv.arguments.clone(),
+        };
+        let Some(tool) = self.registry.resolve(&call.name) else {
+            return Err(EngineError::Internal(format!(
+                "tool {} is no longer in this service's catalog",
+                call.name
+            )));
+        };
+        let guard = match self.inflight.claim(session.id, &call.id)? {
+            Claim::Mine(g) => g,
+            // Already running here (a decision raced with itself): that run records it.
+            Claim::Wait(_) => return Ok(()),
+        };
+        let control = Arc::new(BatchControl::new(tenant_id, session.id, 1));
+        let _registration = self.cancels.register_batch(control.clone());
+        // Its turn, in the session's order from now: a mutating call has the session alone.
+        let _turn = if tool.spec().read_only {
+            futures::future::Either::Left(rt.schedule.read().await)
+        } else {
+            futures::future::Either::Right(rt.schedule.write().await)
+        };
+        if tool
+            .spec()
+            .capabilities
+            .contains(&toolexec_core::Capability::Process)
+        {
+            rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                .await?;
+        }
+        let cancel = control.call_token();
+        let _cancellable = self
+            .cancels
+            .register_call(invocation_id, tenant_id, cancel.clone());
+        let started = Started {
+            call: &call,
+            invocation_id,
+            limit: super::outcome::output_limit(Some(tool.tool()), &session, &call.name),
+            guard,
+            t0: Instant::now(),
+        };
+        let ctx = self.tool_context(&session, &rt);
+        self.run_started(&session, &rt, started, &tool, ctx, &control, cancel)
+            .await?;
+        Ok(())
+    }
+
+    /// An approved call that could not be run is recorded failed, so that nobody waits for it.
+    async fn fail_approved(&self, tenant_id: Uuid, invocation_id: Uuid, e: &EngineError) {
+        let Ok(inv) = self
+            .store
+            .invocation_page(tenant_id, invocation_id, 0, 0)
+            .await
+        else {
+            return;
+        };
+        if inv.status != InvocationStatus::Running {
+            return;
+        }
+        let content = format!(
+            "This call was approved but could not be run ({}); it did not run. Send it again with a new call id.",
+            client_detail(e)
+        );
+        let write = toolexec_store::Write::Finish {
+            session_id: inv.session_id,
+            invocation_id,
+            outcome: Outcome {
+                status: CallStatus::Error,
+                output_chars: content.chars().count() as i64,
+                content,
+                truncated: None,
+                output_sha256: None,
+                finished_at: Utc::now(),
+                duration_ms: 0.0,
+            },
+            side_effects: Vec::new(),
+            blobs: Vec::new(),
+        };
+        if let Err(e) = self.recorder.write(write).await {
+            tracing::error!(error = %e, invocation = %invocation_id, "the failure of an approved call could not be recorded");
+        }
+    }
+
+    /// Denies `invocation_id` when its wait ends, unless someone decided first.
+    pub(crate) fn arm_expiry(&self, tenant_id: Uuid, invocation_id: Uuid, at: DateTime<Utc>) {
+        let Some(engine) = self.me.get().cloned() else {
+            return;
+        };
+        {
+            let Ok(mut armed) = self.approval_timers.lock() else {
+                return;
+            };
+            if !armed.insert(invocation_id) {
+                return;
+            }
+        }
+        tokio::spawn(expire(engine, tenant_id, invocation_id, at));
+    }
+
+    /// Arms the timers of the calls `node` recorded waiting (this node at start-up, or the one
+    /// whose session this node takes over). Errors are logged: a call left unarmed is still
+    /// decided by a person, or by the next start.
+    pub(crate) async fn arm_pending_of(&self, node: &str, session: Option<Uuid>) {
+        match self.store.pending_approvals(node).await {
+            Ok(found) => {
+                for p in found {
+                    if session.is_none_or(|s| s == p.session_id) {
+                        self.arm_expiry(
+                            p.tenant_id,
+                            p.invocation_id,
+                            p.expires_at.unwrap_or_else(Utc::now),
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, node, "the calls waiting for approval could not be read; their waits are not timed until the next start");
+            }
+        }
+    }
+
+    /// Denies every call of a session that waits (the session is being closed).
+    pub(crate) async fn deny_pending_of_session(&self, tenant_id: Uuid, session_id: Uuid) {
+        let Some(engine) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let Ok(found) = self.store.pending_approvals(&self.config.node).await else {
+            return;
+        };
+        for p in found.into_iter().filter(|p| p.session_id == session_id) {
+            let decision = Decision {
+                approve: false,
+                by: json!({"service": "toolexec"}),
+                reason: Some("the session was closed".into()),
+                expired: false,
+            };
+            let _ = engine.decide(tenant_id, p.invocation_id, decision).await;
+        }
+    }
+}
+
+/// What a client may read of an engine error (store and internal faults say no more).
+fn client_detail(e: &EngineError) -> String {
+    match e {
+        EngineError::Conflict { detail, .. }
+        | EngineError::Invalid { detail, .. }
+        | EngineError::Unavailable(detail)
+        | EngineError::Missing(detail) => detail.clone(),
+        EngineError::NotFound => "its session is gone".into(),
+        _ => "a fault of the service, in its log".into(),
+    }
+}
+
+/// The outcome a denial records: what the model reads.
+fn denial(inv: &Invocation, decision: &Decision) -> Outcome {
+    let why = decision
+        .reason
+        .as_deref()
+        .map(|r| format!(" Reason given: {r}"))
+        .unwrap_or_default();
+    let content = if decision.expired {
+        format!(
+            "Denied: nobody approved this {} call in time, so it did not run.{why} Do not retry it as it is; ask the user, or do the task another way.",
+            inv.name
+        )
+    } else {
+        format!(
+            "Denied: a person reviewing this {} call refused it, so it did not run.{why} Do not retry it as it is; ask the user, or do the task another way.",
+            inv.name
+        )
+    };
+    let waited = (Utc::now() - inv.started_at)
+        .to_std()
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0);
+    Outcome {
+        status: CallStatus::Denied,
+        output_chars: content.chars().count() as i64,
+        content,
+        truncated: None,
+        output_sha256: None,
+        finished_at: Utc::now(),
+        duration_ms: waited,
+    }
+}
+
+/// The timer of one waiting call.
+async fn expire(engine: Weak<Engine>, tenant_id: Uuid, invocation_id: Uuid, at: DateTime<Utc>) {
+    let wait = (at - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let Some(engine) = engine.upgrade() else {
+        return;
+    };
+    if let Ok(mut armed) = engine.approval_timers.lock() {
+        armed.remove(&invocation_id);
+    }
+    let decision = Decision {
+        approve: false,
+        by: json!({"service": "toolexec"}),
+        reason: Some("its wait for approval ended".into()),
+        expired: true,
+    };
+    match engine.decide(tenant_id, invocation_id, decision).await {
+        Ok(_) | Err(EngineError::Conflict { .. }) | Err(EngineError::NotFound) => {}
+        Err(e) => {
+            tracing::error!(error = %e, invocation = %invocation_id, "an expired approval could not be recorded denied; the next start retries");
+        }
+    }
+}

@@ -272,7 +272,12 @@ async fn a_person_decides_and_the_log_names_them(backend: Backend) {
         .iter()
         .find(|c| c["call_id"] == "c1")
         .unwrap();
-    assert_eq!(c1["status_matched"], true, "{c1}");
+    assert!(
+        c1["status_matched"] == true
+            && c1["output_matched"] == true
+            && c1["side_effects_matched"] == true,
+        "the approved call replays as it ran: {c1}"
+    );
 
     // Closing the session denies what still waits.
     let p = app

@@ -559,9 +559,22 @@ impl Engine {
                     }
                 }
             }
-            self.workspaces.create_on(&name, &key).map_err(io_error)?
+            let workspaces = self.workspaces.clone();
+            let name = name.clone();
+            tokio::task::spawn_blocking(move || workspaces.create_on(&name, &key))
+                .await
+                .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?
+                .map_err(io_error)?
         } else {
-            let ws = Arc::new(self.workspaces.create(&name).map_err(io_error)?);
+            // Off the async threads: with a disk quota this makes and mounts a filesystem.
+            let workspaces = self.workspaces.clone();
+            let made = {
+                let name = name.clone();
+                tokio::task::spawn_blocking(move || workspaces.create(&name))
+                    .await
+                    .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?
+            };
+            let ws = Arc::new(made.map_err(io_error)?);
             if let Err(e) = self.fill_fresh(&ws, &empty).await {
                 drop(ws);
                 self.workspaces.remove(&name);

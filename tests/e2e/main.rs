@@ -24,6 +24,7 @@ mod mcp;
 mod object_store;
 mod observability;
 mod openapi;
+mod openapi_tools;
 mod problems;
 mod quotas;
 mod recording;

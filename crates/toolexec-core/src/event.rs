@@ -307,6 +307,9 @@ pub enum ExchangeRole {
     Search,
     /// `web_fetch`'s question (`prompt`) to the operator's summarizer model.
     Summary,
+    /// A call of an operation of an operator's HTTP API (`[[tools.openapi]]`): the request's
+    /// method and URL (never its `Authorization` header) and the response.
+    Api,
 }
 
 /// Why an exchange brought no usable response.
@@ -344,7 +347,7 @@ pub struct WebExchange {
     pub role: ExchangeRole,
     /// The exchange's place among its call's exchanges of the same role, from 0.
     pub hop: u32,
-    /// `GET` or `POST`.
+    /// `GET` or `POST` (any method for `api`).
     pub method: String,
     /// The URL asked for: the page (or redirect target) for `page`, the provider's endpoint
     /// with the query for `search` (keys are never in URLs); absent for `summary` (the

@@ -21,6 +21,7 @@ mod http_jail;
 mod http_limits;
 mod http_scenarios;
 mod mcp;
+mod mcp_proxy;
 mod object_store;
 mod observability;
 mod openapi;

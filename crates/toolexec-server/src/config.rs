@@ -751,6 +751,12 @@ mod tests {
                         "allow_cidrs": [], "timeout_ms": null, "max_response_bytes": null}]);
                     (v.to_string(), v)
                 }
+                serde_json::Value::Array(_) if key == "tools.mcp" => {
+                    let v = json!([{"name": "docs", "url": "https://mcp.example/mcp",
+                        "bearer_token": null, "bearer_token_env": "DOCS_MCP_TOKEN",
+                        "tools": ["search"], "allow_cidrs": [], "timeout_ms": 20000}]);
+                    (v.to_string(), v)
+                }
                 serde_json::Value::Array(_) => {
                     ("/opt/a,/opt/b".into(), json!(["/opt/a", "/opt/b"]))
                 }

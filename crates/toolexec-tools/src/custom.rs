@@ -15,7 +15,8 @@
 //! service. The folder is bound read-only into every session's sandbox (at its own path), so the
 //! sandbox runs the operator's file, not a copy the model could change.
 //!
-//! **HTTP operation tools** (`[[tools.openapi]]`) are [`crate::openapi`]'s.
+//! **HTTP operation tools** (`[[tools.openapi]]`) are [`crate::openapi`]'s, **MCP proxy
+//! tools** (`[[tools.mcp]]`) [`crate::mcp_proxy`]'s.
 #![allow(
     clippy::disallowed_methods,
     reason = "the operator's tool folder and entrypoints are host paths from the configuration, not a model's"
@@ -48,6 +49,8 @@ pub struct CustomToolsConfig {
     pub command: Vec<CommandToolConfig>,
     /// HTTP operation tools from OpenAPI documents (see [`crate::openapi`]).
     pub openapi: Vec<crate::openapi::OpenApiToolsConfig>,
+    /// Proxy tools of upstream MCP servers (see [`crate::mcp_proxy`]).
+    pub mcp: Vec<crate::mcp_proxy::McpToolsConfig>,
 }
 
 /// One command tool.
@@ -307,6 +310,7 @@ mod tests {
                     max_output_chars: None,
                 }],
                 openapi: vec![],
+                mcp: vec![],
             },
             &["shell"],
         )

@@ -897,6 +897,8 @@ const ANNOTATIONS: &[&str] = &[
     "$comment",
     "$schema",
     "$id",
+    "$defs",
+    "definitions",
     "discriminator",
     "contentMediaType",
     "contentEncoding",
@@ -1184,6 +1186,30 @@ impl<'a> Typer<'a> {
         out.remove("additionalProperties");
         Ok(Value::Object(out))
     }
+}
+
+/// A tool's input schema from elsewhere (an upstream MCP server's `inputSchema`) in toolexec's
+/// form, its local `$ref`s (`#/$defs/…`) resolved against itself; a root without properties is
+/// a tool without arguments (`{}`).
+pub(crate) fn typed_input_schema(schema: &Value) -> Result<Value, String> {
+    let mut root = schema.clone();
+    if let Value::Object(m) = &mut root {
+        if m.get("type").is_none() {
+            m.insert("type".into(), json!("object"));
+        }
+        if m.get("type") != Some(&json!("object")) {
+            return Err("the input schema is not an object schema".into());
+        }
+        let empty = m
+            .get("properties")
+            .and_then(Value::as_object)
+            .is_none_or(|p| p.is_empty());
+        if empty {
+            m.insert("properties".into(), json!({}));
+            m.insert("additionalProperties".into(), json!(false));
+        }
+    }
+    Typer::new(schema).typed(&root, 1)
 }
 
 /// The JSON type of a value, as JSON Schema names it.

@@ -140,6 +140,9 @@ impl Registry {
         for api in &config.openapi {
             tools.extend(crate::openapi::load(api, &mut taken, net).await?);
         }
+        for server in &config.mcp {
+            tools.extend(crate::mcp_proxy::load(server, &mut taken, net).await?);
+        }
         Self::new(tools).map_err(|e| e.to_string())
     }
 

@@ -70,6 +70,7 @@ async fn an_operators_command_tool_runs_in_the_sandbox_and_is_recorded() {
             ),
             tool("fails", "fails.sh", json!({"type": "object"})),
         ],
+        ..Default::default()
     };
     let app = spawn_app_with(|c| c.tools = tools).await;
 

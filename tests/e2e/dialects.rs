@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use toolexec_tests::app::spawn_app;
 
 /// What a strict checker found wrong with one tool, or nothing.
-fn strict_violations(name: &str, schema: &Value, openai: bool) -> Vec<String> {
+pub(crate) fn strict_violations(name: &str, schema: &Value, openai: bool) -> Vec<String> {
     let mut out = Vec::new();
     let name_ok = !name.is_empty()
         && name.len() <= 64

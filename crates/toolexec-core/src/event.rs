@@ -319,6 +319,12 @@ pub enum ExchangeRole {
     Search,
     /// `web_fetch`'s question (`prompt`) to the operator's summarizer model.
     Summary,
+    /// A call of an operation of an operator's HTTP API (`[[tools.openapi]]`): the request's
+    /// method and URL (never its `Authorization` header) and the response.
+    Api,
+    /// A `tools/call` forwarded to an operator's upstream MCP server (`[[tools.mcp]]`): the
+    /// upstream's `CallToolResult` as JSON is the body.
+    Mcp,
 }
 
 /// Why an exchange brought no usable response.
@@ -356,7 +362,7 @@ pub struct WebExchange {
     pub role: ExchangeRole,
     /// The exchange's place among its call's exchanges of the same role, from 0.
     pub hop: u32,
-    /// `GET` or `POST`.
+    /// `GET` or `POST` (any method for `api`; `tools/call` for `mcp`).
     pub method: String,
     /// The URL asked for: the page (or redirect target) for `page`, the provider's endpoint
     /// with the query for `search` (keys are never in URLs); absent for `summary` (the

@@ -145,6 +145,7 @@ impl std::fmt::Debug for Config {
             .field("mcp", &self.mcp)
             .field("telemetry", &self.telemetry)
             .field("blobs", &self.blobs)
+            .field("tools", &self.tools)
             .finish()
     }
 }
@@ -537,6 +538,18 @@ impl Config {
             if secret && !value.is_null() {
                 value = serde_json::Value::String("***".to_owned());
             }
+            // The operator APIs' and MCP servers' tokens (`tools.openapi`, `tools.mcp`).
+            if let serde_json::Value::Array(entries) = &mut value
+                && key.starts_with("tools.")
+            {
+                for entry in entries {
+                    if let Some(token) = entry.get_mut("bearer_token")
+                        && !token.is_null()
+                    {
+                        *token = serde_json::Value::String("***".to_owned());
+                    }
+                }
+            }
             let shown = match &value {
                 serde_json::Value::Null => "(unset)".to_owned(),
                 v => v.to_string(),
@@ -731,6 +744,19 @@ mod tests {
                         "timeout_ms": null, "env_passthrough": [], "max_output_chars": null}]);
                     (v.to_string(), v)
                 }
+                serde_json::Value::Array(_) if key == "tools.openapi" => {
+                    let v = json!([{"name": "pets", "spec": "/etc/toolexec/pets.json",
+                        "base_url": "https://pets.example/v1", "operations": ["listPets"],
+                        "bearer_token": null, "bearer_token_env": "PETS_TOKEN",
+                        "allow_cidrs": [], "timeout_ms": null, "max_response_bytes": null}]);
+                    (v.to_string(), v)
+                }
+                serde_json::Value::Array(_) if key == "tools.mcp" => {
+                    let v = json!([{"name": "docs", "url": "https://mcp.example/mcp",
+                        "bearer_token": null, "bearer_token_env": "DOCS_MCP_TOKEN",
+                        "tools": ["search"], "allow_cidrs": [], "timeout_ms": 20000}]);
+                    (v.to_string(), v)
+                }
                 serde_json::Value::Array(_) => {
                     ("/opt/a,/opt/b".into(), json!(["/opt/a", "/opt/b"]))
                 }
@@ -871,6 +897,30 @@ mod tests {
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("sk-secret-1"), "{shown}");
             assert!(!shown.contains("bsk-secret-2"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn the_tokens_of_operator_apis_are_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(
+            &file,
+            "[[tools.openapi]]\nname = \"pets\"\nspec = \"/x.json\"\nbase_url = \"https://p.example\"\noperations = [\"a\"]\nbearer_token = \"pets-secret-6\"\n",
+        )
+        .unwrap();
+        let loaded = Config::load_from(Some(&file), env(&[])).unwrap();
+        assert_eq!(
+            loaded.config.tools.openapi[0].bearer_token.as_deref(),
+            Some("pets-secret-6")
+        );
+        let described = Config::describe(&loaded);
+        assert!(
+            described.contains("\"bearer_token\":\"***\""),
+            "{described}"
+        );
+        for shown in [described, format!("{:?}", loaded.config)] {
+            assert!(!shown.contains("pets-secret-6"), "{shown}");
         }
     }
 

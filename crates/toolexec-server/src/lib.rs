@@ -140,8 +140,20 @@ pub async fn build_state_with(
         store.migrate().await.context("applying migrations")?;
     }
     let mode = auth_mode(config, store.as_ref()).await?;
+    let web = Arc::new(
+        toolexec_tools::web::WebAccess::from_config(
+            &config.web,
+            &config.sandbox.egress_allow_cidrs,
+        )
+        .map_err(|e| anyhow::anyhow!("web tools: {e}"))?,
+    );
+    let net = toolexec_tools::openapi::LoadNet {
+        egress_allow: config.sandbox.egress_allow_cidrs.clone(),
+        resolver: web.resolver.clone(),
+    };
     let registry = Arc::new(
-        Registry::with_custom(&config.tools)
+        Registry::with_custom(&config.tools, &net)
+            .await
             .map_err(|e| anyhow::anyhow!("building the tool registry: {e}"))?,
     );
     let mut engine_config = EngineConfig::new(config.node(), config.workspace_root());
@@ -199,13 +211,7 @@ pub async fn build_state_with(
         );
     }
     engine_config.sandbox = Some(sandbox);
-    engine_config.web = Arc::new(
-        toolexec_tools::web::WebAccess::from_config(
-            &config.web,
-            &config.sandbox.egress_allow_cidrs,
-        )
-        .map_err(|e| anyhow::anyhow!("web tools: {e}"))?,
-    );
+    engine_config.web = web;
     let engine = Engine::start(store, registry, engine_config)
         .await
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;

@@ -167,12 +167,19 @@ async fn run() -> anyhow::Result<()> {
             println!("{key}");
         }
         Command::Tools { command } => {
-            let registry = toolexec_tools::Registry::builtin()?;
             let web = toolexec_tools::web::WebAccess::from_config(
                 &config.web,
                 &config.sandbox.egress_allow_cidrs,
             )
             .map_err(|e| anyhow::anyhow!("web: {e}"))?;
+            // The operator's tools too, loaded and checked as `serve` does.
+            let net = toolexec_tools::openapi::LoadNet {
+                egress_allow: config.sandbox.egress_allow_cidrs.clone(),
+                resolver: web.resolver.clone(),
+            };
+            let registry = toolexec_tools::Registry::with_custom(&config.tools, &net)
+                .await
+                .map_err(|e| anyhow::anyhow!("building the tool registry: {e}"))?;
             match command {
                 ToolsCommand::List => stdout(&toolexec_server::tools_list(&registry, &web))?,
                 ToolsCommand::Describe { name, format } => {

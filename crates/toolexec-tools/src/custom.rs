@@ -14,6 +14,9 @@
 //! The entrypoints named are the allow-list: nothing else in the folder is ever run by the
 //! service. The folder is bound read-only into every session's sandbox (at its own path), so the
 //! sandbox runs the operator's file, not a copy the model could change.
+//!
+//! **HTTP operation tools** (`[[tools.openapi]]`) are [`crate::openapi`]'s, **MCP proxy
+//! tools** (`[[tools.mcp]]`) [`crate::mcp_proxy`]'s.
 #![allow(
     clippy::disallowed_methods,
     reason = "the operator's tool folder and entrypoints are host paths from the configuration, not a model's"
@@ -44,6 +47,10 @@ pub struct CustomToolsConfig {
     pub dir: Option<PathBuf>,
     /// Command tools.
     pub command: Vec<CommandToolConfig>,
+    /// HTTP operation tools from OpenAPI documents (see [`crate::openapi`]).
+    pub openapi: Vec<crate::openapi::OpenApiToolsConfig>,
+    /// Proxy tools of upstream MCP servers (see [`crate::mcp_proxy`]).
+    pub mcp: Vec<crate::mcp_proxy::McpToolsConfig>,
 }
 
 /// One command tool.
@@ -302,6 +309,8 @@ mod tests {
                     env_passthrough: vec![],
                     max_output_chars: None,
                 }],
+                openapi: vec![],
+                mcp: vec![],
             },
             &["shell"],
         )

@@ -121,14 +121,28 @@ impl Registry {
         Self::new(crate::builtin::all())
     }
 
-    /// The built-ins and the operator's tools (see [`crate::custom`]); an error names the
-    /// tool and what is wrong with it.
-    pub fn with_custom(config: &crate::custom::CustomToolsConfig) -> Result<Self, String> {
+    /// The built-ins and the operator's tools (see [`crate::custom`] and [`crate::openapi`]);
+    /// an error names the entry and what is wrong with it. `net` is what the operator's
+    /// endpoints are checked against at load.
+    pub async fn with_custom(
+        config: &crate::custom::CustomToolsConfig,
+        net: &crate::openapi::LoadNet,
+    ) -> Result<Self, String> {
         let builtin = crate::builtin::all();
-        let names: Vec<String> = builtin.iter().map(|t| t.spec().name.clone()).collect();
+        let mut taken: std::collections::BTreeSet<String> =
+            builtin.iter().map(|t| t.spec().name.clone()).collect();
+        let names: Vec<String> = taken.iter().cloned().collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let mut tools = builtin;
-        tools.extend(crate::custom::load(config, &names)?);
+        let commands = crate::custom::load(config, &names)?;
+        taken.extend(commands.iter().map(|t| t.spec().name.clone()));
+        tools.extend(commands);
+        for api in &config.openapi {
+            tools.extend(crate::openapi::load(api, &mut taken, net).await?);
+        }
+        for server in &config.mcp {
+            tools.extend(crate::mcp_proxy::load(server, &mut taken, net).await?);
+        }
         Self::new(tools).map_err(|e| e.to_string())
     }
 

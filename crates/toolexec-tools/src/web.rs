@@ -662,6 +662,31 @@ fn client(web: &WebAccess) -> Result<reqwest::Client, FetchError> {
         .map_err(|e| FetchError::Http(e.to_string()))
 }
 
+/// A client for an operator's API (`[[tools.openapi]]`, `[[tools.mcp]]`): every connection to
+/// a name goes to addresses `policy` checked at dial time (DNS rebinding cannot reach another
+/// address), no proxy from the environment, no redirect followed, `timeout` on the whole
+/// request.
+pub(crate) fn checked_client(
+    policy: &NetPolicy,
+    resolver: Arc<dyn Resolver>,
+    timeout: Duration,
+    user_agent: &str,
+) -> Result<reqwest::Client, FetchError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(CheckedResolve {
+            policy: policy.clone(),
+            resolver,
+        })
+        .gzip(true)
+        .timeout(timeout)
+        .tls_backend_preconfigured(tls_config()?)
+        .user_agent(user_agent)
+        .build()
+        .map_err(|e| FetchError::Http(e.to_string()))
+}
+
 /// GETs `url` under `web`'s policy, following at most [`MAX_REDIRECTS`] redirects, each target
 /// checked again (URL layer here, dial layer in the resolver). `Refresh` headers and meta
 /// refreshes are not followed. The caller bounds the time.
@@ -740,7 +765,7 @@ async fn fetch_hops(web: &WebAccess, url: &str, journal: &Journal) -> Result<Fet
 }
 
 /// The decoded body, up to `cap` bytes; `true` when there was more (not read).
-async fn read_capped(
+pub(crate) async fn read_capped(
     mut response: reqwest::Response,
     cap: usize,
 ) -> Result<(bytes::Bytes, bool), FetchError> {
@@ -768,7 +793,7 @@ fn refused(refusal: Refusal) -> FetchError {
 /// A reqwest failure as the model sees it: the policy's refusal when the resolver refused, the
 /// dial's error when the name could not be resolved, else reqwest's description (which names
 /// the URL the model gave, never an address it resolved to).
-fn request_failed(error: reqwest::Error) -> FetchError {
+pub(crate) fn request_failed(error: reqwest::Error) -> FetchError {
     let mut source = error.source();
     while let Some(cause) = source {
         if let Some(dial) = cause.downcast_ref::<ConnectError>() {

@@ -1,0 +1,481 @@
+//! Proxy tools for an operator's upstream MCP server (`[[tools.mcp]]`): the upstream's tools,
+//! listed at start-up, exposed as `<server>__<tool>` and forwarded with the official SDK's
+//! client over Streamable HTTP.
+//!
+//! **At start-up** ([`load`]) the server's URL must pass the network policy (as an OpenAPI
+//! tool's `base_url`: the public internet, `sandbox.egress_allow_cidrs` and the entry's own
+//! `allow_cidrs`), and the server must answer `tools/list`: an upstream that is down stops the
+//! start with that reason (a catalog that changes with an upstream's mood would hand models
+//! tools that vanish). Each tool's input schema is the upstream's, converted into toolexec's
+//! form as an OpenAPI operation's is (closed objects, optional properties nullable): a tool
+//! whose schema cannot be typed for the providers' strict modes is left out with a warning, or
+//! stops the start when the entry's `tools` allow-list names it. Names are sanitized to
+//! `[a-zA-Z0-9_-]`; a collision stops the start.
+//!
+//! **At call time** each call opens its own MCP connection (initialize, `tools/call`, close) on
+//! a reqwest client with the network policy's checked resolver, no proxy and no redirect, all
+//! within the entry's timeout: an upstream that is down or slow fails that call only, with an
+//! error result that says so. The result's text blocks are joined; `isError` makes the call an
+//! error; `structuredContent` is shown when no text came with it, and kept whole in the record
+//! (the upstream's `CallToolResult` is the recorded `web.exchange` of role `mcp`, which a
+//! verify replay serves instead of calling the upstream again). The bearer token is sent as
+//! `Authorization: Bearer …` only, and masked in what the upstream sends back.
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolexec_core::{
+    Capability, ExchangeErrorKind, ExchangeRole, OutputLimit, ToolSpec, TruncationMode,
+};
+use toolexec_net::NetPolicy;
+use url::Url;
+
+use crate::observe::{Answer, Observed, Unserved};
+use crate::openapi::{
+    LoadNet, Secret, bearer_token, check_endpoint, check_prefix, endpoint_policy, scrubbed,
+    tool_name, typed_input_schema, without_absent,
+};
+use crate::web::checked_client;
+use crate::{Tool, ToolContext, ToolOutput};
+
+/// Default of `timeout_ms`: connecting, initializing and one tool call.
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+/// How long the start-up listing may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Most bytes of one upstream answer (a JSON response or an SSE event): a result a model reads
+/// is far smaller; an upstream that sends more is cut off by the SDK, not buffered.
+pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
+
+/// One upstream MCP server (`[[tools.mcp]]`).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolsConfig {
+    /// The server's name: the prefix of its tools' names (`<name>__<tool>`).
+    pub name: String,
+    /// Its Streamable HTTP endpoint (`https://mcp.example/mcp`).
+    pub url: String,
+    /// Bearer token sent as `Authorization: Bearer …`; never logged, shown or recorded.
+    #[serde(default)]
+    pub bearer_token: Option<String>,
+    /// The name of an environment variable of the service holding the bearer token.
+    #[serde(default)]
+    pub bearer_token_env: Option<String>,
+    /// The upstream tools exposed (their upstream names); unset: all of them.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// Non-public networks (CIDRs) the server may be reached on, besides
+    /// `sandbox.egress_allow_cidrs`.
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+    /// Time limit of one call (connect, initialize, call), milliseconds; default 60 s.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for McpToolsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpToolsConfig")
+            .field("name", &self.name)
+            .field("url", &crate::web::redacted_url(&self.url))
+            .field("bearer_token", &self.bearer_token.as_ref().map(|_| "***"))
+            .field("bearer_token_env", &self.bearer_token_env)
+            .field("tools", &self.tools)
+            .field("allow_cidrs", &self.allow_cidrs)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
+}
+
+/// What the tools of one server share.
+struct Upstream {
+    name: String,
+    url: Url,
+    policy: NetPolicy,
+    token: Option<Secret>,
+    timeout: Duration,
+}
+
+/// One upstream tool, proxied.
+pub struct McpProxyTool {
+    spec: ToolSpec,
+    upstream: Arc<Upstream>,
+    /// Its name upstream.
+    remote: String,
+}
+
+/// A connection to the upstream on a checked client (one per call).
+async fn connect(
+    upstream: &Upstream,
+    resolver: Arc<dyn toolexec_net::Resolver>,
+    timeout: Duration,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, String> {
+    let client = checked_client(
+        &upstream.policy,
+        resolver,
+        timeout,
+        concat!("toolexec/", env!("CARGO_PKG_VERSION"), " (mcp proxy)"),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(upstream.url.as_str())
+        .max_json_response_size(MAX_RESULT_BYTES)
+        .max_sse_event_size(MAX_RESULT_BYTES);
+    if let Some(token) = &upstream.token {
+        config = config.auth_header(token.expose());
+    }
+    let transport = StreamableHttpClientTransport::with_client(client, config);
+    ().serve(transport)
+        .await
+        .map_err(|e| without_secret(&e.to_string(), upstream.token.as_ref()))
+}
+
+/// An error's text with the token masked (an SDK error could quote a header).
+fn without_secret(text: &str, token: Option<&Secret>) -> String {
+    String::from_utf8_lossy(&scrubbed(Bytes::copy_from_slice(text.as_bytes()), token)).into_owned()
+}
+
+/// The tools of one upstream server, checked (see the module docs). `taken` holds the names in
+/// use; this server's are added to it.
+pub async fn load(
+    config: &McpToolsConfig,
+    taken: &mut BTreeSet<String>,
+    net: &LoadNet,
+) -> Result<Vec<Arc<dyn Tool>>, String> {
+    let at = format!("tools.mcp {:?}", config.name);
+    check_prefix(&config.name, &at)?;
+    let token = bearer_token(
+        config.bearer_token.as_deref(),
+        config.bearer_token_env.as_deref(),
+        &at,
+    )?;
+    let policy = endpoint_policy(net, &config.allow_cidrs, &at)?;
+    let url = check_endpoint(
+        &policy,
+        net.resolver.as_ref(),
+        &config.url,
+        &format!("{at}: url"),
+    )
+    .await?;
+    let upstream = Arc::new(Upstream {
+        name: config.name.clone(),
+        url,
+        policy,
+        token,
+        timeout: Duration::from_millis(config.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS).max(1)),
+    });
+    let shown = crate::web::redacted_url(&config.url);
+    let listed = tokio::time::timeout(LIST_TIMEOUT, async {
+        let client = connect(&upstream, net.resolver.clone(), LIST_TIMEOUT).await?;
+        let tools = client.list_all_tools().await.map_err(|e| {
+            without_secret(&format!("tools/list failed: {e}"), upstream.token.as_ref())
+        });
+        let _ = client.cancel().await;
+        tools
+    })
+    .await
+    .map_err(|_| format!("{at}: the MCP server at {shown} did not list its tools within {} s", LIST_TIMEOUT.as_secs()))?
+    .map_err(|e| format!("{at}: the MCP server at {shown} could not be asked for its tools ({e}); it must be up when the service starts"))?;
+    if let Some(wanted) = &config.tools {
+        for w in wanted {
+            if !listed.iter().any(|t| t.name == w.as_str()) {
+                return Err(format!(
+                    "{at}: tools names {w:?}, which the server does not list"
+                ));
+            }
+        }
+    }
+    let mut out: Vec<Arc<dyn Tool>> = Vec::new();
+    for tool in &listed {
+        let remote = tool.name.to_string();
+        let named = config.tools.as_ref().map(|w| w.contains(&remote));
+        if named == Some(false) {
+            continue;
+        }
+        let at = format!("{at} tool {remote:?}");
+        let schema = match typed_input_schema(&Value::Object((*tool.input_schema).clone())) {
+            Ok(s) => s,
+            Err(why) if named.is_none() => {
+                tracing::warn!(entry = %at, reason = %why, "an upstream MCP tool is left out: its schema cannot be typed for the providers' strict modes");
+                continue;
+            }
+            Err(why) => return Err(format!("{at}: {why}")),
+        };
+        let name = tool_name(&config.name, &remote).map_err(|e| format!("{at}: {e}"))?;
+        if !taken.insert(name.clone()) {
+            return Err(format!(
+                "{at}: its tool name {name:?} is already taken (a built-in, another entry or another tool whose name sanitizes to the same)"
+            ));
+        }
+        let read_only = tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        let mut description = tool
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .trim()
+            .chars()
+            .take(2_000)
+            .collect::<String>();
+        if !description.is_empty() {
+            description.push_str("\n\n");
+        }
+        description.push_str(&format!(
+            "Tool `{remote}` of the {:?} MCP server, called through toolexec (its result is the text the server returns; an error it reports makes the call an error).",
+            config.name
+        ));
+        out.push(Arc::new(McpProxyTool {
+            spec: ToolSpec {
+                name,
+                description,
+                input_schema: schema,
+                read_only,
+                capabilities: vec![Capability::Network],
+                output_limit: OutputLimit::new(50_000, TruncationMode::HeadTail),
+            },
+            upstream: upstream.clone(),
+            remote,
+        }));
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl Tool for McpProxyTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn run(&self, ctx: &ToolContext, args: Value) -> ToolOutput {
+        let name = &self.spec.name;
+        if let Some(denied) = ctx.web.denied_without_network(name, &ctx.policy) {
+            return denied;
+        }
+        let args = without_absent(&args, &self.spec.input_schema);
+        let mut timeout = self.upstream.timeout;
+        if let Some(left) = ctx.deadline.remaining() {
+            timeout = timeout.min(left);
+        }
+        let journal = ctx.journal.as_ref();
+        let answer = match &ctx.observed {
+            Observed::Replay(record) => record.answer(ExchangeRole::Mcp, journal),
+            Observed::Live => {
+                let at = journal.begin(
+                    ExchangeRole::Mcp,
+                    "tools/call",
+                    None,
+                    Some(format!("{}/{}", self.upstream.name, self.remote)),
+                );
+                let called =
+                    tokio::time::timeout(timeout, self.call(ctx, args.clone(), timeout)).await;
+                let failed = |kind: ExchangeErrorKind, message: String| {
+                    journal.fail_last(ExchangeRole::Mcp, kind, message.clone());
+                    Err(Unserved { kind, message })
+                };
+                match called {
+                    Ok(Ok(result)) => {
+                        let body = scrubbed(
+                            Bytes::from(serde_json::to_vec(&result).unwrap_or_default()),
+                            self.upstream.token.as_ref(),
+                        );
+                        journal.respond(at, 200, &reqwest::header::HeaderMap::new());
+                        journal.body(at, &body, false).await;
+                        Ok(Answer {
+                            status: 200,
+                            body,
+                            truncated: false,
+                        })
+                    }
+                    Ok(Err(message)) => failed(ExchangeErrorKind::Failed, message),
+                    Err(_) => failed(
+                        ExchangeErrorKind::TimedOut,
+                        format!(
+                            "the MCP server did not answer within {}",
+                            crate::deadline::human_duration(timeout)
+                        ),
+                    ),
+                }
+            }
+        };
+        let mut out = match answer {
+            Ok(answer) => match serde_json::from_slice::<CallToolResult>(&answer.body) {
+                Ok(result) => rendered(&result),
+                Err(e) => ToolOutput::error(format!(
+                    "{name}: the MCP server's result could not be read ({e})."
+                )),
+            },
+            Err(e) => {
+                let text = format!(
+                    "Cannot call {name}: {}. The operator's MCP server {:?} may be down; try again later or do without this tool.",
+                    e.message, self.upstream.name
+                );
+                match e.kind {
+                    ExchangeErrorKind::Refused => ToolOutput::denied(text),
+                    ExchangeErrorKind::TimedOut => ToolOutput::timed_out(text),
+                    _ => ToolOutput::error(text),
+                }
+            }
+        };
+        out.events.extend(journal.drain_events());
+        out
+    }
+}
+
+impl McpProxyTool {
+    async fn call(
+        &self,
+        ctx: &ToolContext,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<CallToolResult, String> {
+        let client = connect(&self.upstream, ctx.web.resolver.clone(), timeout)
+            .await
+            .map_err(|e| format!("the MCP server could not be reached ({e})"))?;
+        let mut params = CallToolRequestParams::new(self.remote.clone());
+        params.arguments = match args {
+            Value::Object(map) => Some(map),
+            _ => None,
+        };
+        let result = client.call_tool(params).await.map_err(|e| {
+            format!(
+                "the MCP server refused the call ({})",
+                without_secret(&e.to_string(), self.upstream.token.as_ref())
+            )
+        });
+        let _ = client.cancel().await;
+        result
+    }
+}
+
+/// The model's text for an upstream result: its text blocks joined (other blocks named),
+/// `structuredContent` when no text came with it; `isError` makes it an error.
+fn rendered(result: &CallToolResult) -> ToolOutput {
+    let mut parts: Vec<String> = Vec::new();
+    for block in &result.content {
+        match serde_json::to_value(block).unwrap_or_default() {
+            v if v["type"] == "text" => parts.push(v["text"].as_str().unwrap_or("").to_owned()),
+            v if v["type"] == "resource" && v["resource"]["text"].is_string() => {
+                parts.push(v["resource"]["text"].as_str().unwrap_or("").to_owned());
+            }
+            v => parts.push(format!(
+                "[{} content not shown{}]",
+                v["type"].as_str().unwrap_or("other"),
+                v.get("mimeType")
+                    .and_then(Value::as_str)
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            )),
+        }
+    }
+    let mut text = parts.join("\n");
+    if text.trim().is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        text = structured.to_string();
+    }
+    if result.is_error == Some(true) {
+        ToolOutput::error(text)
+    } else {
+        ToolOutput::ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn results_are_joined_text_and_is_error_is_an_error() {
+        let r: CallToolResult = serde_json::from_value(json!({
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"},
+                        {"type": "image", "data": "AAAA", "mimeType": "image/png"}],
+            "isError": true
+        }))
+        .unwrap();
+        let out = rendered(&r);
+        assert_eq!(out.status, toolexec_core::CallStatus::Error);
+        assert_eq!(
+            out.content,
+            "one\ntwo\n[image content not shown: image/png]"
+        );
+        let r: CallToolResult =
+            serde_json::from_value(json!({"content": [], "structuredContent": {"temp": 21}}))
+                .unwrap();
+        let out = rendered(&r);
+        assert_eq!(out.status, toolexec_core::CallStatus::Ok);
+        assert_eq!(out.content, r#"{"temp":21}"#);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_down_or_not_allowed_stops_the_start() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let net = LoadNet {
+            egress_allow: vec![],
+            resolver: Arc::new(toolexec_net::StaticResolver::new()),
+        };
+        let mut config = McpToolsConfig {
+            name: "up".into(),
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            bearer_token: Some("mcp-secret-1".into()),
+            bearer_token_env: None,
+            tools: None,
+            allow_cidrs: vec![],
+            timeout_ms: None,
+        };
+        let err = load(&config, &mut BTreeSet::new(), &net)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("not allowed by the network policy (loopback"),
+            "{err}"
+        );
+        config.allow_cidrs = vec!["127.0.0.1/32".into()];
+        let err = load(&config, &mut BTreeSet::new(), &net)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("tools.mcp \"up\": the MCP server at") && err.contains("must be up"),
+            "{err}"
+        );
+        assert!(!err.contains("mcp-secret-1"), "{err}");
+        assert!(!format!("{config:?}").contains("mcp-secret-1"));
+    }
+
+    #[test]
+    fn an_upstream_schema_is_typed_like_an_operations() {
+        let s = typed_input_schema(&json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"$ref": "#/$defs/Unit"}},
+            "required": ["city"],
+            "$defs": {"Unit": {"type": "string", "enum": ["c", "f"]}}
+        }))
+        .unwrap();
+        assert_eq!(s["properties"]["unit"]["enum"], json!(["c", "f", null]));
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(
+            typed_input_schema(&json!({"type": "object"})).unwrap()["properties"],
+            json!({})
+        );
+        let err = typed_input_schema(&json!({"type": "object", "properties": {
+            "q": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}))
+        .unwrap_err();
+        assert!(err.contains("oneOf"), "{err}");
+    }
+}

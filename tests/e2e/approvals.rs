@@ -483,3 +483,120 @@ async fn an_mcp_call_waits_for_the_decision() {
         "{text}"
     );
 }
+
+/// A wait ends without a person too: a cancel of the call denies it, a rewind denies what
+/// waits (asked for in a state that is gone), a session with too many waiting calls denies the
+/// next one at once; a denied call lists no side effect; an approved call waiting for its turn
+/// behind a running command can still be cancelled, and then never runs.
+async fn what_else_ends_a_wait(backend: Backend) {
+    let app = backend
+        .spawn_with(|c| c.limits.max_waiting_approvals_per_session = 2)
+        .await;
+    let sid = gated_session(&app, json!({"tools": ["write_file"]})).await;
+    let write = |id: &'static str, file: &'static str| json!([{"id": id, "name": "write_file", "arguments": {"file_path": file, "content": "x"}}]);
+    let a = app.calls(&sid, write("a", "a.txt")).await.remove(0);
+    let b = app.calls(&sid, write("b", "b.txt")).await.remove(0);
+    assert_eq!(a["status"], "pending_approval");
+    assert_eq!(b["status"], "pending_approval");
+    let c = app.calls(&sid, write("c", "c.txt")).await.remove(0);
+    assert_eq!(
+        c["status"], "denied",
+        "the third waiting call is one too many: {c}"
+    );
+    assert!(
+        c["content"].as_str().unwrap().contains("already wait"),
+        "{c}"
+    );
+
+    // Cancelling a waiting call denies it, by the tenant that cancelled it.
+    let ainv = a["invocation_id"].as_str().unwrap();
+    let resp = app
+        .post(&format!("/v1/invocations/{ainv}/cancel"), &json!({}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let cancelled: Value = resp.json().await.unwrap();
+    assert_eq!(cancelled["status"], "denied", "{cancelled}");
+    assert_eq!(
+        cancelled["side_effects_total"], 0,
+        "a denied call changed nothing: {cancelled}"
+    );
+
+    // A rewind denies what still waits.
+    let resp = app
+        .post(&format!("/v1/sessions/{sid}/rewind"), &json!({"to_seq": 1}))
+        .await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let b = app.invocation_of(&b).await;
+    assert_eq!(b["status"], "denied", "{b}");
+    assert!(b["content"].as_str().unwrap().contains("rewound"), "{b}");
+
+    // An approved call queued behind a running command is cancellable from its approval on.
+    let slow = {
+        let url = app.url(&format!("/v1/sessions/{sid}/calls"));
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"calls": [{"id": "slow", "name": "shell", "arguments": {"command": "sleep 3"}}]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let d = app.calls(&sid, write("d", "d.txt")).await.remove(0);
+    assert_eq!(d["status"], "pending_approval");
+    let dinv = d["invocation_id"].as_str().unwrap();
+    let (status, approved) = decide(&app, dinv, "approve", json!({"by": "erin"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        approved["status"], "running",
+        "queued behind the command: {approved}"
+    );
+    let resp = app
+        .post(&format!("/v1/invocations/{dinv}/cancel"), &json!({}))
+        .await;
+    assert!(
+        resp.status() == 200 || resp.status() == 202,
+        "{}",
+        resp.status()
+    );
+    assert_eq!(slow.await.unwrap(), 200);
+    let d = wait_for(&app, dinv, 20).await;
+    assert_eq!(d["status"], "cancelled", "{d}");
+    let file = app
+        .call(&sid, "r", "read_file", json!({"file_path": "d.txt"}))
+        .await;
+    assert_eq!(
+        file["is_error"], true,
+        "the cancelled call never ran: {file}"
+    );
+    // A NUL in what is recorded is refused, not a 500.
+    let e = app.calls(&sid, write("e", "e.txt")).await.remove(0);
+    let (status, problem) = decide(
+        &app,
+        e["invocation_id"].as_str().unwrap(),
+        "deny",
+        json!({"reason": "bad\u{0}"}),
+    )
+    .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (422, Some("invalid_request"))
+    );
+}
+
+#[tokio::test]
+async fn what_else_ends_a_wait_postgres() {
+    what_else_ends_a_wait(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn what_else_ends_a_wait_sqlite() {
+    what_else_ends_a_wait(Backend::Sqlite).await;
+}

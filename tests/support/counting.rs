@@ -211,8 +211,11 @@ impl Store for CountingStore {
         &self,
         invocation: toolexec_store::NewInvocation,
         data: serde_json::Value,
+        max_waiting: u64,
     ) -> Result<std::result::Result<i64, WriteError>> {
-        self.inner.request_approval(invocation, data).await
+        self.inner
+            .request_approval(invocation, data, max_waiting)
+            .await
     }
     async fn decide_approval(
         &self,
@@ -226,8 +229,11 @@ impl Store for CountingStore {
             .decide_approval(tenant_id, invocation_id, decided, denied, node)
             .await
     }
-    async fn pending_approvals(&self, node: &str) -> Result<Vec<toolexec_store::PendingApproval>> {
-        self.inner.pending_approvals(node).await
+    async fn pending_approvals(
+        &self,
+        of: toolexec_store::Waiters<'_>,
+    ) -> Result<Vec<toolexec_store::PendingApproval>> {
+        self.inner.pending_approvals(of).await
     }
     async fn save_replay(&self, tenant_id: Uuid, replay: &Replay) -> Result<()> {
         self.inner.save_replay(tenant_id, replay).await

@@ -448,8 +448,7 @@ impl ServerHandler for ToolexecMcp {
             .state
             .engine
             .after_approval(tenant.id, result, wait)
-            .await
-            .map_err(|e| protocol_error(or_not_found("session")(e)))?;
+            .await;
         Ok(mcp_result(&result).into())
     }
 }

@@ -193,9 +193,8 @@ impl Engine {
             .interrupt_session(session.id, INTERRUPTED_BY_TAKEOVER)
             .await?;
         // Its calls waiting for approval stay waiting; this node times their waits now.
-        if let Some(from) = from {
-            self.arm_pending_of(from, Some(session.id)).await;
-        }
+        self.arm_pending(toolexec_store::Waiters::Session(session.id))
+            .await;
         // Re-read after the interruptions: the rebuild must see the log as it now ends.
         let session = self
             .store

@@ -33,6 +33,10 @@ pub struct Limits {
     /// Longest a call may wait for a person's approval (a session's
     /// `policy.approval.timeout_ms`), milliseconds; default one day.
     pub max_approval_wait_ms: u64,
+    /// Most calls of one session that may wait for approval at once; a gated call beyond it
+    /// is recorded `denied` without asking, saying why. Bounds what one session's waiting
+    /// calls hold (rows, timers).
+    pub max_waiting_approvals_per_session: u64,
     /// Longest a request waits for its batch of calls, milliseconds. A batch that runs longer
     /// goes on: the request is answered 503 `still_running`, and the same calls sent again
     /// (same ids) return their results as they are recorded. Bounds how long one request holds a
@@ -161,6 +165,7 @@ impl Default for Limits {
             max_output_chars: 200_000,
             max_timeout_ms: 600_000,
             max_approval_wait_ms: 24 * 60 * 60 * 1000,
+            max_waiting_approvals_per_session: 32,
             max_blob_bytes: 10 * 1024 * 1024,
             max_seed_files: 1_000,
             // A million calls at a 1 % false-positive rate (~3.1 MB); ~1.4 KB for a session's

@@ -647,6 +647,10 @@ impl Engine {
         }
         let rt = self.runtime(&session, previous.as_deref()).await?;
         let _turn = rt.schedule.write().await;
+        // Calls waiting for approval were asked for in a state the rewind takes away: they
+        // must not run on the state it brings back.
+        self.deny_waiting_of_session(tenant_id, session_id, "the workspace was rewound")
+            .await;
         // Read again under the lock: calls that ran while it was awaited moved last_seq.
         let session = self.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {

@@ -136,7 +136,7 @@ pub struct Engine {
     /// it ends.
     replaying: Mutex<std::collections::HashSet<Uuid>>,
     /// The calls waiting for approval whose expiry this node times.
-    approval_timers: Mutex<std::collections::HashSet<Uuid>>,
+    approval_timers: Mutex<HashMap<Uuid, tokio::task::AbortHandle>>,
     /// This engine, for the tasks it starts on its own (approval timers) without keeping it
     /// alive.
     me: std::sync::OnceLock<std::sync::Weak<Engine>>,
@@ -251,13 +251,15 @@ impl Engine {
             process_slots,
             archive_slots,
             replaying: Mutex::new(std::collections::HashSet::new()),
-            approval_timers: Mutex::new(std::collections::HashSet::new()),
+            approval_timers: Mutex::new(HashMap::new()),
             me: std::sync::OnceLock::new(),
         });
         let _ = engine.me.set(Arc::downgrade(&engine));
         // The calls this node recorded waiting for approval before it stopped: their waits
         // are timed again (those that ended meanwhile are denied now).
-        engine.arm_pending_of(&engine.config.node, None).await;
+        engine
+            .arm_pending(toolexec_store::Waiters::Node(&engine.config.node))
+            .await;
         Ok(engine)
     }
 

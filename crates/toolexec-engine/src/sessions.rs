@@ -802,7 +802,8 @@ impl Engine {
         // start, all recorded `cancelled`, before the session closes (SPEC §2).
         self.cancel_session_calls(tenant_id, id).await?;
         // Calls waiting for approval can no longer run: recorded denied, and why.
-        self.deny_pending_of_session(tenant_id, id).await;
+        self.deny_waiting_of_session(tenant_id, id, "the session was closed")
+            .await;
         let mut processes = Vec::new();
         if let Some(rt) = self.cached_runtime(tenant_id, id)?
             && let Some(table) = &rt.processes

@@ -233,6 +233,12 @@ pub enum WriteError {
     /// with this status now).
     #[error("invocation is not waiting for approval (it is {})", .0.as_str())]
     NotPending(toolexec_core::InvocationStatus),
+    /// An approval after the call's wait ended (it must be denied as expired instead).
+    #[error("the call's wait for approval ended at {0}")]
+    WaitEnded(DateTime<Utc>),
+    /// A call asking for approval in a session where this many calls wait already.
+    #[error("{0} calls of this session wait for approval already")]
+    TooManyWaiting(u64),
     /// The store cannot hold this write (said in plain words): writing it again cannot succeed.
     /// Found before committing ([`Write::unstorable`]) or by the database itself.
     #[error("the store cannot record it: {0}")]
@@ -247,6 +253,15 @@ pub struct Decided {
     pub decided_seq: i64,
     /// Approved: its `invocation.started`; denied: its `invocation.finished`.
     pub next_seq: i64,
+}
+
+/// Whose waiting calls [`Store::pending_approvals`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiters<'a> {
+    /// Those a node recorded.
+    Node(&'a str),
+    /// Those of a session.
+    Session(Uuid),
 }
 
 /// A call waiting for approval, as [`Store::pending_approvals`] finds it.
@@ -524,18 +539,22 @@ pub trait Store: Send + Sync + 'static {
     /// session's lock: its invocation, `pending_approval`, and its `approval.requested` event
     /// (the call as `invocation.started` would have it, and `data`). Returns that event's seq.
     /// `DuplicateCall` when the call id is recorded already; `SessionNotActive` when the
-    /// session is closed.
+    /// session is closed; `TooManyWaiting` when `max_waiting` calls of the session wait already.
     async fn request_approval(
         &self,
         invocation: NewInvocation,
         data: serde_json::Value,
+        max_waiting: u64,
     ) -> Result<std::result::Result<i64, WriteError>>;
 
     /// Decides a call waiting for approval, in one transaction under its session's lock:
     /// appends `approval.decided` (`decided`), then — approved (`denied` is `None`) — its
     /// `invocation.started`, and the invocation is `running` (its runner records its end with
     /// a `Write::Finish`); or — denied — its `invocation.finished` with that outcome.
-    /// `NotFound` for another tenant's invocation; `NotPending` when it is not waiting.
+    /// `NotFound` for another tenant's invocation; `NotPending` when it is not waiting;
+    /// for an approval, `WaitEnded` past its `expires_at` and `SessionNotActive` when its
+    /// session is closed. A denial moves the invocation's `started_seq` to its
+    /// `approval.decided`, so that it lists no side effect.
     async fn decide_approval(
         &self,
         tenant_id: Uuid,
@@ -545,8 +564,9 @@ pub trait Store: Send + Sync + 'static {
         node: &str,
     ) -> Result<std::result::Result<Decided, WriteError>>;
 
-    /// The calls of `node` waiting for approval (one probe of a partial index).
-    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>>;
+    /// The calls waiting for approval that `node` recorded, or those of one session (one
+    /// probe of a partial index either way).
+    async fn pending_approvals(&self, of: Waiters<'_>) -> Result<Vec<PendingApproval>>;
 
     /// Inserts or replaces a replay's report.
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()>;

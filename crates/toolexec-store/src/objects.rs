@@ -591,8 +591,11 @@ impl Store for ObjectBlobs {
         &self,
         invocation: crate::NewInvocation,
         data: serde_json::Value,
+        max_waiting: u64,
     ) -> Result<std::result::Result<i64, crate::WriteError>> {
-        self.inner.request_approval(invocation, data).await
+        self.inner
+            .request_approval(invocation, data, max_waiting)
+            .await
     }
     async fn decide_approval(
         &self,
@@ -607,8 +610,11 @@ impl Store for ObjectBlobs {
             .decide_approval(tenant_id, invocation_id, decided, denied, node)
             .await
     }
-    async fn pending_approvals(&self, node: &str) -> Result<Vec<crate::PendingApproval>> {
-        self.inner.pending_approvals(node).await
+    async fn pending_approvals(
+        &self,
+        of: crate::Waiters<'_>,
+    ) -> Result<Vec<crate::PendingApproval>> {
+        self.inner.pending_approvals(of).await
     }
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
         self.inner.save_replay(tenant_id, replay).await

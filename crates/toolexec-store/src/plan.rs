@@ -76,6 +76,8 @@ pub(crate) struct Waiting {
     pub read_only: bool,
     pub capabilities: serde_json::Value,
     pub status: InvocationStatus,
+    /// When its wait ends (from its `approval.requested` event).
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// The end of an invocation: for one inserted earlier, an update of its row.
@@ -456,6 +458,16 @@ pub(crate) fn decided_plan(
     if waiting.status != InvocationStatus::PendingApproval {
         return Err(WriteError::NotPending(waiting.status));
     }
+    if denied.is_none() {
+        if let Some(at) = waiting.expires_at
+            && at <= Utc::now()
+        {
+            return Err(WriteError::WaitEnded(at));
+        }
+        if session.status != SessionStatus::Active {
+            return Err(WriteError::SessionNotActive);
+        }
+    }
     let (decided_seq, next_seq) = (session.last_seq + 1, session.last_seq + 2);
     let event = |seq, kind, data| EventRow {
         session_id: session.id,
@@ -613,6 +625,65 @@ mod tests {
             node: "n".to_owned(),
             started_at: Utc::now(),
         }
+    }
+
+    fn waiting(session_id: Uuid, expires_in: i64) -> Waiting {
+        Waiting {
+            id: Uuid::now_v7(),
+            session_id,
+            call_id: "c".to_owned(),
+            name: "shell".to_owned(),
+            arguments: json!({"command": "true"}),
+            read_only: false,
+            capabilities: json!(["process"]),
+            status: InvocationStatus::PendingApproval,
+            expires_at: Some(Utc::now() + chrono::Duration::seconds(expires_in)),
+        }
+    }
+
+    #[test]
+    fn one_decision_per_waiting_call_and_no_approval_past_its_wait_or_its_session() {
+        let id = Uuid::now_v7();
+        let active = session(id, SessionStatus::Active, 5);
+        let closed = session(id, SessionStatus::Closed, 5);
+        let mut denied = ok();
+        denied.status = CallStatus::Denied;
+        // Approved in time: decided, then started, two seqs on.
+        let (plan, done) = decided_plan(&active, &waiting(id, 60), json!({}), None).unwrap();
+        let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::ApprovalDecided, EventKind::InvocationStarted]
+        );
+        assert_eq!((done.decided_seq, done.next_seq), (6, 7));
+        assert_eq!(plan.last_seqs, vec![(id, 7)]);
+        assert!(plan.finishes.is_empty());
+        // Denied: decided, then finished denied.
+        let (plan, _) =
+            decided_plan(&active, &waiting(id, 60), json!({}), Some(denied.clone())).unwrap();
+        let kinds: Vec<EventKind> = plan.events.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::ApprovalDecided, EventKind::InvocationFinished]
+        );
+        assert_eq!(plan.finishes[0].outcome.status, CallStatus::Denied);
+        // Too late, or in a closed session: no approval; a denial still lands.
+        assert!(matches!(
+            decided_plan(&active, &waiting(id, -1), json!({}), None),
+            Err(WriteError::WaitEnded(_))
+        ));
+        assert!(matches!(
+            decided_plan(&closed, &waiting(id, 60), json!({}), None),
+            Err(WriteError::SessionNotActive)
+        ));
+        assert!(decided_plan(&closed, &waiting(id, -1), json!({}), Some(denied.clone())).is_ok());
+        // Decided before: nothing more.
+        let mut decided = waiting(id, 60);
+        decided.status = InvocationStatus::Running;
+        assert!(matches!(
+            decided_plan(&active, &decided, json!({}), Some(denied)),
+            Err(WriteError::NotPending(InvocationStatus::Running))
+        ));
     }
 
     fn ok() -> Outcome {

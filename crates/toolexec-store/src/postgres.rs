@@ -34,7 +34,7 @@ use crate::rows::{
 };
 use crate::{
     Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
-    SessionOwner, SessionPage, Store, StoreError, Write, WriteError,
+    SessionOwner, SessionPage, Store, StoreError, Waiters, Write, WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -1127,12 +1127,22 @@ impl Store for PgStore {
         &self,
         invocation: NewInvocation,
         data: serde_json::Value,
+        max_waiting: u64,
     ) -> Result<std::result::Result<i64, WriteError>> {
         let session_id = invocation.session_id;
         let mut tx = self.pool.begin().await?;
         let Some(locked) = lock_sessions(&mut tx, &[session_id]).await?.pop() else {
             return Ok(Err(WriteError::SessionNotActive));
         };
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM invocations WHERE session_id = $1 AND status = 'pending_approval'",
+        )
+        .bind(session_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if u64::try_from(waiting).unwrap_or(0) >= max_waiting {
+            return Ok(Err(WriteError::TooManyWaiting(max_waiting)));
+        }
         let known: Option<Uuid> =
             sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
                 .bind(session_id)
@@ -1176,8 +1186,11 @@ impl Store for PgStore {
             .ok_or(StoreError::NotFound)?;
         // Read under the lock: a decision made meanwhile is seen.
         let row = sqlx::query(
-            "SELECT id, session_id, call_id, name, arguments, read_only, capabilities, status \
-             FROM invocations WHERE id = $1",
+            "SELECT i.id, i.session_id, i.call_id, i.name, i.arguments, i.read_only, \
+             i.capabilities, i.status, e.data->>'expires_at' AS expires_at \
+             FROM invocations i LEFT JOIN events e \
+             ON e.session_id = i.session_id AND e.seq = i.started_seq \
+             AND e.kind = 'approval.requested' WHERE i.id = $1",
         )
         .bind(invocation_id)
         .fetch_one(&mut *tx)
@@ -1198,25 +1211,38 @@ impl Store for PgStore {
             .bind(node)
             .execute(&mut *tx)
             .await?;
+        } else {
+            // A denial lists no side effect: its start is its decision.
+            sqlx::query("UPDATE invocations SET started_seq = $2 WHERE id = $1")
+                .bind(invocation_id)
+                .bind(done.decided_seq)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         self.forget_session(session_id);
         Ok(Ok(done))
     }
 
-    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>> {
-        sqlx::query(
-            "SELECT s.tenant_id, i.session_id, i.id, e.data->>'expires_at' AS expires_at \
+    async fn pending_approvals(&self, of: Waiters<'_>) -> Result<Vec<PendingApproval>> {
+        const SELECT: &str = "SELECT s.tenant_id, i.session_id, i.id, \
+             e.data->>'expires_at' AS expires_at \
              FROM invocations i JOIN sessions s ON s.id = i.session_id \
              LEFT JOIN events e ON e.session_id = i.session_id AND e.seq = i.started_seq \
-             WHERE i.status = 'pending_approval' AND i.node = $1",
-        )
-        .bind(node)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(rows::pending_approval)
-        .collect()
+             WHERE i.status = 'pending_approval' AND ";
+        let query = match of {
+            Waiters::Node(node) => sqlx::query(sqlx::AssertSqlSafe(format!("{SELECT}i.node = $1")))
+                .bind(node.to_owned()),
+            Waiters::Session(id) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!("{SELECT}i.session_id = $1"))).bind(id)
+            }
+        };
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(rows::pending_approval)
+            .collect()
     }
 
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {

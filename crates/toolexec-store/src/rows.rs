@@ -235,7 +235,8 @@ pub(crate) fn existing(row: &impl Columns) -> Result<Existing> {
 }
 
 /// Columns `id`, `session_id`, `call_id`, `name`, `arguments`, `read_only`, `capabilities`,
-/// `status` of an invocation to decide.
+/// `status`, `expires_at` (RFC 3339 text, from its `approval.requested`) of an invocation to
+/// decide.
 pub(crate) fn waiting(row: &impl Columns) -> Result<Waiting> {
     Ok(Waiting {
         id: row.uuid("id")?,
@@ -246,7 +247,13 @@ pub(crate) fn waiting(row: &impl Columns) -> Result<Waiting> {
         read_only: row.boolean("read_only")?,
         capabilities: row.json("capabilities")?,
         status: invocation_status(&row.text("status")?)?,
+        expires_at: rfc3339(row.opt_text("expires_at")?),
     })
+}
+
+fn rfc3339(text: Option<String>) -> Option<DateTime<Utc>> {
+    text.and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+        .map(|t| t.with_timezone(&Utc))
 }
 
 /// Columns `tenant_id`, `session_id`, `id`, `expires_at` (RFC 3339 text) of a waiting call.
@@ -255,10 +262,7 @@ pub(crate) fn pending_approval(row: &impl Columns) -> Result<crate::PendingAppro
         tenant_id: row.uuid("tenant_id")?,
         session_id: row.uuid("session_id")?,
         invocation_id: row.uuid("id")?,
-        expires_at: row
-            .opt_text("expires_at")?
-            .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
-            .map(|t| t.with_timezone(&Utc)),
+        expires_at: rfc3339(row.opt_text("expires_at")?),
     })
 }
 

@@ -25,7 +25,7 @@ use crate::rows::{
 };
 use crate::{
     Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
-    SessionOwner, SessionPage, Store, StoreError, Write, WriteError,
+    SessionOwner, SessionPage, Store, StoreError, Waiters, Write, WriteError,
 };
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
@@ -936,6 +936,7 @@ impl Store for SqliteStore {
         &self,
         invocation: NewInvocation,
         data: serde_json::Value,
+        max_waiting: u64,
     ) -> Result<std::result::Result<i64, WriteError>> {
         let session_id = invocation.session_id;
         let mut tx = self.begin().await?;
@@ -947,6 +948,16 @@ impl Store for SqliteStore {
             return Ok(Err(WriteError::SessionNotActive));
         };
         let locked = rows::locked_session(&locked)?;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM invocations INDEXED BY invocations_pending_session \
+             WHERE session_id = $1 AND status = 'pending_approval'",
+        )
+        .bind(session_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if u64::try_from(waiting).unwrap_or(0) >= max_waiting {
+            return Ok(Err(WriteError::TooManyWaiting(max_waiting)));
+        }
         let known: Option<Uuid> =
             sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
                 .bind(session_id)
@@ -976,7 +987,10 @@ impl Store for SqliteStore {
         let mut tx = self.begin().await?;
         let row = sqlx::query(
             "SELECT i.id, i.session_id, i.call_id, i.name, i.arguments, i.read_only, \
-             i.capabilities, i.status FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             i.capabilities, i.status, json_extract(e.data, '$.expires_at') AS expires_at \
+             FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             LEFT JOIN events e ON e.session_id = i.session_id AND e.seq = i.started_seq \
+             AND e.kind = 'approval.requested' \
              WHERE i.id = $1 AND s.tenant_id = $2",
         )
         .bind(invocation_id)
@@ -1006,25 +1020,40 @@ impl Store for SqliteStore {
             .bind(node)
             .execute(&mut *tx)
             .await?;
+        } else {
+            // A denial lists no side effect: its start is its decision.
+            sqlx::query("UPDATE invocations SET started_seq = $2 WHERE id = $1")
+                .bind(invocation_id)
+                .bind(done.decided_seq)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Ok(done))
     }
 
-    async fn pending_approvals(&self, node: &str) -> Result<Vec<PendingApproval>> {
-        sqlx::query(
-            "SELECT s.tenant_id, i.session_id, i.id, json_extract(e.data, '$.expires_at') AS expires_at \
-             FROM invocations i INDEXED BY invocations_pending_node \
-             JOIN sessions s ON s.id = i.session_id \
+    async fn pending_approvals(&self, of: Waiters<'_>) -> Result<Vec<PendingApproval>> {
+        const SELECT: &str = "SELECT s.tenant_id, i.session_id, i.id, \
+             json_extract(e.data, '$.expires_at') AS expires_at FROM invocations i ";
+        const REST: &str = " JOIN sessions s ON s.id = i.session_id \
              LEFT JOIN events e ON e.session_id = i.session_id AND e.seq = i.started_seq \
-             WHERE i.status = 'pending_approval' AND i.node = $1",
-        )
-        .bind(node)
-        .fetch_all(&self.reader)
-        .await?
-        .iter()
-        .map(rows::pending_approval)
-        .collect()
+             WHERE i.status = 'pending_approval' AND ";
+        let query = match of {
+            Waiters::Node(node) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "{SELECT}INDEXED BY invocations_pending_node{REST}i.node = $1"
+            )))
+            .bind(node.to_owned()),
+            Waiters::Session(id) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "{SELECT}INDEXED BY invocations_pending_session{REST}i.session_id = $1"
+            )))
+            .bind(id),
+        };
+        query
+            .fetch_all(&self.reader)
+            .await?
+            .iter()
+            .map(rows::pending_approval)
+            .collect()
     }
 
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {

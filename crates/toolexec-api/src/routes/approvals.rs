@@ -102,6 +102,16 @@ async fn decide(
     approve: bool,
 ) -> Result<Json<Invocation>, ApiError> {
     let id = parse_id(id, "invocation")?;
+    for (field, text) in [("by", &body.by), ("reason", &body.reason)] {
+        if text.as_deref().is_some_and(|t| t.contains('\0')) {
+            return Err(ApiError::new(
+                toolexec_core::ProblemCode::InvalidRequest,
+                format!(
+                    "request body at '{field}': a NUL character (\\u0000) cannot be recorded; remove it"
+                ),
+            ));
+        }
+    }
     let invocation = state
         .engine
         .decide(tenant.id, id, decision(tenant, body, approve))

@@ -20,7 +20,8 @@ use toolexec_core::{
     ApprovalPolicy, Call, CallResult, CallStatus, EventKind, Invocation, InvocationStatus,
     ProblemCode, Session,
 };
-use toolexec_store::{Outcome, WriteError};
+use toolexec_store::{Outcome, Waiters, WriteError};
+use toolexec_tools::Resolved;
 use uuid::Uuid;
 
 use super::cancel::BatchControl;
@@ -68,7 +69,9 @@ pub(super) fn pending_result(inv: &Invocation) -> CallResult {
 }
 
 impl Engine {
-    /// Records a call the policy gates as waiting, and answers so.
+    /// Records a call the policy gates as waiting, and answers so. A session where
+    /// `limits.max_waiting_approvals_per_session` calls wait already gets the call recorded
+    /// `denied` instead, saying why.
     pub(super) async fn request_approval(
         &self,
         session: &Session,
@@ -78,12 +81,6 @@ impl Engine {
         reasons: Vec<String>,
         args_hash: &str,
     ) -> Result<CallResult> {
-        let Pending {
-            call,
-            invocation,
-            guard,
-            ..
-        } = pending;
         // The default wait, when the policy gives none, within the operator's ceiling too.
         let timeout_ms = policy
             .timeout_ms()
@@ -95,14 +92,20 @@ impl Engine {
             "timeout_ms": timeout_ms,
             "expires_at": expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         });
-        let key = key_of(&invocation);
-        let id = invocation.id;
-        match self.store.request_approval(invocation, data).await? {
+        let key = key_of(&pending.invocation);
+        let id = pending.invocation.id;
+        let max = self.config.limits.max_waiting_approvals_per_session;
+        match self
+            .store
+            .request_approval(pending.invocation.clone(), data, max)
+            .await?
+        {
             Ok(seq) => {
                 rt.remember(key);
                 self.streams.notify(session.id);
                 self.arm_expiry(session.tenant_id, id, expires_at);
-                drop(guard);
+                let call = pending.call;
+                drop(pending.guard);
                 Ok(CallResult {
                     call_id: call.id.clone(),
                     invocation_id: id,
@@ -115,8 +118,15 @@ impl Engine {
                     seq,
                 })
             }
+            Err(WriteError::TooManyWaiting(n)) => {
+                let out = toolexec_tools::ToolOutput::denied(format!(
+                    "Denied without asking: {n} calls of this session already wait for a person's approval (limits.max_waiting_approvals_per_session). Wait for them to be decided, then call again."
+                ));
+                self.record_at_once(rt, pending, out).await
+            }
             Err(WriteError::DuplicateCall(other)) => {
-                drop(guard);
+                let call = pending.call;
+                drop(pending.guard);
                 self.adopt_recorded(rt, call, args_hash, other).await
             }
             Err(WriteError::SessionNotActive) => Err(closed(session.id)),
@@ -126,28 +136,36 @@ impl Engine {
 
     /// A `pending_approval` result once its call is decided and has ended, waiting up to
     /// `wait` (for doors whose clients cannot be answered "later", such as MCP's `tools/call`);
-    /// any other result as it is. Still undecided after `wait`: the pending result.
+    /// any other result as it is. Still undecided after `wait` (or the wait cannot be
+    /// followed): the pending result.
     pub async fn after_approval(
         &self,
         tenant_id: Uuid,
         result: CallResult,
         wait: std::time::Duration,
-    ) -> Result<CallResult> {
+    ) -> CallResult {
         if result.status != CallStatus::PendingApproval {
-            return Ok(result);
+            return result;
         }
-        let inv = self
+        match self
             .wait_invocation(tenant_id, result.invocation_id, wait, None, Some(1))
-            .await?;
-        Ok(match inv.status.finished() {
-            Some(_) => super::recorded::result_of(&inv).unwrap_or(result),
-            None => result,
-        })
+            .await
+        {
+            Ok(inv) if inv.status.finished().is_some() => {
+                super::recorded::result_of(&inv).unwrap_or(result)
+            }
+            _ => result,
+        }
     }
 
     /// Decides a waiting call (`POST /v1/invocations/{id}/approve|deny`, or its expiry) and
     /// returns the invocation as it is then. An approved call starts running on this node
     /// before this returns; wait for its end with [`Engine::wait_invocation`].
+    ///
+    /// For an approval, the session is made this node's (its lease held, a take-over done)
+    /// and the call registered as cancellable before the decision is recorded: what a
+    /// take-over interrupts is never the call just approved, and a cancel from the moment it
+    /// is approved reaches it.
     pub async fn decide(
         self: &Arc<Self>,
         tenant_id: Uuid,
@@ -159,39 +177,34 @@ impl Engine {
             .invocation_page(tenant_id, invocation_id, 0, 0)
             .await?;
         if inv.status == InvocationStatus::PendingApproval {
-            let data = json!({
-                "call_id": inv.call_id,
-                "decision": if decision.approve { "approved" } else { "denied" },
-                "by": decision.by,
-                "reason": decision.reason,
-                "expired": decision.expired,
-            });
-            let denied = (!decision.approve).then(|| denial(&inv, &decision));
-            if decision.approve {
-                // Approved calls run here: check now that they can, before the decision is
-                // recorded (a closed session's calls cannot run any more).
-                let session = self.store.get_session(tenant_id, inv.session_id).await?;
-                if session.status != toolexec_core::SessionStatus::Active {
-                    return Err(closed(session.id));
-                }
-            }
-            match self
-                .store
-                .decide_approval(tenant_id, invocation_id, data, denied, &self.config.node)
-                .await?
-            {
+            let prepared = match decision.approve {
+                true => Some(self.prepare_approved(tenant_id, &inv).await?),
+                false => None,
+            };
+            match self.record_decision(tenant_id, &inv, &decision).await? {
                 Ok(done) => {
-                    self.streams.notify(done.session_id);
-                    if decision.approve {
-                        self.spawn_approved(tenant_id, invocation_id);
+                    if let Some(prepared) = prepared {
+                        self.spawn_approved(prepared, inv);
                     }
-                    tracing::info!(invocation = %invocation_id, approved = decision.approve, expired = decision.expired, "approval decided");
+                    tracing::info!(invocation = %invocation_id, session = %done.session_id, approved = decision.approve, expired = decision.expired, "approval decided");
                     return Ok(self
                         .store
                         .invocation_page(tenant_id, invocation_id, 0, 0)
                         .await?);
                 }
                 Err(WriteError::NotPending(_)) => {}
+                Err(WriteError::WaitEnded(at)) => {
+                    // Too late: the wait ended (its timer is late, or on a node that is gone).
+                    // It is denied as expired now, and the approval says so.
+                    let _ = self.record_decision(tenant_id, &inv, &expiry()).await?;
+                    return Err(EngineError::Conflict {
+                        code: ProblemCode::AlreadyDecided,
+                        detail: format!(
+                            "invocation {invocation_id} waited for approval until {at}; nobody decided in time, so it is recorded denied and did not run"
+                        ),
+                    });
+                }
+                Err(WriteError::SessionNotActive) => return Err(closed(inv.session_id)),
                 Err(e) => return Err(EngineError::Internal(e.to_string())),
             }
         }
@@ -234,6 +247,33 @@ impl Engine {
         }
     }
 
+    /// Records a decision on `inv` (one store transaction; see the module docs), and stops
+    /// its timer when it is recorded.
+    async fn record_decision(
+        &self,
+        tenant_id: Uuid,
+        inv: &Invocation,
+        decision: &Decision,
+    ) -> Result<std::result::Result<toolexec_store::Decided, WriteError>> {
+        let data = json!({
+            "call_id": inv.call_id,
+            "decision": if decision.approve { "approved" } else { "denied" },
+            "by": decision.by,
+            "reason": decision.reason,
+            "expired": decision.expired,
+        });
+        let denied = (!decision.approve).then(|| denial(inv, decision));
+        let done = self
+            .store
+            .decide_approval(tenant_id, inv.id, data, denied, &self.config.node)
+            .await?;
+        if let Ok(d) = &done {
+            self.streams.notify(d.session_id);
+            self.disarm_expiry(inv.id);
+        }
+        Ok(done)
+    }
+
     /// The `approval.decided` event of an invocation decided before: the event just before its
     /// `invocation.started` (approved) or its `invocation.finished` (denied).
     async fn recorded_decision(
@@ -241,9 +281,13 @@ impl Engine {
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<Option<serde_json::Value>> {
-        for seq in [Some(inv.started_seq), inv.finished_seq]
-            .into_iter()
-            .flatten()
+        for seq in [
+            Some(inv.started_seq + 1),
+            Some(inv.started_seq),
+            inv.finished_seq,
+        ]
+        .into_iter()
+        .flatten()
         {
             let found = self
                 .store
@@ -263,82 +307,126 @@ impl Engine {
         Ok(None)
     }
 
-    /// Runs an approved call in a task of its own: the decision is recorded whatever happens to
-    /// the request that made it.
-    fn spawn_approved(self: &Arc<Self>, tenant_id: Uuid, invocation_id: Uuid) {
-        let engine = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = engine.run_approved(tenant_id, invocation_id).await {
-                tracing::error!(error = %e, invocation = %invocation_id, "an approved call could not be run");
-                engine.fail_approved(tenant_id, invocation_id, &e).await;
-            }
-        });
-    }
-
-    async fn run_approved(&self, tenant_id: Uuid, invocation_id: Uuid) -> Result<()> {
-        let inv = self
-            .store
-            .invocation_page(tenant_id, invocation_id, 0, 0)
-            .await?;
+    /// Makes an approved call's session this node's and registers the call, before the
+    /// approval is recorded (see [`Engine::decide`]). An error here records nothing: the call
+    /// still waits.
+    async fn prepare_approved(&self, tenant_id: Uuid, inv: &Invocation) -> Result<Approved> {
         let session = self.store.get_session(tenant_id, inv.session_id).await?;
         if session.status != toolexec_core::SessionStatus::Active {
             return Err(closed(session.id));
         }
-        let (_lease, previous) = self.leases.hold(session.id).await?;
+        let Some(tool) = self.registry.resolve(&inv.name) else {
+            return Err(EngineError::Unavailable(format!(
+                "tool {} is not in this node's catalog any more, so the call cannot run here; deny it",
+                inv.name
+            )));
+        };
+        let (lease, previous) = self.leases.hold(session.id).await?;
         if previous.is_some() {
             self.forget_runtime(session.id);
         }
         let rt = self.runtime(&session, previous.as_deref()).await?;
-        let call = Call {
-            id: inv.call_id.clone(),
-            name: inv.name.clone(),
-            arguments: inv.arguments.clone(),
-        };
-        let Some(tool) = self.registry.resolve(&call.name) else {
-            return Err(EngineError::Internal(format!(
-                "tool {} is no longer in this service's catalog",
-                call.name
-            )));
-        };
-        let guard = match self.inflight.claim(session.id, &call.id)? {
-            Claim::Mine(g) => g,
-            // Already running here (a decision raced with itself): that run records it.
-            Claim::Wait(_) => return Ok(()),
-        };
         let control = Arc::new(BatchControl::new(tenant_id, session.id, 1));
-        let _registration = self.cancels.register_batch(control.clone());
+        control.planned(vec![true]);
+        let registration = self.cancels.register_batch(control.clone());
+        let cancel = control.call_token();
+        let cancellable = self
+            .cancels
+            .register_call(inv.id, tenant_id, cancel.clone());
+        Ok(Approved {
+            session,
+            rt,
+            tool,
+            control,
+            cancel,
+            _lease: lease,
+            _registration: registration,
+            _cancellable: cancellable,
+        })
+    }
+
+    /// Runs an approved call in a task of its own: the decision is recorded whatever happens to
+    /// the request that made it.
+    fn spawn_approved(self: &Arc<Self>, approved: Approved, inv: Invocation) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let id = inv.id;
+            let tenant_id = approved.session.tenant_id;
+            let call = Call {
+                id: inv.call_id.clone(),
+                name: inv.name.clone(),
+                arguments: inv.arguments.clone(),
+            };
+            let guard = match engine.inflight.claim(approved.session.id, &call.id) {
+                Ok(Claim::Mine(g)) => g,
+                // Already running here (it cannot be: one decision is recorded), or a poisoned
+                // map: nothing ran, and it says so.
+                Ok(Claim::Wait(_)) => return,
+                Err(e) => {
+                    engine.fail_approved(tenant_id, id, &e).await;
+                    return;
+                }
+            };
+            match engine.run_approved(&approved, &call, guard, id).await {
+                Ok(result) => approved.control.ended(0, &result),
+                // Its tool ran (or was being run): its end is recorded by the finish path,
+                // which retries until the store takes it.
+                Err(e) => {
+                    tracing::error!(error = %e, invocation = %id, "an approved call's end could not be recorded yet")
+                }
+            }
+        });
+    }
+
+    async fn run_approved(
+        &self,
+        a: &Approved,
+        call: &Call,
+        guard: super::inflight::InflightGuard,
+        invocation_id: Uuid,
+    ) -> Result<CallResult> {
         // Its turn, in the session's order from now: a mutating call has the session alone.
-        let _turn = if tool.spec().read_only {
-            futures::future::Either::Left(rt.schedule.read().await)
+        let _turn = if a.tool.spec().read_only {
+            futures::future::Either::Left(a.rt.schedule.read().await)
         } else {
-            futures::future::Either::Right(rt.schedule.write().await)
+            futures::future::Either::Right(a.rt.schedule.write().await)
         };
-        if tool
+        if a.tool
             .spec()
             .capabilities
             .contains(&toolexec_core::Capability::Process)
+            && let Err(e) =
+                a.rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                    .await
         {
-            rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
-                .await?;
+            // Nothing ran: recorded failed, so that nobody waits for it.
+            drop(guard);
+            self.fail_approved(a.session.tenant_id, invocation_id, &e)
+                .await;
+            return Err(e);
         }
-        let cancel = control.call_token();
-        let _cancellable = self
-            .cancels
-            .register_call(invocation_id, tenant_id, cancel.clone());
         let started = Started {
-            call: &call,
+            call,
             invocation_id,
-            limit: super::outcome::output_limit(Some(tool.tool()), &session, &call.name),
+            limit: super::outcome::output_limit(Some(a.tool.tool()), &a.session, &call.name),
             guard,
             t0: Instant::now(),
         };
-        let ctx = self.tool_context(&session, &rt);
-        self.run_started(&session, &rt, started, &tool, ctx, &control, cancel)
-            .await?;
-        Ok(())
+        let ctx = self.tool_context(&a.session, &a.rt);
+        self.run_started(
+            &a.session,
+            &a.rt,
+            started,
+            &a.tool,
+            ctx,
+            &a.control,
+            a.cancel.clone(),
+        )
+        .await
     }
 
-    /// An approved call that could not be run is recorded failed, so that nobody waits for it.
+    /// An approved call that could not be started is recorded failed, so that nobody waits
+    /// for it.
     async fn fail_approved(&self, tenant_id: Uuid, invocation_id: Uuid, e: &EngineError) {
         let Ok(inv) = self
             .store
@@ -351,7 +439,7 @@ impl Engine {
             return;
         }
         let content = format!(
-            "This call was approved but could not be run ({}); it did not run. Send it again with a new call id.",
+            "This call was approved but could not be started ({}); it did not run. Send it again with a new call id.",
             client_detail(e)
         );
         let write = toolexec_store::Write::Finish {
@@ -374,61 +462,124 @@ impl Engine {
         }
     }
 
-    /// Denies `invocation_id` when its wait ends, unless someone decided first.
+    /// Denies `invocation_id` when its wait ends, unless someone decides first (which stops
+    /// the timer).
     pub(crate) fn arm_expiry(&self, tenant_id: Uuid, invocation_id: Uuid, at: DateTime<Utc>) {
         let Some(engine) = self.me.get().cloned() else {
             return;
         };
-        {
-            let Ok(mut armed) = self.approval_timers.lock() else {
-                return;
-            };
-            if !armed.insert(invocation_id) {
-                return;
-            }
+        let Ok(mut armed) = self.approval_timers.lock() else {
+            return;
+        };
+        if armed.contains_key(&invocation_id) {
+            return;
         }
-        tokio::spawn(expire(engine, tenant_id, invocation_id, at));
+        let task = tokio::spawn(expire(engine, tenant_id, invocation_id, at));
+        armed.insert(invocation_id, task.abort_handle());
     }
 
-    /// Arms the timers of the calls `node` recorded waiting (this node at start-up, or the one
-    /// whose session this node takes over). Errors are logged: a call left unarmed is still
-    /// decided by a person, or by the next start.
-    pub(crate) async fn arm_pending_of(&self, node: &str, session: Option<Uuid>) {
-        match self.store.pending_approvals(node).await {
+    fn disarm_expiry(&self, invocation_id: Uuid) {
+        if let Ok(mut armed) = self.approval_timers.lock()
+            && let Some(task) = armed.remove(&invocation_id)
+        {
+            task.abort();
+        }
+    }
+
+    /// Arms the timers of waiting calls: those this node recorded (at start-up), or those of a
+    /// session (one this node takes over). Errors are logged: a call left unarmed is still
+    /// decided by a person, denied if approved after its wait, or timed by the next start.
+    pub(crate) async fn arm_pending(&self, of: Waiters<'_>) {
+        match self.store.pending_approvals(of).await {
             Ok(found) => {
                 for p in found {
-                    if session.is_none_or(|s| s == p.session_id) {
-                        self.arm_expiry(
-                            p.tenant_id,
-                            p.invocation_id,
-                            p.expires_at.unwrap_or_else(Utc::now),
-                        );
-                    }
+                    self.arm_expiry(
+                        p.tenant_id,
+                        p.invocation_id,
+                        p.expires_at.unwrap_or_else(Utc::now),
+                    );
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, node, "the calls waiting for approval could not be read; their waits are not timed until the next start");
+                tracing::error!(error = %e, ?of, "the calls waiting for approval could not be read; their waits are not timed until the next start");
             }
         }
     }
 
-    /// Denies every call of a session that waits (the session is being closed).
-    pub(crate) async fn deny_pending_of_session(&self, tenant_id: Uuid, session_id: Uuid) {
-        let Some(engine) = self.me.get().and_then(Weak::upgrade) else {
-            return;
+    /// Denies every call of a session that waits, with `why` (the session is being closed, or
+    /// rewound: a call asked for in a state that is gone).
+    pub(crate) async fn deny_waiting_of_session(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        why: &str,
+    ) {
+        let found = match self
+            .store
+            .pending_approvals(Waiters::Session(session_id))
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!(error = %e, session = %session_id, "the calls waiting for approval could not be read; they are denied when their wait ends");
+                return;
+            }
         };
-        let Ok(found) = self.store.pending_approvals(&self.config.node).await else {
-            return;
+        let decision = Decision {
+            approve: false,
+            by: json!({"service": "toolexec"}),
+            reason: Some(why.to_owned()),
+            expired: false,
         };
-        for p in found.into_iter().filter(|p| p.session_id == session_id) {
-            let decision = Decision {
-                approve: false,
-                by: json!({"service": "toolexec"}),
-                reason: Some("the session was closed".into()),
-                expired: false,
+        for p in found.into_iter().filter(|p| p.tenant_id == tenant_id) {
+            let Ok(inv) = self
+                .store
+                .invocation_page(tenant_id, p.invocation_id, 0, 0)
+                .await
+            else {
+                continue;
             };
-            let _ = engine.decide(tenant_id, p.invocation_id, decision).await;
+            if let Err(e) = self.record_decision(tenant_id, &inv, &decision).await {
+                tracing::error!(error = %e, invocation = %p.invocation_id, "a waiting call could not be denied");
+            }
         }
+    }
+
+    /// `POST /v1/invocations/{id}/cancel` of a call that waits for approval: it is denied (it
+    /// will never run), by the tenant that cancelled it.
+    pub(crate) async fn cancel_waiting(&self, tenant_id: Uuid, inv: &Invocation) -> Result<()> {
+        let decision = Decision {
+            approve: false,
+            by: json!({"tenant_id": tenant_id}),
+            reason: Some("cancelled (POST /v1/invocations/{id}/cancel)".into()),
+            expired: false,
+        };
+        match self.record_decision(tenant_id, inv, &decision).await? {
+            Ok(_) | Err(WriteError::NotPending(_)) => Ok(()),
+            Err(e) => Err(EngineError::Internal(e.to_string())),
+        }
+    }
+}
+
+/// What an approved call runs with, made ready before its approval is recorded.
+struct Approved {
+    session: Session,
+    rt: Arc<SessionRuntime>,
+    tool: Resolved,
+    control: Arc<BatchControl>,
+    cancel: tokio_util::sync::CancellationToken,
+    _lease: crate::leases::LeaseGuard,
+    _registration: super::cancel::BatchRegistration,
+    _cancellable: super::cancel::CallRegistration,
+}
+
+/// The clock's decision on a call whose wait ended.
+fn expiry() -> Decision {
+    Decision {
+        approve: false,
+        by: json!({"service": "toolexec"}),
+        reason: Some("its wait for approval ended".into()),
+        expired: true,
     }
 }
 
@@ -487,16 +638,17 @@ async fn expire(engine: Weak<Engine>, tenant_id: Uuid, invocation_id: Uuid, at: 
     if let Ok(mut armed) = engine.approval_timers.lock() {
         armed.remove(&invocation_id);
     }
-    let decision = Decision {
-        approve: false,
-        by: json!({"service": "toolexec"}),
-        reason: Some("its wait for approval ended".into()),
-        expired: true,
+    let Ok(inv) = engine
+        .store
+        .invocation_page(tenant_id, invocation_id, 0, 0)
+        .await
+    else {
+        return;
     };
-    match engine.decide(tenant_id, invocation_id, decision).await {
-        Ok(_) | Err(EngineError::Conflict { .. }) | Err(EngineError::NotFound) => {}
-        Err(e) => {
-            tracing::error!(error = %e, invocation = %invocation_id, "an expired approval could not be recorded denied; the next start retries");
-        }
+    if inv.status != InvocationStatus::PendingApproval {
+        return;
+    }
+    if let Err(e) = engine.record_decision(tenant_id, &inv, &expiry()).await {
+        tracing::error!(error = %e, invocation = %invocation_id, "an expired approval could not be recorded denied; the next start retries");
     }
 }

@@ -345,7 +345,10 @@ impl Engine {
         id: Uuid,
     ) -> Result<CancelledInvocation> {
         let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
-        if inv.status.finished().is_none() {
+        if inv.status == toolexec_core::InvocationStatus::PendingApproval {
+            // A call that waits for a person: cancelled, it will never run, so it is denied.
+            self.cancel_waiting(tenant_id, &inv).await?;
+        } else if inv.status.finished().is_none() {
             let here = self.cancels.cancel_call(tenant_id, id);
             // Not registered any more but still here: its record is being written.
             let slot = self.inflight.peek(inv.session_id, &inv.call_id);

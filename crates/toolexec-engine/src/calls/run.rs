@@ -201,7 +201,7 @@ impl Engine {
     }
 
     /// Records a call that ran without a start record (or never ran) in one write.
-    async fn record_at_once(
+    pub(super) async fn record_at_once(
         &self,
         rt: &SessionRuntime,
         p: Pending<'_>,

@@ -30,6 +30,7 @@
 )]
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -1300,7 +1301,10 @@ impl Tool for OperationTool {
         let answer = match &ctx.observed {
             Observed::Replay(record) => record.answer(ExchangeRole::Api, journal),
             Observed::Live => {
-                let sent = tokio::time::timeout(timeout, self.send(ctx, url, body, timeout)).await;
+                let went_out = AtomicBool::new(false);
+                let sent =
+                    tokio::time::timeout(timeout, self.send(ctx, url, body, timeout, &went_out))
+                        .await;
                 let failed = |kind: ExchangeErrorKind, message: String| {
                     journal.fail_last(ExchangeRole::Api, kind, message.clone());
                     Err(Unserved { kind, message })
@@ -1308,6 +1312,14 @@ impl Tool for OperationTool {
                 match sent {
                     Ok(Ok(answer)) => Ok(answer),
                     Ok(Err(e)) => failed(e.kind(), e.to_string()),
+                    Err(_) if went_out.load(Ordering::Acquire) && !self.spec.read_only => failed(
+                        ExchangeErrorKind::TimedOut,
+                        format!(
+                            "the request was sent, but the API did not answer within {}: whether \
+                             it took effect is unknown (check before sending it again)",
+                            crate::deadline::human_duration(timeout)
+                        ),
+                    ),
                     Err(_) => failed(
                         ExchangeErrorKind::TimedOut,
                         format!(
@@ -1342,6 +1354,7 @@ impl OperationTool {
         url: Url,
         body: Option<String>,
         timeout: Duration,
+        went_out: &AtomicBool,
     ) -> Result<Answer, FetchError> {
         let journal = ctx.journal.as_ref();
         let client = checked_client(
@@ -1373,7 +1386,47 @@ impl OperationTool {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body);
         }
-        let response = request.send().await.map_err(request_failed)?;
+        // A request that changes something (not GET or HEAD) is a change: once it may have
+        // gone out, the engine waits for its answer (within this call's time limit) instead of
+        // recording a cancel or a timeout as "nothing was changed".
+        if !self.spec.read_only && !ctx.deadline.commit_change() {
+            return Err(FetchError::Recorded {
+                kind: ExchangeErrorKind::TimedOut,
+                message: "the call's time ran out before the request was sent; nothing was sent"
+                    .into(),
+            });
+        }
+        went_out.store(true, Ordering::Release);
+        let response = request.send().await.map_err(|e| {
+            let (connect, timed_out) = (e.is_connect(), e.is_timeout());
+            let failed = request_failed(e);
+            if self.spec.read_only
+                || connect
+                || matches!(failed, FetchError::Refused(_) | FetchError::Dial(_))
+            {
+                return failed;
+            }
+            // Connected, so the request may have reached the API.
+            FetchError::Recorded {
+                kind: if timed_out {
+                    ExchangeErrorKind::TimedOut
+                } else {
+                    ExchangeErrorKind::Failed
+                },
+                message: if timed_out {
+                    format!(
+                        "the request was sent, but the API did not answer within {}: whether \
+                         it took effect is unknown (check before sending it again)",
+                        crate::deadline::human_duration(timeout)
+                    )
+                } else {
+                    format!(
+                        "{failed}, after the request was sent: whether it took effect is \
+                         unknown (check before sending it again)"
+                    )
+                },
+            }
+        })?;
         let status = response.status().as_u16();
         let mut headers = response.headers().clone();
         for value in headers.values_mut() {
@@ -1691,6 +1744,102 @@ mod tests {
             without_absent(&json!({"a": null, "b": null, "o": {"c": null}}), &schema),
             json!({"a": null, "o": {}})
         );
+    }
+
+    /// An API on loopback that reads one request, says so, and answers `answer` after
+    /// `delay` (never, for `None`).
+    async fn slow_api(
+        delay: Duration,
+        answer: Option<&'static str>,
+    ) -> (u16, tokio::sync::oneshot::Receiver<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (arrived, wait) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 8192];
+            let _ = sock.read(&mut buf).await;
+            let _ = arrived.send(());
+            tokio::time::sleep(delay).await;
+            match answer {
+                Some(a) => {
+                    let _ = sock.write_all(a.as_bytes()).await;
+                }
+                None => tokio::time::sleep(Duration::from_secs(60)).await,
+            }
+        });
+        (port, wait)
+    }
+
+    fn live_ctx(dir: &tempfile::TempDir, budget: Duration) -> ToolContext {
+        let ws = Arc::new(crate::Workspace::open(dir.path()).unwrap());
+        let mut ctx = ToolContext::new(uuid::Uuid::now_v7(), ws);
+        ctx.policy.network = toolexec_core::NetworkPolicy::Allow;
+        ctx.deadline = crate::Deadline::after(budget);
+        ctx
+    }
+
+    #[tokio::test]
+    async fn a_write_that_went_out_is_waited_for_and_not_recorded_as_nothing_changed() {
+        const CREATED: &str =
+            "HTTP/1.1 201 Created\r\ncontent-length: 7\r\nconnection: close\r\n\r\ncreated";
+        let ws = tempfile::tempdir().unwrap();
+        // The client cancels once the POST has reached the API: its real answer is kept.
+        let (port, arrived) = slow_api(Duration::from_millis(300), Some(CREATED)).await;
+        let mut f = fixture(&["create.pet"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_secs(10));
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            let _ = arrived.await;
+            cancel.cancel();
+        });
+        let out =
+            crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({"body": {"name": "Rex"}}))
+                .await;
+        assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+        assert!(out.content.contains("HTTP 201 Created"), "{}", out.content);
+
+        // An API that never answers: the call ends at its time limit saying the request went
+        // out, not that nothing was changed.
+        let (port, _arrived) = slow_api(Duration::ZERO, None).await;
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_millis(500));
+        let out =
+            crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({"body": {"name": "Rex"}}))
+                .await;
+        assert_eq!(out.status, CallStatus::TimedOut, "{}", out.content);
+        assert!(
+            out.content.contains("the request was sent")
+                && !out.content.contains("nothing was changed"),
+            "{}",
+            out.content
+        );
+
+        // A read that is cancelled is simply cancelled.
+        let (port, arrived) = slow_api(Duration::ZERO, None).await;
+        let mut f = fixture(&["listPets"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_secs(10));
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            let _ = arrived.await;
+            cancel.cancel();
+        });
+        let out = crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({})).await;
+        assert_eq!(out.status, CallStatus::Cancelled, "{}", out.content);
+
+        // Past its deadline before sending, a write sends nothing.
+        let ctx = live_ctx(&ws, Duration::ZERO);
+        let mut f = fixture(&["create.pet"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let out = tools[0].run(&ctx, json!({"body": {"name": "Rex"}})).await;
+        assert_ne!(out.status, CallStatus::Ok, "{}", out.content);
     }
 
     #[test]

@@ -603,6 +603,61 @@ mod tests {
         assert!(!format!("{config:?}").contains("mcp-secret-1"));
     }
 
+    fn upstream_tool(name: &str, schema: Value) -> rmcp::model::Tool {
+        rmcp::model::Tool::new(
+            name.to_owned(),
+            "d",
+            Arc::new(schema.as_object().unwrap().clone()),
+        )
+    }
+
+    #[test]
+    fn an_upstream_tool_that_cannot_be_offered_says_why() {
+        let ok = upstream_tool(
+            "fine",
+            json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        );
+        assert_eq!(admitted("up", "fine", &ok).unwrap().0, "up__fine");
+        let looping = json!({"allOf": [{"$ref": "#/$defs/A"}],
+                             "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}});
+        let mut defs = serde_json::Map::new();
+        for level in 0..7 {
+            let next = if level == 6 {
+                json!({"type": "string"})
+            } else {
+                json!({"$ref": format!("#/$defs/L{}", level + 1)})
+            };
+            let props: serde_json::Map<String, Value> =
+                (0..20).map(|i| (format!("p{i}"), next.clone())).collect();
+            defs.insert(
+                format!("L{level}"),
+                json!({"type": "object", "properties": props}),
+            );
+        }
+        let bomb = json!({"$ref": "#/$defs/L0", "$defs": defs});
+        let big: serde_json::Map<String, Value> = (0..3000)
+            .map(|i| {
+                (
+                    format!("p{i}"),
+                    json!({"type": "string", "description": "x".repeat(20)}),
+                )
+            })
+            .collect();
+        let big = json!({"type": "object", "properties": big});
+        let bad_regex =
+            json!({"type": "object", "properties": {"q": {"type": "string", "pattern": "("}}});
+        for (name, schema, says) in [
+            ("loop", looping, "refers to itself"),
+            ("bomb", bomb, "schema nodes"),
+            ("big", big, "bytes of JSON"),
+            ("regex", bad_regex, "does not compile"),
+            (&"n".repeat(70), json!({"type": "object"}), "64"),
+        ] {
+            let err = admitted("up", name, &upstream_tool(name, schema)).unwrap_err();
+            assert!(err.contains(says), "{name}: {err}");
+        }
+    }
+
     #[test]
     fn an_upstream_schema_is_typed_like_an_operations() {
         let s = typed_input_schema(&json!({

@@ -61,6 +61,10 @@ const MAX_DESCRIPTION_CHARS: usize = 2_000;
 const MAX_SCHEMA_DEPTH: usize = 8;
 /// Longest chain of `$ref`s followed to one definition.
 const MAX_REF_HOPS: usize = 32;
+/// Most schema nodes one conversion may expand (each `$ref` is expanded where it is used, so a
+/// small document can describe an enormous schema): OpenAI's strict mode takes 5,000
+/// properties in all, and a schema past this is no tool a model can fill in.
+const MAX_SCHEMA_NODES: usize = 10_000;
 /// How long the start-up check of `base_url`'s host name may take.
 const RESOLVE_AT_LOAD: Duration = Duration::from_secs(10);
 
@@ -860,6 +864,10 @@ fn make_nullable(schema: &mut Value) {
         }
         _ => {}
     }
+    // A `const` would refuse the `null`: it becomes a choice of itself or `null`.
+    if let Some(c) = map.remove("const") {
+        map.insert("enum".into(), Value::Array(vec![c, Value::Null]));
+    }
     if let Some(Value::Array(values)) = map.get_mut("enum")
         && !values.iter().any(Value::is_null)
     {
@@ -910,6 +918,8 @@ struct Typer<'a> {
     doc: &'a Value,
     /// The `$ref`s being expanded (a schema that refers to itself cannot be typed strictly).
     stack: Vec<String>,
+    /// Schema nodes expanded so far (see [`MAX_SCHEMA_NODES`]).
+    nodes: usize,
 }
 
 impl<'a> Typer<'a> {
@@ -917,10 +927,23 @@ impl<'a> Typer<'a> {
         Self {
             doc,
             stack: Vec::new(),
+            nodes: 0,
         }
     }
 
+    /// Counts one more expanded node, refusing past the budget.
+    fn spend(&mut self) -> Result<(), String> {
+        self.nodes += 1;
+        if self.nodes > MAX_SCHEMA_NODES {
+            return Err(format!(
+                "the schema expands to more than {MAX_SCHEMA_NODES} schema nodes (its $refs, expanded where they are used, make it too large for a tool's arguments)"
+            ));
+        }
+        Ok(())
+    }
+
     fn typed(&mut self, schema: &Value, depth: usize) -> Result<Value, String> {
+        self.spend()?;
         if depth > MAX_SCHEMA_DEPTH {
             return Err(format!(
                 "the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (the providers' strict modes take 10 in all)"
@@ -937,13 +960,11 @@ impl<'a> Typer<'a> {
             }
             let target = pointer(self.doc, r)?;
             self.stack.push(r.to_owned());
-            let mut out = self.typed(target, depth);
+            let out = self.typed(target, depth);
             self.stack.pop();
-            // Siblings of a $ref (3.1): a description is kept, anything else refused below.
-            if let (Ok(Value::Object(m)), Some(d)) = (&mut out, map.get("description")) {
-                m.insert("description".into(), d.clone());
-            }
-            return out;
+            // Siblings of a $ref (3.1): a description is kept, 3.0's `nullable` applied,
+            // anything else that constrains refused (it would be dropped, loosening the schema).
+            return siblings_kept(out?, map, "$ref");
         }
         if let Some(Value::Array(all)) = map.get("allOf") {
             let merged = self.merged(map, all)?;
@@ -961,16 +982,11 @@ impl<'a> Typer<'a> {
                         real.len()
                     ));
                 }
-                let mut rest = map.clone();
-                rest.remove(key);
                 let mut out = self.typed(real[0], depth)?;
                 if real.len() < choices.len() {
                     make_nullable(&mut out);
                 }
-                if let (Value::Object(m), Some(d)) = (&mut out, rest.get("description")) {
-                    m.insert("description".into(), d.clone());
-                }
-                return Ok(out);
+                return siblings_kept(out, map, key);
             }
         }
         let mut out = Map::new();
@@ -1119,7 +1135,7 @@ impl<'a> Typer<'a> {
     }
 
     /// An `allOf` of object schemas as one object schema (properties and required joined).
-    fn merged(&self, map: &Map<String, Value>, all: &[Value]) -> Result<Value, String> {
+    fn merged(&mut self, map: &Map<String, Value>, all: &[Value]) -> Result<Value, String> {
         let mut out = map.clone();
         out.remove("allOf");
         let mut properties = out
@@ -1133,25 +1149,14 @@ impl<'a> Typer<'a> {
             .cloned()
             .unwrap_or_default();
         for part in all {
-            let mut seen = 0;
-            let mut part = part;
-            // A part's own $ref and allOf are followed (an inheritance chain).
-            while let Some(r) = part.get("$ref").and_then(Value::as_str) {
-                if self.stack.iter().any(|s| s == r) || seen > MAX_REF_HOPS {
-                    return Err(format!("{r} refers to itself through allOf"));
-                }
-                seen += 1;
-                part = pointer(self.doc, r)?;
-            }
-            let part = match part.get("allOf").and_then(Value::as_array) {
-                Some(inner) => {
-                    let Value::Object(m) = part else {
-                        return Err("an allOf part is not a schema object".into());
-                    };
-                    self.merged(m, inner)?
-                }
-                None => part.clone(),
-            };
+            self.spend()?;
+            // A part's own $ref and allOf are followed (an inheritance chain); the $refs
+            // followed stay on the stack while the part's own allOf is merged, so a part that
+            // comes back to itself is refused, however it gets there.
+            let depth = self.stack.len();
+            let merged_part = self.merged_part(part);
+            self.stack.truncate(depth);
+            let part = merged_part?;
             let Value::Object(part) = part else {
                 return Err("an allOf part is not a schema object".into());
             };
@@ -1187,13 +1192,62 @@ impl<'a> Typer<'a> {
         out.remove("additionalProperties");
         Ok(Value::Object(out))
     }
+
+    /// One part of an `allOf`: its `$ref`s followed (each pushed on the stack; the caller pops
+    /// them) and its own `allOf` merged.
+    fn merged_part(&mut self, part: &Value) -> Result<Value, String> {
+        let mut part = part;
+        while let Some(r) = part.get("$ref").and_then(Value::as_str) {
+            if self.stack.iter().any(|s| s == r) || self.stack.len() > MAX_REF_HOPS {
+                return Err(format!("{r} refers to itself through allOf"));
+            }
+            self.stack.push(r.to_owned());
+            part = pointer(self.doc, r)?;
+        }
+        match part.get("allOf").and_then(Value::as_array) {
+            Some(inner) => {
+                let Value::Object(m) = part else {
+                    return Err("an allOf part is not a schema object".into());
+                };
+                self.merged(m, inner)
+            }
+            None => Ok(part.clone()),
+        }
+    }
+}
+
+/// `typed`, the conversion of the `$ref` or the single choice of `anyOf`/`oneOf` (`key`) of
+/// `map`, with `map`'s other keywords: a `description` replaces the target's, `nullable: true`
+/// (OpenAPI 3.0) lets `null` through, annotations are left out, and anything else is refused:
+/// it would constrain the value, and dropping it would let through what the document refuses.
+fn siblings_kept(mut typed: Value, map: &Map<String, Value>, key: &str) -> Result<Value, String> {
+    for (k, v) in map {
+        match k.as_str() {
+            k2 if k2 == key => {}
+            "description" => {
+                if let Value::Object(m) = &mut typed {
+                    m.insert("description".into(), v.clone());
+                }
+            }
+            "nullable" if v == &Value::Bool(true) => make_nullable(&mut typed),
+            "nullable" => {}
+            k2 if ANNOTATIONS.contains(&k2) || k2.starts_with("x-") => {}
+            k2 => {
+                return Err(format!(
+                    "the keyword {k2:?} beside {key} cannot be carried into a strict tool schema"
+                ));
+            }
+        }
+    }
+    Ok(typed)
 }
 
 /// A tool's input schema from elsewhere (an upstream MCP server's `inputSchema`) in toolexec's
 /// form, its local `$ref`s (`#/$defs/…`) resolved against itself; a root without properties is
 /// a tool without arguments (`{}`).
 pub(crate) fn typed_input_schema(schema: &Value) -> Result<Value, String> {
-    let mut root = schema.clone();
+    // A root that is a `$ref` (`{"$ref": "#/$defs/Args", "$defs": …}`) is its target.
+    let mut root = resolve(schema, schema)?.clone();
     if let Value::Object(m) = &mut root {
         if m.get("type").is_none() {
             m.insert("type".into(), json!("object"));
@@ -1840,6 +1894,121 @@ mod tests {
         let tools = load_one(&f).await.unwrap();
         let out = tools[0].run(&ctx, json!({"body": {"name": "Rex"}})).await;
         assert_ne!(out.status, CallStatus::Ok, "{}", out.content);
+    }
+
+    #[test]
+    fn hostile_schemas_are_refused_quickly_with_the_reason() {
+        // An allOf part that comes back to itself through its own allOf.
+        let err = typed_input_schema(&json!({
+            "allOf": [{"$ref": "#/$defs/A"}],
+            "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}
+        }))
+        .unwrap_err();
+        assert!(err.contains("refers to itself"), "{err}");
+        // The same through two definitions.
+        let err = typed_input_schema(&json!({
+            "allOf": [{"$ref": "#/$defs/A"}],
+            "$defs": {"A": {"allOf": [{"$ref": "#/$defs/B"}]}, "B": {"allOf": [{"$ref": "#/$defs/A"}]}}
+        }))
+        .unwrap_err();
+        assert!(err.contains("refers to itself"), "{err}");
+        // 7 levels of 20 properties, each referring to the next level: ~10^9 nodes expanded.
+        let mut defs = Map::new();
+        for level in 0..7 {
+            let next = if level == 6 {
+                json!({"type": "string"})
+            } else {
+                json!({"$ref": format!("#/$defs/L{}", level + 1)})
+            };
+            let props: Map<String, Value> =
+                (0..20).map(|i| (format!("p{i}"), next.clone())).collect();
+            defs.insert(
+                format!("L{level}"),
+                json!({"type": "object", "properties": props}),
+            );
+        }
+        let started = std::time::Instant::now();
+        let err = typed_input_schema(&json!({"$ref": "#/$defs/L0", "$defs": defs})).unwrap_err();
+        assert!(err.contains("more than 10000 schema nodes"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // The same through allOf parts.
+        let mut defs = Map::new();
+        for level in 0..7 {
+            let parts: Vec<Value> = (0..20)
+                .map(|i| {
+                    if level == 6 {
+                        json!({"type": "object", "properties": {format!("p{i}"): {"type": "string"}}})
+                    } else {
+                        json!({"$ref": format!("#/$defs/L{}", level + 1)})
+                    }
+                })
+                .collect();
+            defs.insert(format!("L{level}"), json!({"allOf": parts}));
+        }
+        let err = typed_input_schema(&json!({"allOf": [{"$ref": "#/$defs/L0"}], "$defs": defs}))
+            .unwrap_err();
+        assert!(err.contains("more than 10000 schema nodes"), "{err}");
+    }
+
+    #[test]
+    fn an_optional_const_can_be_left_out() {
+        let s = typed_input_schema(&json!({"type": "object", "properties": {
+            "kind": {"type": "string", "const": "x"}}}))
+        .unwrap();
+        assert_eq!(s["properties"]["kind"]["enum"], json!(["x", null]));
+        assert!(s["properties"]["kind"].get("const").is_none());
+        let v = jsonschema::draft202012::new(&s).unwrap();
+        assert!(v.is_valid(&json!({"kind": null})));
+        assert!(v.is_valid(&json!({"kind": "x"})));
+        assert!(!v.is_valid(&json!({"kind": "y"})));
+        // Required, it stays a const.
+        let s = typed_input_schema(&json!({"type": "object", "required": ["kind"],
+            "properties": {"kind": {"type": "string", "const": "x"}}}))
+        .unwrap();
+        assert_eq!(s["properties"]["kind"]["const"], "x");
+    }
+
+    #[test]
+    fn keywords_beside_a_ref_or_a_single_choice_are_kept_or_refused() {
+        let defs = json!({"S": {"type": "string"}});
+        for (prop, says) in [
+            (
+                json!({"$ref": "#/$defs/S", "maxLength": 3}),
+                "\"maxLength\" beside $ref",
+            ),
+            (
+                json!({"$ref": "#/$defs/S", "enum": ["a"]}),
+                "\"enum\" beside $ref",
+            ),
+            (
+                json!({"anyOf": [{"$ref": "#/$defs/S"}, {"type": "null"}], "maxLength": 3}),
+                "\"maxLength\" beside anyOf",
+            ),
+            (
+                json!({"oneOf": [{"type": "string"}], "enum": ["a"]}),
+                "\"enum\" beside oneOf",
+            ),
+        ] {
+            let err = typed_input_schema(&json!({"type": "object", "required": ["p"],
+                "properties": {"p": prop}, "$defs": defs}))
+            .unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+        // 3.0's nullable beside them lets null through; a description is kept.
+        for prop in [
+            json!({"$ref": "#/$defs/S", "nullable": true, "description": "d"}),
+            json!({"oneOf": [{"$ref": "#/$defs/S"}], "nullable": true, "description": "d", "title": "t"}),
+        ] {
+            let s = typed_input_schema(&json!({"type": "object", "required": ["p"],
+                "properties": {"p": prop}, "$defs": defs}))
+            .unwrap();
+            assert_eq!(
+                s["properties"]["p"]["type"],
+                json!(["string", "null"]),
+                "{s}"
+            );
+            assert_eq!(s["properties"]["p"]["description"], "d");
+        }
     }
 
     #[test]

@@ -248,6 +248,10 @@ fn make_nullable(schema: &mut Value) {
         }
         _ => {}
     }
+    // A `const` would refuse the `null`: it becomes a choice of itself or `null`.
+    if let Some(c) = map.remove("const") {
+        map.insert("enum".into(), Value::Array(vec![c, Value::Null]));
+    }
     if let Some(Value::Array(values)) = map.get_mut("enum")
         && !values.iter().any(Value::is_null)
     {

@@ -185,6 +185,37 @@ async fn list_tools(
     Ok(tools)
 }
 
+/// An upstream result as recorded, the token masked in every string it holds (keys too) as
+/// the strings are, before they are escaped as JSON (a token with a `"` or a `\` would not be
+/// found in the JSON text), and then in the JSON text (a token that is all digits).
+fn scrubbed_result(result: &CallToolResult, token: Option<&Secret>) -> Bytes {
+    fn mask(value: &mut Value, token: &Secret) {
+        let clean = |s: &str| without_secret(s, Some(token));
+        match value {
+            Value::String(s) => *s = clean(s),
+            Value::Array(items) => items.iter_mut().for_each(|v| mask(v, token)),
+            Value::Object(map) => {
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, mut v)| {
+                        mask(&mut v, token);
+                        (clean(&k), v)
+                    })
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(result).unwrap_or_default();
+    if let Some(token) = token {
+        mask(&mut value, token);
+    }
+    scrubbed(
+        Bytes::from(serde_json::to_vec(&value).unwrap_or_default()),
+        token,
+    )
+}
+
 /// An error's text with the token masked (an SDK error could quote a header).
 fn without_secret(text: &str, token: Option<&Secret>) -> String {
     String::from_utf8_lossy(&scrubbed(Bytes::copy_from_slice(text.as_bytes()), token)).into_owned()
@@ -381,10 +412,7 @@ impl Tool for McpProxyTool {
                 };
                 match called {
                     Ok(Ok(result)) => {
-                        let body = scrubbed(
-                            Bytes::from(serde_json::to_vec(&result).unwrap_or_default()),
-                            self.upstream.token.as_ref(),
-                        );
+                        let body = scrubbed_result(&result, self.upstream.token.as_ref());
                         journal.respond(at, 200, &reqwest::header::HeaderMap::new());
                         journal.body(at, &body, false).await;
                         Ok(Answer {
@@ -656,6 +684,34 @@ mod tests {
             let err = admitted("up", name, &upstream_tool(name, schema)).unwrap_err();
             assert!(err.contains(says), "{name}: {err}");
         }
+    }
+
+    #[test]
+    fn a_token_with_quotes_or_backslashes_is_masked_in_a_result() {
+        let token = Secret::new(r#"ab"c\d-77"#.into());
+        let r: CallToolResult = serde_json::from_value(json!({
+            "content": [{"type": "text", "text": format!("you sent Bearer {}", token.expose())}],
+            "structuredContent": {"echo": token.expose(), token.expose(): 1}
+        }))
+        .unwrap();
+        let body = scrubbed_result(&r, Some(&token));
+        let text = String::from_utf8_lossy(&body);
+        assert!(!text.contains(token.expose()), "{text}");
+        assert!(!text.contains(r#"ab\"c\\d-77"#), "{text}");
+        assert!(text.contains("you sent Bearer ***"), "{text}");
+        let back: CallToolResult = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            back.structured_content,
+            Some(json!({"echo": "***", "***": 1}))
+        );
+        // All digits: masked in the JSON text as well.
+        let digits = Secret::new("918273645".into());
+        let r: CallToolResult =
+            serde_json::from_value(json!({"content": [], "structuredContent": {"n": 918273645}}))
+                .unwrap();
+        assert!(
+            !String::from_utf8_lossy(&scrubbed_result(&r, Some(&digits))).contains("918273645")
+        );
     }
 
     #[test]

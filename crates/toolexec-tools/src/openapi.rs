@@ -186,6 +186,60 @@ pub(crate) fn scrubbed(body: Bytes, secret: Option<&Secret>) -> Bytes {
     out.into()
 }
 
+/// `body` with `secret` masked, as it is and as JSON escapes it (a token with a `"` or a `\`
+/// echoed in a JSON body), and cut at `limit` bytes of the original: a token that begins
+/// before the cut is masked whole (`body` should hold [`scrub_overlap`] bytes past `limit`,
+/// read for that), so no prefix of it shows at the end of a cut body. Also says whether
+/// anything of `body` was cut.
+pub(crate) fn scrubbed_within(body: Bytes, secret: Option<&Secret>, limit: usize) -> (Bytes, bool) {
+    let needles = secret.map(secret_forms).unwrap_or_default();
+    if needles.is_empty() {
+        let cut = body.len() > limit;
+        return (body.slice(..body.len().min(limit)), cut);
+    }
+    let mut out = Vec::with_capacity(body.len().min(limit));
+    let mut i = 0;
+    'bytes: while i < body.len() && i < limit {
+        for needle in &needles {
+            if body[i..].starts_with(needle) {
+                out.extend_from_slice(b"***");
+                i += needle.len();
+                continue 'bytes;
+            }
+        }
+        out.push(body[i]);
+        i += 1;
+    }
+    (out.into(), i < body.len())
+}
+
+/// The forms a token takes in a body: as it is, and JSON-escaped when that differs.
+fn secret_forms(secret: &Secret) -> Vec<Vec<u8>> {
+    let raw = secret.0.as_bytes().to_vec();
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    let quoted = serde_json::to_string(&secret.0).unwrap_or_default();
+    let escaped = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
+    if escaped == raw {
+        vec![raw]
+    } else {
+        // The longer first: an escaped form may begin like the raw one.
+        vec![escaped, raw]
+    }
+}
+
+/// Bytes to read past a cap so that [`scrubbed_within`] sees whole any token the cap splits.
+pub(crate) fn scrub_overlap(secret: Option<&Secret>) -> usize {
+    secret
+        .map(secret_forms)
+        .unwrap_or_default()
+        .iter()
+        .map(|n| n.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0)
+}
+
 /// What the loaders need of the network: the operator's allow-list and the resolver the
 /// service dials with (a static one in tests).
 #[derive(Clone)]
@@ -1495,8 +1549,13 @@ impl OperationTool {
             }
         }
         journal.respond(at, status, &headers);
-        let (body, truncated) = read_capped(response, self.api.max_response_bytes).await?;
-        let body = scrubbed(body, self.api.token.as_ref());
+        // Read a token's length − 1 past the cap, so that a token the cap would split is
+        // masked whole before the body is cut.
+        let overlap = scrub_overlap(self.api.token.as_ref());
+        let (body, read_cut) = read_capped(response, self.api.max_response_bytes + overlap).await?;
+        let (body, cut) =
+            scrubbed_within(body, self.api.token.as_ref(), self.api.max_response_bytes);
+        let truncated = read_cut || cut;
         journal.body(at, &body, truncated).await;
         Ok(Answer {
             status,
@@ -2009,6 +2068,41 @@ mod tests {
             );
             assert_eq!(s["properties"]["p"]["description"], "d");
         }
+    }
+
+    #[test]
+    fn a_token_split_by_the_cut_is_masked_whole() {
+        let s = Secret::new("tok-secret-123".into());
+        // The cap falls inside the token: no prefix of it is shown.
+        for limit in 5..20 {
+            let (body, cut) = scrubbed_within(
+                Bytes::from_static(b"12345tok-secret-123 and more"),
+                Some(&s),
+                limit,
+            );
+            let text = String::from_utf8_lossy(&body);
+            assert!(cut, "{limit}");
+            assert!(!text.contains("tok-"), "{limit}: {text}");
+            if limit > 5 {
+                assert_eq!(text, "12345***", "{limit}");
+            }
+        }
+        let (body, cut) = scrubbed_within(Bytes::from_static(b"tok-secret-123"), Some(&s), 100);
+        assert_eq!((body, cut), (Bytes::from_static(b"***"), false));
+        // Echoed in JSON, a token with a quote or a backslash is escaped: masked too.
+        let q = Secret::new(r#"t"o\k"#.into());
+        let (body, _) = scrubbed_within(
+            Bytes::from_static(br#"{"you_sent": "Bearer t\"o\\k"} t"o\k"#),
+            Some(&q),
+            100,
+        );
+        assert_eq!(
+            body,
+            Bytes::from_static(br#"{"you_sent": "Bearer ***"} ***"#)
+        );
+        assert_eq!(scrub_overlap(Some(&q)), 6);
+        let (body, cut) = scrubbed_within(Bytes::from_static(b"abcdef"), None, 3);
+        assert_eq!((body, cut), (Bytes::from_static(b"abc"), true));
     }
 
     #[test]

@@ -9,13 +9,18 @@
 //! tools that vanish). Each tool's input schema is the upstream's, converted into toolexec's
 //! form as an OpenAPI operation's is (closed objects, optional properties nullable): a tool
 //! whose schema cannot be typed for the providers' strict modes is left out with a warning, or
-//! stops the start when the entry's `tools` allow-list names it. Names are sanitized to
+//! stops the start when the entry's `tools` allow-list names it — as is one whose name is too
+//! long, whose schema is too large or expands too far, or whose converted schema does not
+//! compile; the listing itself is bounded in pages, tools and time. Names are sanitized to
 //! `[a-zA-Z0-9_-]`; a collision stops the start.
 //!
 //! **At call time** each call opens its own MCP connection (initialize, `tools/call`, close) on
-//! a reqwest client with the network policy's checked resolver, no proxy and no redirect, all
-//! within the entry's timeout: an upstream that is down or slow fails that call only, with an
-//! error result that says so. The result's text blocks are joined; `isError` makes the call an
+//! a reqwest client with the network policy's checked resolver, no proxy and no redirect,
+//! within the entry's timeout (the close, after the result is taken, runs in the background):
+//! an upstream that is down or slow fails that call only, with an error result that says so.
+//! A tool the upstream does not mark read-only is a change: [`crate::Deadline::commit_change`]
+//! is called before its `tools/call` goes out, so a cancel or a deadline after that waits for
+//! its result instead of recording that nothing was changed. The result's text blocks are joined; `isError` makes the call an
 //! error; `structuredContent` is shown when no text came with it, and kept whole in the record
 //! (the upstream's `CallToolResult` is the recorded `web.exchange` of role `mcp`, which a
 //! verify replay serves instead of calling the upstream again). The bearer token is sent as

@@ -375,4 +375,19 @@ mod tests {
         ));
         assert!(!validator.is_valid(&json!({"file_path": "", "items": []})));
     }
+
+    #[test]
+    fn an_optional_const_stays_optional_in_the_strict_forms() {
+        let s = json!({"type": "object", "required": [], "additionalProperties": false,
+            "properties": {"kind": {"type": "string", "const": "x"}}});
+        for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
+            let strict = strict_schema(&s, dialect);
+            let kind = &strict["properties"]["kind"];
+            assert_eq!(kind["enum"], json!(["x", null]), "{strict}");
+            assert!(kind.get("const").is_none(), "{strict}");
+            let v = jsonschema::validator_for(&strict).unwrap();
+            assert!(v.is_valid(&json!({"kind": null})));
+            assert!(!v.is_valid(&json!({"kind": "y"})));
+        }
+    }
 }

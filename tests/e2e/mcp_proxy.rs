@@ -62,6 +62,19 @@ impl ServerHandler for Upstream {
             tool("fail", "Always fails.", json!({"type": "object"})),
             tool("whoami", "Repeats the Authorization header.", json!({"type": "object"})),
             tool("admin_reset", "Not for models.", json!({"type": "object"})),
+            tool(
+                "slow_write",
+                "Changes something, slowly.",
+                json!({"type": "object"}),
+            ),
+            // Schemas that must neither crash nor hang the start: an allOf that comes back to
+            // itself, and 7 levels of 20 properties each referring to the next (~10^9 nodes).
+            tool(
+                "loop",
+                "Refers to itself.",
+                json!({"allOf": [{"$ref": "#/$defs/A"}], "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}}),
+            ),
+            tool("bomb", "Expands forever.", bomb()),
         ]))
     }
 
@@ -100,10 +113,33 @@ impl ServerHandler for Upstream {
                 CallToolResult::success(vec![ContentBlock::text(format!("you sent {auth}"))])
             }
             "admin_reset" => panic!("admin_reset must never be called through the proxy"),
+            "slow_write" => {
+                tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+                CallToolResult::success(vec![ContentBlock::text("written")])
+            }
             other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         };
         Ok(result.into())
     }
+}
+
+/// 7 levels of 20 properties, each referring to the next level.
+fn bomb() -> Value {
+    let mut defs = serde_json::Map::new();
+    for level in 0..7 {
+        let next = if level == 6 {
+            json!({"type": "string"})
+        } else {
+            json!({"$ref": format!("#/$defs/L{}", level + 1)})
+        };
+        let props: serde_json::Map<String, Value> =
+            (0..20).map(|i| (format!("p{i}"), next.clone())).collect();
+        defs.insert(
+            format!("L{level}"),
+            json!({"type": "object", "properties": props}),
+        );
+    }
+    json!({"$ref": "#/$defs/L0", "$defs": defs})
 }
 
 /// The upstream on 127.0.0.1: its URL, its request count, and its task (abort it to take it
@@ -432,4 +468,63 @@ async fn the_binary_takes_an_mcp_entry_from_its_config_file_and_the_token_from_t
     assert_eq!(body["results"][0]["status"], "ok", "{body}");
     assert_eq!(body["results"][0]["content"], "you sent Bearer ***");
     assert!(!served.log.iter().any(|l| l.to_string().contains(TOKEN)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_tool_whose_schema_cannot_be_converted_is_left_out_and_the_start_goes_on() {
+    let (url, _hits, _task) = upstream().await;
+    let net = toolexec_tools::openapi::LoadNet {
+        egress_allow: vec![],
+        resolver: Arc::new(toolexec_net::StaticResolver::new()),
+    };
+    let mut e = entry(&url);
+    e.tools = None;
+    let started = std::time::Instant::now();
+    let tools = toolexec_tools::mcp_proxy::load(&e, &mut Default::default(), &net)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let names: Vec<&str> = tools.iter().map(|t| t.spec().name.as_str()).collect();
+    assert!(names.contains(&"up__echo"), "{names:?}");
+    assert!(
+        !names.contains(&"up__loop") && !names.contains(&"up__bomb"),
+        "{names:?}"
+    );
+    // Named by the operator, such a tool stops the start with the reason.
+    for (name, says) in [("loop", "refers to itself"), ("bomb", "schema nodes")] {
+        e.tools = Some(vec![name.into()]);
+        let err = toolexec_tools::mcp_proxy::load(&e, &mut Default::default(), &net)
+            .await
+            .err()
+            .unwrap();
+        assert!(err.contains(says), "{name}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_upstream_is_not_recorded_as_nothing_changed_when_its_time_runs_out() {
+    let (url, _hits, _task) = upstream().await;
+    let mut e = entry(&url);
+    e.tools = Some(vec!["slow_write".into()]);
+    let app = toolexec_tests::app::spawn_app_with(|c| {
+        c.tools.mcp = vec![e];
+        c.limits.tool_timeout_ms = 500;
+    })
+    .await;
+    let sid = app.session(json!({"policy": {"network": "allow"}})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let results = app
+        .calls(
+            &sid,
+            json!([{"id": "w", "name": "up__slow_write", "arguments": {}}]),
+        )
+        .await;
+    let text = results[0]["content"].as_str().unwrap();
+    assert_ne!(results[0]["status"], "ok", "{results:?}");
+    assert!(
+        text.contains("whether it took effect is unknown") && !text.contains("nothing was changed"),
+        "{text}"
+    );
 }

@@ -95,6 +95,13 @@ pub fn init(format: &str, config: &TelemetryConfig, node: &str) -> anyhow::Resul
     if let Ok(directive) = "opentelemetry=warn".parse() {
         filter = filter.add_directive(directive);
     }
+    // The MCP SDK (the proxy's client to operators' upstream servers) logs at `info` every
+    // notification an upstream sends and the upstream's self-description, whole: upstream
+    // content, up to megabytes, that must not reach the logs (nor escape the token masking
+    // of what the proxy records). Its warnings and errors are kept.
+    if let Ok(directive) = "rmcp=warn".parse() {
+        filter = filter.add_directive(directive);
+    }
     // Colours only for a person at a terminal: escape codes in a log file or a collector are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()

@@ -30,6 +30,7 @@
 )]
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -60,6 +61,10 @@ const MAX_DESCRIPTION_CHARS: usize = 2_000;
 const MAX_SCHEMA_DEPTH: usize = 8;
 /// Longest chain of `$ref`s followed to one definition.
 const MAX_REF_HOPS: usize = 32;
+/// Most schema nodes one conversion may expand (each `$ref` is expanded where it is used, so a
+/// small document can describe an enormous schema): OpenAI's strict mode takes 5,000
+/// properties in all, and a schema past this is no tool a model can fill in.
+const MAX_SCHEMA_NODES: usize = 10_000;
 /// How long the start-up check of `base_url`'s host name may take.
 const RESOLVE_AT_LOAD: Duration = Duration::from_secs(10);
 
@@ -179,6 +184,60 @@ pub(crate) fn scrubbed(body: Bytes, secret: Option<&Secret>) -> Bytes {
         }
     }
     out.into()
+}
+
+/// `body` with `secret` masked, as it is and as JSON escapes it (a token with a `"` or a `\`
+/// echoed in a JSON body), and cut at `limit` bytes of the original: a token that begins
+/// before the cut is masked whole (`body` should hold [`scrub_overlap`] bytes past `limit`,
+/// read for that), so no prefix of it shows at the end of a cut body. Also says whether
+/// anything of `body` was cut.
+pub(crate) fn scrubbed_within(body: Bytes, secret: Option<&Secret>, limit: usize) -> (Bytes, bool) {
+    let needles = secret.map(secret_forms).unwrap_or_default();
+    if needles.is_empty() {
+        let cut = body.len() > limit;
+        return (body.slice(..body.len().min(limit)), cut);
+    }
+    let mut out = Vec::with_capacity(body.len().min(limit));
+    let mut i = 0;
+    'bytes: while i < body.len() && i < limit {
+        for needle in &needles {
+            if body[i..].starts_with(needle) {
+                out.extend_from_slice(b"***");
+                i += needle.len();
+                continue 'bytes;
+            }
+        }
+        out.push(body[i]);
+        i += 1;
+    }
+    (out.into(), i < body.len())
+}
+
+/// The forms a token takes in a body: as it is, and JSON-escaped when that differs.
+fn secret_forms(secret: &Secret) -> Vec<Vec<u8>> {
+    let raw = secret.0.as_bytes().to_vec();
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    let quoted = serde_json::to_string(&secret.0).unwrap_or_default();
+    let escaped = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
+    if escaped == raw {
+        vec![raw]
+    } else {
+        // The longer first: an escaped form may begin like the raw one.
+        vec![escaped, raw]
+    }
+}
+
+/// Bytes to read past a cap so that [`scrubbed_within`] sees whole any token the cap splits.
+pub(crate) fn scrub_overlap(secret: Option<&Secret>) -> usize {
+    secret
+        .map(secret_forms)
+        .unwrap_or_default()
+        .iter()
+        .map(|n| n.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0)
 }
 
 /// What the loaders need of the network: the operator's allow-list and the resolver the
@@ -859,6 +918,10 @@ fn make_nullable(schema: &mut Value) {
         }
         _ => {}
     }
+    // A `const` would refuse the `null`: it becomes a choice of itself or `null`.
+    if let Some(c) = map.remove("const") {
+        map.insert("enum".into(), Value::Array(vec![c, Value::Null]));
+    }
     if let Some(Value::Array(values)) = map.get_mut("enum")
         && !values.iter().any(Value::is_null)
     {
@@ -909,6 +972,8 @@ struct Typer<'a> {
     doc: &'a Value,
     /// The `$ref`s being expanded (a schema that refers to itself cannot be typed strictly).
     stack: Vec<String>,
+    /// Schema nodes expanded so far (see [`MAX_SCHEMA_NODES`]).
+    nodes: usize,
 }
 
 impl<'a> Typer<'a> {
@@ -916,10 +981,23 @@ impl<'a> Typer<'a> {
         Self {
             doc,
             stack: Vec::new(),
+            nodes: 0,
         }
     }
 
+    /// Counts one more expanded node, refusing past the budget.
+    fn spend(&mut self) -> Result<(), String> {
+        self.nodes += 1;
+        if self.nodes > MAX_SCHEMA_NODES {
+            return Err(format!(
+                "the schema expands to more than {MAX_SCHEMA_NODES} schema nodes (its $refs, expanded where they are used, make it too large for a tool's arguments)"
+            ));
+        }
+        Ok(())
+    }
+
     fn typed(&mut self, schema: &Value, depth: usize) -> Result<Value, String> {
+        self.spend()?;
         if depth > MAX_SCHEMA_DEPTH {
             return Err(format!(
                 "the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (the providers' strict modes take 10 in all)"
@@ -936,13 +1014,11 @@ impl<'a> Typer<'a> {
             }
             let target = pointer(self.doc, r)?;
             self.stack.push(r.to_owned());
-            let mut out = self.typed(target, depth);
+            let out = self.typed(target, depth);
             self.stack.pop();
-            // Siblings of a $ref (3.1): a description is kept, anything else refused below.
-            if let (Ok(Value::Object(m)), Some(d)) = (&mut out, map.get("description")) {
-                m.insert("description".into(), d.clone());
-            }
-            return out;
+            // Siblings of a $ref (3.1): a description is kept, 3.0's `nullable` applied,
+            // anything else that constrains refused (it would be dropped, loosening the schema).
+            return siblings_kept(out?, map, "$ref");
         }
         if let Some(Value::Array(all)) = map.get("allOf") {
             let merged = self.merged(map, all)?;
@@ -960,16 +1036,11 @@ impl<'a> Typer<'a> {
                         real.len()
                     ));
                 }
-                let mut rest = map.clone();
-                rest.remove(key);
                 let mut out = self.typed(real[0], depth)?;
                 if real.len() < choices.len() {
                     make_nullable(&mut out);
                 }
-                if let (Value::Object(m), Some(d)) = (&mut out, rest.get("description")) {
-                    m.insert("description".into(), d.clone());
-                }
-                return Ok(out);
+                return siblings_kept(out, map, key);
             }
         }
         let mut out = Map::new();
@@ -1118,7 +1189,7 @@ impl<'a> Typer<'a> {
     }
 
     /// An `allOf` of object schemas as one object schema (properties and required joined).
-    fn merged(&self, map: &Map<String, Value>, all: &[Value]) -> Result<Value, String> {
+    fn merged(&mut self, map: &Map<String, Value>, all: &[Value]) -> Result<Value, String> {
         let mut out = map.clone();
         out.remove("allOf");
         let mut properties = out
@@ -1132,25 +1203,14 @@ impl<'a> Typer<'a> {
             .cloned()
             .unwrap_or_default();
         for part in all {
-            let mut seen = 0;
-            let mut part = part;
-            // A part's own $ref and allOf are followed (an inheritance chain).
-            while let Some(r) = part.get("$ref").and_then(Value::as_str) {
-                if self.stack.iter().any(|s| s == r) || seen > MAX_REF_HOPS {
-                    return Err(format!("{r} refers to itself through allOf"));
-                }
-                seen += 1;
-                part = pointer(self.doc, r)?;
-            }
-            let part = match part.get("allOf").and_then(Value::as_array) {
-                Some(inner) => {
-                    let Value::Object(m) = part else {
-                        return Err("an allOf part is not a schema object".into());
-                    };
-                    self.merged(m, inner)?
-                }
-                None => part.clone(),
-            };
+            self.spend()?;
+            // A part's own $ref and allOf are followed (an inheritance chain); the $refs
+            // followed stay on the stack while the part's own allOf is merged, so a part that
+            // comes back to itself is refused, however it gets there.
+            let depth = self.stack.len();
+            let merged_part = self.merged_part(part);
+            self.stack.truncate(depth);
+            let part = merged_part?;
             let Value::Object(part) = part else {
                 return Err("an allOf part is not a schema object".into());
             };
@@ -1186,13 +1246,62 @@ impl<'a> Typer<'a> {
         out.remove("additionalProperties");
         Ok(Value::Object(out))
     }
+
+    /// One part of an `allOf`: its `$ref`s followed (each pushed on the stack; the caller pops
+    /// them) and its own `allOf` merged.
+    fn merged_part(&mut self, part: &Value) -> Result<Value, String> {
+        let mut part = part;
+        while let Some(r) = part.get("$ref").and_then(Value::as_str) {
+            if self.stack.iter().any(|s| s == r) || self.stack.len() > MAX_REF_HOPS {
+                return Err(format!("{r} refers to itself through allOf"));
+            }
+            self.stack.push(r.to_owned());
+            part = pointer(self.doc, r)?;
+        }
+        match part.get("allOf").and_then(Value::as_array) {
+            Some(inner) => {
+                let Value::Object(m) = part else {
+                    return Err("an allOf part is not a schema object".into());
+                };
+                self.merged(m, inner)
+            }
+            None => Ok(part.clone()),
+        }
+    }
+}
+
+/// `typed`, the conversion of the `$ref` or the single choice of `anyOf`/`oneOf` (`key`) of
+/// `map`, with `map`'s other keywords: a `description` replaces the target's, `nullable: true`
+/// (OpenAPI 3.0) lets `null` through, annotations are left out, and anything else is refused:
+/// it would constrain the value, and dropping it would let through what the document refuses.
+fn siblings_kept(mut typed: Value, map: &Map<String, Value>, key: &str) -> Result<Value, String> {
+    for (k, v) in map {
+        match k.as_str() {
+            k2 if k2 == key => {}
+            "description" => {
+                if let Value::Object(m) = &mut typed {
+                    m.insert("description".into(), v.clone());
+                }
+            }
+            "nullable" if v == &Value::Bool(true) => make_nullable(&mut typed),
+            "nullable" => {}
+            k2 if ANNOTATIONS.contains(&k2) || k2.starts_with("x-") => {}
+            k2 => {
+                return Err(format!(
+                    "the keyword {k2:?} beside {key} cannot be carried into a strict tool schema"
+                ));
+            }
+        }
+    }
+    Ok(typed)
 }
 
 /// A tool's input schema from elsewhere (an upstream MCP server's `inputSchema`) in toolexec's
 /// form, its local `$ref`s (`#/$defs/…`) resolved against itself; a root without properties is
 /// a tool without arguments (`{}`).
 pub(crate) fn typed_input_schema(schema: &Value) -> Result<Value, String> {
-    let mut root = schema.clone();
+    // A root that is a `$ref` (`{"$ref": "#/$defs/Args", "$defs": …}`) is its target.
+    let mut root = resolve(schema, schema)?.clone();
     if let Value::Object(m) = &mut root {
         if m.get("type").is_none() {
             m.insert("type".into(), json!("object"));
@@ -1300,7 +1409,10 @@ impl Tool for OperationTool {
         let answer = match &ctx.observed {
             Observed::Replay(record) => record.answer(ExchangeRole::Api, journal),
             Observed::Live => {
-                let sent = tokio::time::timeout(timeout, self.send(ctx, url, body, timeout)).await;
+                let went_out = AtomicBool::new(false);
+                let sent =
+                    tokio::time::timeout(timeout, self.send(ctx, url, body, timeout, &went_out))
+                        .await;
                 let failed = |kind: ExchangeErrorKind, message: String| {
                     journal.fail_last(ExchangeRole::Api, kind, message.clone());
                     Err(Unserved { kind, message })
@@ -1308,6 +1420,14 @@ impl Tool for OperationTool {
                 match sent {
                     Ok(Ok(answer)) => Ok(answer),
                     Ok(Err(e)) => failed(e.kind(), e.to_string()),
+                    Err(_) if went_out.load(Ordering::Acquire) && !self.spec.read_only => failed(
+                        ExchangeErrorKind::TimedOut,
+                        format!(
+                            "the request was sent, but the API did not answer within {}: whether \
+                             it took effect is unknown (check before sending it again)",
+                            crate::deadline::human_duration(timeout)
+                        ),
+                    ),
                     Err(_) => failed(
                         ExchangeErrorKind::TimedOut,
                         format!(
@@ -1342,6 +1462,7 @@ impl OperationTool {
         url: Url,
         body: Option<String>,
         timeout: Duration,
+        went_out: &AtomicBool,
     ) -> Result<Answer, FetchError> {
         let journal = ctx.journal.as_ref();
         let client = checked_client(
@@ -1373,7 +1494,47 @@ impl OperationTool {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body);
         }
-        let response = request.send().await.map_err(request_failed)?;
+        // A request that changes something (not GET or HEAD) is a change: once it may have
+        // gone out, the engine waits for its answer (within this call's time limit) instead of
+        // recording a cancel or a timeout as "nothing was changed".
+        if !self.spec.read_only && !ctx.deadline.commit_change() {
+            return Err(FetchError::Recorded {
+                kind: ExchangeErrorKind::TimedOut,
+                message: "the call's time ran out before the request was sent; nothing was sent"
+                    .into(),
+            });
+        }
+        went_out.store(true, Ordering::Release);
+        let response = request.send().await.map_err(|e| {
+            let (connect, timed_out) = (e.is_connect(), e.is_timeout());
+            let failed = request_failed(e);
+            if self.spec.read_only
+                || connect
+                || matches!(failed, FetchError::Refused(_) | FetchError::Dial(_))
+            {
+                return failed;
+            }
+            // Connected, so the request may have reached the API.
+            FetchError::Recorded {
+                kind: if timed_out {
+                    ExchangeErrorKind::TimedOut
+                } else {
+                    ExchangeErrorKind::Failed
+                },
+                message: if timed_out {
+                    format!(
+                        "the request was sent, but the API did not answer within {}: whether \
+                         it took effect is unknown (check before sending it again)",
+                        crate::deadline::human_duration(timeout)
+                    )
+                } else {
+                    format!(
+                        "{failed}, after the request was sent: whether it took effect is \
+                         unknown (check before sending it again)"
+                    )
+                },
+            }
+        })?;
         let status = response.status().as_u16();
         let mut headers = response.headers().clone();
         for value in headers.values_mut() {
@@ -1388,8 +1549,13 @@ impl OperationTool {
             }
         }
         journal.respond(at, status, &headers);
-        let (body, truncated) = read_capped(response, self.api.max_response_bytes).await?;
-        let body = scrubbed(body, self.api.token.as_ref());
+        // Read a token's length − 1 past the cap, so that a token the cap would split is
+        // masked whole before the body is cut.
+        let overlap = scrub_overlap(self.api.token.as_ref());
+        let (body, read_cut) = read_capped(response, self.api.max_response_bytes + overlap).await?;
+        let (body, cut) =
+            scrubbed_within(body, self.api.token.as_ref(), self.api.max_response_bytes);
+        let truncated = read_cut || cut;
         journal.body(at, &body, truncated).await;
         Ok(Answer {
             status,
@@ -1691,6 +1857,252 @@ mod tests {
             without_absent(&json!({"a": null, "b": null, "o": {"c": null}}), &schema),
             json!({"a": null, "o": {}})
         );
+    }
+
+    /// An API on loopback that reads one request, says so, and answers `answer` after
+    /// `delay` (never, for `None`).
+    async fn slow_api(
+        delay: Duration,
+        answer: Option<&'static str>,
+    ) -> (u16, tokio::sync::oneshot::Receiver<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (arrived, wait) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 8192];
+            let _ = sock.read(&mut buf).await;
+            let _ = arrived.send(());
+            tokio::time::sleep(delay).await;
+            match answer {
+                Some(a) => {
+                    let _ = sock.write_all(a.as_bytes()).await;
+                }
+                None => tokio::time::sleep(Duration::from_secs(60)).await,
+            }
+        });
+        (port, wait)
+    }
+
+    fn live_ctx(dir: &tempfile::TempDir, budget: Duration) -> ToolContext {
+        let ws = Arc::new(crate::Workspace::open(dir.path()).unwrap());
+        let mut ctx = ToolContext::new(uuid::Uuid::now_v7(), ws);
+        ctx.policy.network = toolexec_core::NetworkPolicy::Allow;
+        ctx.deadline = crate::Deadline::after(budget);
+        ctx
+    }
+
+    #[tokio::test]
+    async fn a_write_that_went_out_is_waited_for_and_not_recorded_as_nothing_changed() {
+        const CREATED: &str =
+            "HTTP/1.1 201 Created\r\ncontent-length: 7\r\nconnection: close\r\n\r\ncreated";
+        let ws = tempfile::tempdir().unwrap();
+        // The client cancels once the POST has reached the API: its real answer is kept.
+        let (port, arrived) = slow_api(Duration::from_millis(300), Some(CREATED)).await;
+        let mut f = fixture(&["create.pet"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_secs(10));
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            let _ = arrived.await;
+            cancel.cancel();
+        });
+        let out =
+            crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({"body": {"name": "Rex"}}))
+                .await;
+        assert_eq!(out.status, CallStatus::Ok, "{}", out.content);
+        assert!(out.content.contains("HTTP 201 Created"), "{}", out.content);
+
+        // An API that never answers: the call ends at its time limit saying the request went
+        // out, not that nothing was changed.
+        let (port, _arrived) = slow_api(Duration::ZERO, None).await;
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_millis(500));
+        let out =
+            crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({"body": {"name": "Rex"}}))
+                .await;
+        assert_eq!(out.status, CallStatus::TimedOut, "{}", out.content);
+        assert!(
+            out.content.contains("the request was sent")
+                && !out.content.contains("nothing was changed"),
+            "{}",
+            out.content
+        );
+
+        // A read that is cancelled is simply cancelled.
+        let (port, arrived) = slow_api(Duration::ZERO, None).await;
+        let mut f = fixture(&["listPets"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let ctx = live_ctx(&ws, Duration::from_secs(10));
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            let _ = arrived.await;
+            cancel.cancel();
+        });
+        let out = crate::run_within_deadline(tools[0].as_ref(), &ctx, json!({})).await;
+        assert_eq!(out.status, CallStatus::Cancelled, "{}", out.content);
+
+        // Past its deadline before sending, a write sends nothing.
+        let ctx = live_ctx(&ws, Duration::ZERO);
+        let mut f = fixture(&["create.pet"]);
+        f.config.base_url = format!("http://127.0.0.1:{port}/api/");
+        let tools = load_one(&f).await.unwrap();
+        let out = tools[0].run(&ctx, json!({"body": {"name": "Rex"}})).await;
+        assert_ne!(out.status, CallStatus::Ok, "{}", out.content);
+    }
+
+    #[test]
+    fn hostile_schemas_are_refused_quickly_with_the_reason() {
+        // An allOf part that comes back to itself through its own allOf.
+        let err = typed_input_schema(&json!({
+            "allOf": [{"$ref": "#/$defs/A"}],
+            "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}
+        }))
+        .unwrap_err();
+        assert!(err.contains("refers to itself"), "{err}");
+        // The same through two definitions.
+        let err = typed_input_schema(&json!({
+            "allOf": [{"$ref": "#/$defs/A"}],
+            "$defs": {"A": {"allOf": [{"$ref": "#/$defs/B"}]}, "B": {"allOf": [{"$ref": "#/$defs/A"}]}}
+        }))
+        .unwrap_err();
+        assert!(err.contains("refers to itself"), "{err}");
+        // 7 levels of 20 properties, each referring to the next level: ~10^9 nodes expanded.
+        let mut defs = Map::new();
+        for level in 0..7 {
+            let next = if level == 6 {
+                json!({"type": "string"})
+            } else {
+                json!({"$ref": format!("#/$defs/L{}", level + 1)})
+            };
+            let props: Map<String, Value> =
+                (0..20).map(|i| (format!("p{i}"), next.clone())).collect();
+            defs.insert(
+                format!("L{level}"),
+                json!({"type": "object", "properties": props}),
+            );
+        }
+        let started = std::time::Instant::now();
+        let err = typed_input_schema(&json!({"$ref": "#/$defs/L0", "$defs": defs})).unwrap_err();
+        assert!(err.contains("more than 10000 schema nodes"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // The same through allOf parts.
+        let mut defs = Map::new();
+        for level in 0..7 {
+            let parts: Vec<Value> = (0..20)
+                .map(|i| {
+                    if level == 6 {
+                        json!({"type": "object", "properties": {format!("p{i}"): {"type": "string"}}})
+                    } else {
+                        json!({"$ref": format!("#/$defs/L{}", level + 1)})
+                    }
+                })
+                .collect();
+            defs.insert(format!("L{level}"), json!({"allOf": parts}));
+        }
+        let err = typed_input_schema(&json!({"allOf": [{"$ref": "#/$defs/L0"}], "$defs": defs}))
+            .unwrap_err();
+        assert!(err.contains("more than 10000 schema nodes"), "{err}");
+    }
+
+    #[test]
+    fn an_optional_const_can_be_left_out() {
+        let s = typed_input_schema(&json!({"type": "object", "properties": {
+            "kind": {"type": "string", "const": "x"}}}))
+        .unwrap();
+        assert_eq!(s["properties"]["kind"]["enum"], json!(["x", null]));
+        assert!(s["properties"]["kind"].get("const").is_none());
+        let v = jsonschema::draft202012::new(&s).unwrap();
+        assert!(v.is_valid(&json!({"kind": null})));
+        assert!(v.is_valid(&json!({"kind": "x"})));
+        assert!(!v.is_valid(&json!({"kind": "y"})));
+        // Required, it stays a const.
+        let s = typed_input_schema(&json!({"type": "object", "required": ["kind"],
+            "properties": {"kind": {"type": "string", "const": "x"}}}))
+        .unwrap();
+        assert_eq!(s["properties"]["kind"]["const"], "x");
+    }
+
+    #[test]
+    fn keywords_beside_a_ref_or_a_single_choice_are_kept_or_refused() {
+        let defs = json!({"S": {"type": "string"}});
+        for (prop, says) in [
+            (
+                json!({"$ref": "#/$defs/S", "maxLength": 3}),
+                "\"maxLength\" beside $ref",
+            ),
+            (
+                json!({"$ref": "#/$defs/S", "enum": ["a"]}),
+                "\"enum\" beside $ref",
+            ),
+            (
+                json!({"anyOf": [{"$ref": "#/$defs/S"}, {"type": "null"}], "maxLength": 3}),
+                "\"maxLength\" beside anyOf",
+            ),
+            (
+                json!({"oneOf": [{"type": "string"}], "enum": ["a"]}),
+                "\"enum\" beside oneOf",
+            ),
+        ] {
+            let err = typed_input_schema(&json!({"type": "object", "required": ["p"],
+                "properties": {"p": prop}, "$defs": defs}))
+            .unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+        // 3.0's nullable beside them lets null through; a description is kept.
+        for prop in [
+            json!({"$ref": "#/$defs/S", "nullable": true, "description": "d"}),
+            json!({"oneOf": [{"$ref": "#/$defs/S"}], "nullable": true, "description": "d", "title": "t"}),
+        ] {
+            let s = typed_input_schema(&json!({"type": "object", "required": ["p"],
+                "properties": {"p": prop}, "$defs": defs}))
+            .unwrap();
+            assert_eq!(
+                s["properties"]["p"]["type"],
+                json!(["string", "null"]),
+                "{s}"
+            );
+            assert_eq!(s["properties"]["p"]["description"], "d");
+        }
+    }
+
+    #[test]
+    fn a_token_split_by_the_cut_is_masked_whole() {
+        let s = Secret::new("tok-secret-123".into());
+        // The cap falls inside the token: no prefix of it is shown.
+        for limit in 5..20 {
+            let (body, cut) = scrubbed_within(
+                Bytes::from_static(b"12345tok-secret-123 and more"),
+                Some(&s),
+                limit,
+            );
+            let text = String::from_utf8_lossy(&body);
+            assert!(cut, "{limit}");
+            assert!(!text.contains("tok-"), "{limit}: {text}");
+            if limit > 5 {
+                assert_eq!(text, "12345***", "{limit}");
+            }
+        }
+        let (body, cut) = scrubbed_within(Bytes::from_static(b"tok-secret-123"), Some(&s), 100);
+        assert_eq!((body, cut), (Bytes::from_static(b"***"), false));
+        // Echoed in JSON, a token with a quote or a backslash is escaped: masked too.
+        let q = Secret::new(r#"t"o\k"#.into());
+        let (body, _) = scrubbed_within(
+            Bytes::from_static(br#"{"you_sent": "Bearer t\"o\\k"} t"o\k"#),
+            Some(&q),
+            100,
+        );
+        assert_eq!(
+            body,
+            Bytes::from_static(br#"{"you_sent": "Bearer ***"} ***"#)
+        );
+        assert_eq!(scrub_overlap(Some(&q)), 6);
+        let (body, cut) = scrubbed_within(Bytes::from_static(b"abcdef"), None, 3);
+        assert_eq!((body, cut), (Bytes::from_static(b"abc"), true));
     }
 
     #[test]

@@ -248,6 +248,10 @@ fn make_nullable(schema: &mut Value) {
         }
         _ => {}
     }
+    // A `const` would refuse the `null`: it becomes a choice of itself or `null`.
+    if let Some(c) = map.remove("const") {
+        map.insert("enum".into(), Value::Array(vec![c, Value::Null]));
+    }
     if let Some(Value::Array(values)) = map.get_mut("enum")
         && !values.iter().any(Value::is_null)
     {
@@ -370,5 +374,20 @@ mod tests {
             &json!({"file_path": "a", "limit": null, "items": [{"name": "x", "state": null}]})
         ));
         assert!(!validator.is_valid(&json!({"file_path": "", "items": []})));
+    }
+
+    #[test]
+    fn an_optional_const_stays_optional_in_the_strict_forms() {
+        let s = json!({"type": "object", "required": [], "additionalProperties": false,
+            "properties": {"kind": {"type": "string", "const": "x"}}});
+        for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
+            let strict = strict_schema(&s, dialect);
+            let kind = &strict["properties"]["kind"];
+            assert_eq!(kind["enum"], json!(["x", null]), "{strict}");
+            assert!(kind.get("const").is_none(), "{strict}");
+            let v = jsonschema::validator_for(&strict).unwrap();
+            assert!(v.is_valid(&json!({"kind": null})));
+            assert!(!v.is_valid(&json!({"kind": "y"})));
+        }
     }
 }

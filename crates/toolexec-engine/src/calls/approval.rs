@@ -105,8 +105,7 @@ impl Engine {
                 self.streams.notify(session.id);
                 self.arm_expiry(session.tenant_id, id, expires_at);
                 let call = pending.call;
-                drop(pending.guard);
-                Ok(CallResult {
+                let result = CallResult {
                     call_id: call.id.clone(),
                     invocation_id: id,
                     name: call.name.clone(),
@@ -116,7 +115,10 @@ impl Engine {
                     truncated: None,
                     duration_ms: 0.0,
                     seq,
-                })
+                };
+                // A retry of the id that came meanwhile waits on this slot: it gets the same.
+                pending.guard.publish(&result);
+                Ok(result)
             }
             Err(WriteError::TooManyWaiting(n)) => {
                 let out = toolexec_tools::ToolOutput::denied(format!(

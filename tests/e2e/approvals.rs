@@ -9,6 +9,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use toolexec_tests::app::{Backend, TestApp};
 
+toolexec_tests::on_both_stores!(
+    a_person_decides_and_the_log_names_them,
+    waits_end_in_a_recorded_denial,
+    what_else_ends_a_wait
+);
+
 async fn gated_session(app: &TestApp, approval: Value) -> String {
     app.session(json!({"policy": {"approval": approval}, "files": {"notes.txt": "hi\n"}}))
         .await["id"]
@@ -292,16 +298,6 @@ async fn a_person_decides_and_the_log_names_them(backend: Backend) {
     assert_eq!(closed["status"], "denied", "{closed}");
 }
 
-#[tokio::test]
-async fn a_person_decides_and_the_log_names_them_postgres() {
-    a_person_decides_and_the_log_names_them(Backend::Postgres).await;
-}
-
-#[tokio::test]
-async fn a_person_decides_and_the_log_names_them_sqlite() {
-    a_person_decides_and_the_log_names_them(Backend::Sqlite).await;
-}
-
 /// A call nobody decides is denied when its wait ends — also when the service restarted in
 /// between — and one decided after a restart runs.
 async fn waits_end_in_a_recorded_denial(backend: Backend) {
@@ -359,16 +355,6 @@ async fn waits_end_in_a_recorded_denial(backend: Backend) {
         .call(&long, "r2", "read_file", json!({"file_path": "b.txt"}))
         .await;
     assert_eq!(b["status"], "ok", "{b}");
-}
-
-#[tokio::test]
-async fn waits_end_in_a_recorded_denial_postgres() {
-    waits_end_in_a_recorded_denial(Backend::Postgres).await;
-}
-
-#[tokio::test]
-async fn waits_end_in_a_recorded_denial_sqlite() {
-    waits_end_in_a_recorded_denial(Backend::Sqlite).await;
 }
 
 /// What a policy may say: known tools, a wait within the operator's ceiling; a fork keeps its
@@ -589,14 +575,4 @@ async fn what_else_ends_a_wait(backend: Backend) {
         (status, problem["code"].as_str()),
         (422, Some("invalid_request"))
     );
-}
-
-#[tokio::test]
-async fn what_else_ends_a_wait_postgres() {
-    what_else_ends_a_wait(Backend::Postgres).await;
-}
-
-#[tokio::test]
-async fn what_else_ends_a_wait_sqlite() {
-    what_else_ends_a_wait(Backend::Sqlite).await;
 }

@@ -162,6 +162,34 @@ async fn tools(app: &toolexec_tests::app::TestApp, format: &str) -> Vec<Value> {
     body["tools"].as_array().unwrap().clone()
 }
 
+/// Checks the catalog's tools whose names start with `prefix` (an operator's API or upstream)
+/// against both providers' strict rules, and returns their MCP definitions.
+pub(crate) async fn strict_tools_named(
+    app: &toolexec_tests::app::TestApp,
+    prefix: &str,
+) -> Vec<Value> {
+    for (format, openai) in [("openai", true), ("anthropic", false)] {
+        for d in tools(app, format).await {
+            let name = d["name"].as_str().unwrap();
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let schema = if openai {
+                &d["parameters"]
+            } else {
+                &d["input_schema"]
+            };
+            let wrong = strict_violations(name, schema, openai);
+            assert!(wrong.is_empty(), "{format} {name}: {wrong:#?}\n{schema:#}");
+        }
+    }
+    tools(app, "mcp")
+        .await
+        .into_iter()
+        .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .collect()
+}
+
 #[tokio::test]
 async fn every_tool_passes_openai_and_anthropic_strict_mode_rules() {
     let app = spawn_app().await;

@@ -238,33 +238,8 @@ async fn an_upstream_mcp_servers_tools_are_proxied_recorded_and_replayed_without
         "{}",
         ours[2]
     );
-    for (format, openai) in [("openai", true), ("anthropic", false)] {
-        let defs: Value = app
-            .get(&format!("/v1/tools?format={format}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        for d in defs["tools"].as_array().unwrap() {
-            let name = d["name"].as_str().unwrap();
-            if name.starts_with("up__") {
-                let s = if openai {
-                    &d["parameters"]
-                } else {
-                    &d["input_schema"]
-                };
-                let wrong = crate::dialects::strict_violations(name, s, openai);
-                assert!(wrong.is_empty(), "{format} {name}: {wrong:#?}\n{s:#}");
-            }
-        }
-    }
-    let mcp: Value = app.get("/v1/tools?format=mcp").await.json().await.unwrap();
-    let echo = mcp["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "up__echo")
-        .unwrap();
+    let mcp = crate::dialects::strict_tools_named(&app, "up__").await;
+    let echo = mcp.iter().find(|t| t["name"] == "up__echo").unwrap();
     assert_eq!(echo["annotations"]["openWorldHint"], true, "{echo}");
     assert_eq!(echo["annotations"]["readOnlyHint"], true, "{echo}");
 

@@ -207,34 +207,8 @@ async fn openapi_operations_are_typed_tools_called_over_http_and_recorded_withou
     let body = &create["input_schema"]["properties"]["body"];
     assert_eq!(body["required"], json!(["name"]), "{body}");
     assert!(body["properties"].get("id").is_none(), "readOnly: {body}");
-    for (format, openai) in [("openai", true), ("anthropic", false)] {
-        let defs: Value = app
-            .get(&format!("/v1/tools?format={format}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        for d in defs["tools"].as_array().unwrap() {
-            let name = d["name"].as_str().unwrap();
-            if !name.starts_with("pets__") {
-                continue;
-            }
-            let schema = if openai {
-                &d["parameters"]
-            } else {
-                &d["input_schema"]
-            };
-            let wrong = crate::dialects::strict_violations(name, schema, openai);
-            assert!(wrong.is_empty(), "{format} {name}: {wrong:#?}\n{schema:#}");
-        }
-    }
-    let mcp: Value = app.get("/v1/tools?format=mcp").await.json().await.unwrap();
-    let listed = mcp["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "pets__createPet")
-        .unwrap();
+    let mcp = crate::dialects::strict_tools_named(&app, "pets__").await;
+    let listed = mcp.iter().find(|t| t["name"] == "pets__createPet").unwrap();
     assert_eq!(listed["annotations"]["openWorldHint"], true, "{listed}");
     assert_eq!(listed["annotations"]["destructiveHint"], true, "{listed}");
 

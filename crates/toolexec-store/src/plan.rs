@@ -411,13 +411,31 @@ impl Planner {
     }
 }
 
+/// What a backend read, under the session's lock, before recording a call that waits.
+pub(crate) struct WaitingNow {
+    /// Calls of the session that wait already.
+    pub waiting: i64,
+    /// The invocation already recorded under the call's id, if any.
+    pub known: Option<Uuid>,
+}
+
 /// A call that waits for approval: its invocation, `pending_approval`, and its
 /// `approval.requested` event — the call as its `invocation.started` would show it, and `data`.
+/// Refused when `max_waiting` calls wait already, when its call id is recorded, or when the
+/// session is closed (in that order).
 pub(crate) fn requested_plan(
     session: &LockedSession,
+    now: WaitingNow,
+    max_waiting: u64,
     invocation: NewInvocation,
     data: serde_json::Value,
 ) -> Result<(Plan, i64), WriteError> {
+    if u64::try_from(now.waiting).unwrap_or(0) >= max_waiting {
+        return Err(WriteError::TooManyWaiting(max_waiting));
+    }
+    if let Some(id) = now.known {
+        return Err(WriteError::DuplicateCall(id));
+    }
     if session.status != SessionStatus::Active {
         return Err(WriteError::SessionNotActive);
     }

@@ -1140,19 +1140,14 @@ impl Store for PgStore {
         .bind(session_id)
         .fetch_one(&mut *tx)
         .await?;
-        if u64::try_from(waiting).unwrap_or(0) >= max_waiting {
-            return Ok(Err(WriteError::TooManyWaiting(max_waiting)));
-        }
         let known: Option<Uuid> =
             sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
                 .bind(session_id)
                 .bind(&invocation.call_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if let Some(id) = known {
-            return Ok(Err(WriteError::DuplicateCall(id)));
-        }
-        let (plan, seq) = match plan::requested_plan(&locked, invocation, data) {
+        let now = plan::WaitingNow { waiting, known };
+        let (plan, seq) = match plan::requested_plan(&locked, now, max_waiting, invocation, data) {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };

@@ -452,17 +452,10 @@ impl Tool for McpProxyTool {
                     "{name}: the MCP server's result could not be read ({e})."
                 )),
             },
-            Err(e) => {
-                let text = format!(
-                    "Cannot call {name}: {}. The operator's MCP server {:?} may be down; try again later or do without this tool.",
-                    e.message, self.upstream.name
-                );
-                match e.kind {
-                    ExchangeErrorKind::Refused => ToolOutput::denied(text),
-                    ExchangeErrorKind::TimedOut => ToolOutput::timed_out(text),
-                    _ => ToolOutput::error(text),
-                }
-            }
+            Err(e) => e.output(format!(
+                "Cannot call {name}: {}. The operator's MCP server {:?} may be down; try again later or do without this tool.",
+                e.message, self.upstream.name
+            )),
         };
         out.events.extend(journal.drain_events());
         out

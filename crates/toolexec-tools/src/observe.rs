@@ -332,6 +332,18 @@ pub struct Unserved {
     pub message: String,
 }
 
+impl Unserved {
+    /// The call's result when its exchange got no answer: refused by the network policy is
+    /// `denied`, out of time is `timed_out`, anything else an error; `text` says what.
+    pub fn output(&self, text: String) -> crate::ToolOutput {
+        match self.kind {
+            ExchangeErrorKind::Refused => crate::ToolOutput::denied(text),
+            ExchangeErrorKind::TimedOut => crate::ToolOutput::timed_out(text),
+            _ => crate::ToolOutput::error(text),
+        }
+    }
+}
+
 impl Recorded {
     /// From a recorded invocation's `web.exchange` events and the blobs they name (`blobs` by
     /// SHA-256; a body missing from it is not served).

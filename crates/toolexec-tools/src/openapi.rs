@@ -1440,14 +1440,7 @@ impl Tool for OperationTool {
         };
         let mut out = match answer {
             Ok(answer) => rendered(name, &shown, &answer),
-            Err(e) => {
-                let text = format!("Cannot call {name} ({shown}): {}.", e.message);
-                match e.kind {
-                    ExchangeErrorKind::Refused => ToolOutput::denied(text),
-                    ExchangeErrorKind::TimedOut => ToolOutput::timed_out(text),
-                    _ => ToolOutput::error(text),
-                }
-            }
+            Err(e) => e.output(format!("Cannot call {name} ({shown}): {}.", e.message)),
         };
         out.events.extend(journal.drain_events());
         out

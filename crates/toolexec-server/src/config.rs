@@ -548,6 +548,12 @@ impl Config {
                     {
                         *token = serde_json::Value::String("***".to_owned());
                     }
+                    // A command tool's fixed variables may hold a token: names only.
+                    if let Some(serde_json::Value::Object(env)) = entry.get_mut("env") {
+                        for value in env.values_mut() {
+                            *value = serde_json::Value::String("***".to_owned());
+                        }
+                    }
                 }
             }
             let shown = match &value {
@@ -741,7 +747,8 @@ mod tests {
                     // An array of tables: JSON in the variable.
                     let v = json!([{"name": "t", "description": "d", "entrypoint": "t.sh",
                         "input_schema": {"type": "object"}, "read_only": false,
-                        "timeout_ms": null, "env_passthrough": [], "max_output_chars": null}]);
+                        "timeout_ms": null, "env": {"MODE": "strict"}, "env_passthrough": [],
+                        "max_output_chars": null}]);
                     (v.to_string(), v)
                 }
                 serde_json::Value::Array(_) if key == "tools.openapi" => {
@@ -906,7 +913,7 @@ mod tests {
         let file = dir.path().join("t.toml");
         std::fs::write(
             &file,
-            "[[tools.openapi]]\nname = \"pets\"\nspec = \"/x.json\"\nbase_url = \"https://p.example\"\noperations = [\"a\"]\nbearer_token = \"pets-secret-6\"\n",
+            "[[tools.openapi]]\nname = \"pets\"\nspec = \"/x.json\"\nbase_url = \"https://p.example\"\noperations = [\"a\"]\nbearer_token = \"pets-secret-6\"\n\n[[tools.command]]\nname = \"lint\"\ndescription = \"d\"\nentrypoint = \"lint.sh\"\ninput_schema = { type = \"object\" }\nenv = { LINT_TOKEN = \"lint-secret-7\" }\n",
         )
         .unwrap();
         let loaded = Config::load_from(Some(&file), env(&[])).unwrap();
@@ -919,8 +926,13 @@ mod tests {
             described.contains("\"bearer_token\":\"***\""),
             "{described}"
         );
+        assert!(
+            described.contains("\"env\":{\"LINT_TOKEN\":\"***\"}"),
+            "{described}"
+        );
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("pets-secret-6"), "{shown}");
+            assert!(!shown.contains("lint-secret-7"), "{shown}");
         }
     }
 

@@ -42,6 +42,9 @@ pub struct Config {
     pub rate_limit_burst: f64,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
+    /// Requests in flight one tenant may hold on this node (429 beyond); unset: an eighth of
+    /// `max_concurrent_requests`, at least 1.
+    pub max_concurrent_requests_per_tenant: Option<usize>,
     /// Longest a request body may take to arrive in full, milliseconds (408 beyond).
     pub body_read_timeout_ms: u64,
     /// Longest a request's head may take to arrive, milliseconds (the connection is closed).
@@ -90,6 +93,7 @@ impl Default for Config {
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_concurrent_requests_per_tenant: None,
             body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
             header_read_timeout_ms: millis(toolexec_api::DEFAULT_HEADER_READ_TIMEOUT),
             max_connections: toolexec_api::DEFAULT_MAX_CONNECTIONS,
@@ -134,6 +138,10 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field(
+                "max_concurrent_requests_per_tenant",
+                &self.max_concurrent_requests_per_tenant,
+            )
             .field("body_read_timeout_ms", &self.body_read_timeout_ms)
             .field("header_read_timeout_ms", &self.header_read_timeout_ms)
             .field("max_connections", &self.max_connections)
@@ -704,6 +712,7 @@ mod tests {
             "workspace_root" => ("/srv/ws", json!("/srv/ws")),
             "node" => ("7", json!("7")),
             "trusted_identity_header" => ("x-tenant", json!("x-tenant")),
+            "max_concurrent_requests_per_tenant" => ("32", json!(32)),
             "limits.max_inotify_instances" => ("64", json!(64)),
             "limits.max_inotify_watches" => ("5000", json!(5000)),
             "sandbox.init" => ("/usr/libexec/init", json!("/usr/libexec/init")),

@@ -162,3 +162,163 @@ async fn a_client_that_stops_reading_its_responses_is_cut_off() {
     );
     healthy(&app).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Request slots per tenant (issue 23 §4): one tenant's slow bodies held every slot of the node,
+// and every other tenant got 503 `overloaded`.
+// ---------------------------------------------------------------------------------------------
+
+async fn key_for(app: &TestApp, tenant: &str) -> String {
+    let store = app.state.engine.store();
+    let t = store.ensure_tenant(tenant).await.unwrap();
+    let key = format!("tx_test_{}", uuid::Uuid::new_v4().simple());
+    store
+        .create_api_key(t.id, &toolexec_api::key_hash(&key), &key[..11])
+        .await
+        .unwrap();
+    key
+}
+
+/// The node's pool: 16 requests in flight (so, by default, 2 per tenant).
+const POOL: usize = 16;
+
+/// Starts a request whose body never comes (100 bytes announced, 6 sent) and returns the
+/// connection with what the server answered within 500 ms (nothing: the request holds a slot
+/// and waits for its body).
+async fn slow_body(app: &TestApp, path: &str, key: &str) -> (TcpStream, String) {
+    let mut s = connect(app).await;
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"meta"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let text = match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        _ => String::new(),
+    };
+    (s, text)
+}
+
+/// A session made and a call run with `key`: what another tenant must still get.
+async fn served(app: &TestApp, key: &str) -> Result<(), String> {
+    let resp = app
+        .http
+        .post(app.url("/v1/sessions"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status != 201 {
+        return Err(format!("create: {status} {body}"));
+    }
+    let sid = body["id"].as_str().unwrap_or_default();
+    let resp = app
+        .http
+        .post(app.url(&format!("/v1/sessions/{sid}/calls")))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"calls": [{"id": "c", "name": "write_file", "arguments": {"file_path": "a.txt", "content": "x"}}]}))
+        .send()
+        .await
+        .unwrap();
+    if resp.status() != 200 {
+        return Err(format!(
+            "calls: {} {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_slow_bodies_hold_its_share_of_the_slots_and_no_more() {
+    let app = spawn_app_with(|c| c.max_concurrent_requests = POOL).await;
+    let (a, b) = (key_for(&app, "alice").await, key_for(&app, "bob").await);
+    // Keys exist now: a restart switches to API-key auth.
+    let app = app.restart().await;
+
+    // Alice opens as many slow uploads as the node has slots.
+    let mut held = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..POOL {
+        let (s, text) = slow_body(&app, "/v1/sessions", &a).await;
+        held.push(s);
+        answers.push(text);
+    }
+    // Bob is served all the same, and so are the probes.
+    for _ in 0..3 {
+        served(&app, &b)
+            .await
+            .unwrap_or_else(|e| panic!("bob: {e}"));
+    }
+    healthy(&app).await;
+    // Alice's first uploads hold her share; the others were refused at once, before their
+    // bodies, with when to retry.
+    let waiting = answers.iter().filter(|t| t.is_empty()).count();
+    assert_eq!(waiting, POOL / 8, "{answers:?}");
+    for text in answers.iter().filter(|t| !t.is_empty()) {
+        assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("retry-after: 1"),
+            "{text}"
+        );
+        assert!(text.contains("too_many_concurrent"), "{text}");
+        assert!(
+            text.contains("max_concurrent_requests_per_tenant"),
+            "{text}"
+        );
+    }
+    let resp = app
+        .http
+        .get(app.url("/v1/sessions"))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    // Her slots come back when her uploads end.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match served(&app, &a).await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() > deadline => panic!("alice after: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_with_a_wrong_key_hold_no_slot_even_where_requests_are_forwarded() {
+    // A node of a cluster buffers a session's request to forward it to where the session
+    // lives: the body was read before anyone was authenticated.
+    let app = spawn_app_with(|c| {
+        c.max_concurrent_requests = POOL;
+        c.cluster.advertise_url = Some("http://127.0.0.1:9".into());
+    })
+    .await;
+    let b = key_for(&app, "bob").await;
+    let app = app.restart().await;
+    let mut held = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..POOL {
+        let path = format!("/v1/sessions/{}/calls", uuid::Uuid::now_v7());
+        let (s, text) = slow_body(&app, &path, "tx_wrong_key").await;
+        held.push(s);
+        answers.push(text);
+    }
+    let bob = served(&app, &b).await;
+    for text in &answers {
+        assert!(text.starts_with("HTTP/1.1 401"), "{text:?}");
+    }
+    bob.unwrap_or_else(|e| panic!("bob: {e}"));
+    drop(held);
+}

@@ -32,6 +32,7 @@ mod quotas;
 mod recording;
 mod refactor;
 mod sandbox_escape;
+mod session_env;
 mod shapes;
 mod shell;
 mod store;

@@ -76,9 +76,16 @@ impl FromRequestParts<Arc<AppState>> for AuthTenant {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
+        // Authenticated once per request (the forwarding layer may have done it): one rate
+        // token, one request slot.
+        if let Some(known) = parts.extensions.get::<AuthTenant>() {
+            return Ok(known.clone());
+        }
         let tenant = authenticate(parts, state).await?;
         crate::observe::record_tenant(tenant.0.id);
         state.limiter.check(tenant.0.id)?;
+        crate::limits::take_tenant_slot(parts, tenant.0.id)?;
+        parts.extensions.insert(tenant.clone());
         Ok(tenant)
     }
 }

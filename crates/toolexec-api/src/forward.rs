@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -102,20 +102,29 @@ pub(crate) async fn forward_to_owner(
     {
         return next.run(req).await;
     }
-    let session = match target(req.method(), req.uri().path()) {
-        None => return next.run(req).await,
-        Some(Target::Upload(session)) => return forward_upload(&state, session, req, next).await,
-        Some(Target::Session(id)) => {
-            // The node the request reached checks where it comes from: the owner sees the
-            // forwarding node's request, whose Host is the owner's internal address.
-            if req.uri().path().ends_with("/mcp")
-                && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
-            {
-                return e.into_response();
-            }
-            id
-        }
-        Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
+    let Some(target) = target(req.method(), req.uri().path()) else {
+        return next.run(req).await;
+    };
+    // The node the request reached checks where it comes from: the owner sees the forwarding
+    // node's request, whose Host is the owner's internal address.
+    if matches!(target, Target::Session(_))
+        && req.uri().path().ends_with("/mcp")
+        && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
+    {
+        return e.into_response();
+    }
+    // Then who sends it, before its body is read or sent on (the owner authenticates it
+    // again): a wrong key is answered at once and holds no request slot, and the tenant's
+    // slot is taken here (docs/security.md, "Request slots").
+    let (mut parts, body) = req.into_parts();
+    if let Err(e) = crate::auth::AuthTenant::from_request_parts(&mut parts, &state).await {
+        return e.into_response();
+    }
+    let req = Request::from_parts(parts, body);
+    let session = match target {
+        Target::Upload(session) => return forward_upload(&state, session, req, next).await,
+        Target::Session(id) => id,
+        Target::Invocation(id) => match engine.invocation_session(id).await {
             Ok(Some(session)) => session,
             // Unknown here too: the handler answers (404), as for any id.
             _ => return next.run(req).await,

@@ -39,6 +39,13 @@ pub const DEFAULT_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 /// gets fast 503s instead of unbounded queues and memory.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
 
+/// Default share of the requests in flight one tenant may hold: an eighth of the node's, so
+/// that eight tenants at their share fit and a lone tenant still has far more than two cores
+/// serve at once.
+pub fn default_max_concurrent_requests_per_tenant(max_concurrent_requests: usize) -> usize {
+    (max_concurrent_requests / 8).max(1)
+}
+
 /// Default time a request body may take to arrive, whole: a 16 MiB body needs ~0.6 MB/s; a
 /// client that announces a body and stalls holds its connection no longer than this.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,6 +67,9 @@ pub struct ApiConfig {
     pub body_limit_bytes: usize,
     /// Requests in flight beyond which new ones get 503 `overloaded`.
     pub max_concurrent_requests: usize,
+    /// Requests in flight one tenant may hold (and the public routes together); beyond it its
+    /// new ones get 429 `too_many_concurrent`.
+    pub max_concurrent_requests_per_tenant: usize,
     /// Longest a request body may take to arrive in full (408 `request_timeout` beyond).
     pub body_read_timeout: Duration,
     /// Longest a request's head may take to arrive (the connection is closed beyond); the
@@ -79,6 +89,9 @@ impl Default for ApiConfig {
         Self {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_concurrent_requests_per_tenant: default_max_concurrent_requests_per_tenant(
+                DEFAULT_MAX_CONCURRENT_REQUESTS,
+            ),
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
@@ -118,9 +131,10 @@ impl MakeRequestId for MakeRequestIdV7 {
 /// The whole HTTP application.
 pub fn app(state: Arc<AppState>) -> Router {
     let body_limit = state.config.body_limit_bytes;
-    let permits = Arc::new(tokio::sync::Semaphore::new(
-        state.config.max_concurrent_requests.max(1),
-    ));
+    let slots = limits::RequestSlots::new(
+        state.config.max_concurrent_requests,
+        state.config.max_concurrent_requests_per_tenant,
+    );
     let (router, api) = openapi::parts(state.engine.registry());
     let schemas = Arc::new(extract::BodySchemas::from_openapi(&api));
     let docs = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api);
@@ -157,7 +171,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             limits::guard_body,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            permits,
+            slots,
             limits::shed_load,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(

@@ -1,16 +1,29 @@
 //! Admission control: a per-tenant request rate limit (token bucket, 429 + `Retry-After`), a
-//! global cap on requests in flight (load shedding: 503 + `Retry-After` instead of queueing
-//! without bound), and the rules for request bodies (a declared size over the limit is refused
-//! before a byte of it is read; a body must arrive whole within a deadline).
+//! cap on requests in flight with a share of it per tenant (load shedding: 503 + `Retry-After`
+//! when the node is full, 429 when the tenant holds its share, instead of queueing without
+//! bound), and the rules for request bodies (a declared size over the limit is refused before a
+//! byte of it is read; a body must arrive whole within a deadline).
+//!
+//! **Request slots.** A request takes one of the node's `max_concurrent_requests` slots when it
+//! arrives, and, once its tenant is known, one of that tenant's
+//! `max_concurrent_requests_per_tenant` ([`RequestSlots`]). The tenant is known at
+//! authentication ([`crate::auth::AuthTenant`]), which comes before anything reads a body:
+//! it is every `/v1` handler's first extractor, and the forwarding layer authenticates before it
+//! buffers a body for another replica. So a tenant's slow bodies hold its share and no more,
+//! and a request with a wrong key is answered 401 before its body, holding nothing. Requests to
+//! the public routes (`/healthz`, `/readyz`, `/metrics`, the OpenAPI document and docs) name no
+//! tenant: together they hold one tenant's share.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use axum::http::request::Parts;
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 use toolexec_core::ProblemCode;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 use crate::problem::ApiError;
@@ -156,22 +169,163 @@ pub async fn guard_body(State(rules): State<BodyRules>, mut req: Request, next: 
     next.run(req).await
 }
 
-/// Sheds load beyond `permits` requests in flight.
+/// The node's request slots: `total` in flight, at most `per_tenant` of them for one tenant (and
+/// as many for the public routes together).
+#[derive(Debug)]
+pub struct RequestSlots {
+    total: Semaphore,
+    per_tenant: usize,
+    /// Slots held per holder; a holder with none has no entry (at most `total` entries).
+    held: Mutex<HashMap<Holder, usize>>,
+}
+
+/// Who holds a slot beyond the node's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Holder {
+    Tenant(Uuid),
+    /// The public routes, which name no tenant.
+    Public,
+}
+
+/// One holder's slot; given back when dropped.
+#[derive(Debug)]
+struct Slot {
+    slots: Arc<RequestSlots>,
+    holder: Holder,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.slots.held.lock()
+            && let Some(n) = held.get_mut(&self.holder)
+        {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.holder);
+            }
+        }
+    }
+}
+
+impl RequestSlots {
+    pub fn new(total: usize, per_tenant: usize) -> Arc<Self> {
+        let total = total.max(1);
+        Arc::new(Self {
+            total: Semaphore::new(total),
+            per_tenant: per_tenant.clamp(1, total),
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn take(self: &Arc<Self>, holder: Holder) -> Option<Slot> {
+        let mut held = self.held.lock().ok()?;
+        let n = held.entry(holder).or_insert(0);
+        if *n >= self.per_tenant {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            slots: self.clone(),
+            holder,
+        })
+    }
+}
+
+/// Where a request keeps its tenant's slot: put on the request by [`shed_load`], filled at
+/// authentication ([`take_tenant_slot`]), emptied by [`shed_load`] when the response is ready.
+#[derive(Debug, Clone)]
+struct SlotCell {
+    slots: Arc<RequestSlots>,
+    slot: Arc<Mutex<Option<Slot>>>,
+}
+
+impl SlotCell {
+    fn fill(&self, slot: Slot) {
+        if let Ok(mut cell) = self.slot.lock() {
+            *cell = Some(slot);
+        }
+    }
+
+    fn is_filled(&self) -> bool {
+        self.slot.lock().map(|c| c.is_some()).unwrap_or(true)
+    }
+}
+
+/// Takes one of `tenant`'s slots for the request (once; again is a no-op): 429
+/// `too_many_concurrent` when the tenant holds its share already. Called by the authentication
+/// extractor, before any body is read.
+pub(crate) fn take_tenant_slot(parts: &Parts, tenant: Uuid) -> Result<(), ApiError> {
+    // A router without the shedding layer (none in the service) has no shares to keep.
+    let Some(cell) = parts.extensions.get::<SlotCell>() else {
+        return Ok(());
+    };
+    if cell.is_filled() {
+        return Ok(());
+    }
+    match cell.slots.take(Holder::Tenant(tenant)) {
+        Some(slot) => {
+            cell.fill(slot);
+            Ok(())
+        }
+        None => Err(ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                ProblemCode::TooManyConcurrent,
+                format!(
+                    "this tenant already has {} requests in flight on this node, its share \
+                     (max_concurrent_requests_per_tenant); retry when one of them has been answered",
+                    cell.slots.per_tenant
+                ),
+            )
+        }),
+    }
+}
+
+/// Sheds load beyond the node's slots (503 `overloaded`), and beyond the public routes' share;
+/// a tenant's share is taken at authentication.
 pub async fn shed_load(
-    State(permits): State<Arc<Semaphore>>,
-    req: Request,
+    State(slots): State<Arc<RequestSlots>>,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    match permits.try_acquire() {
-        Ok(_permit) => next.run(req).await,
-        Err(_) => ApiError {
+    let overloaded = || {
+        ApiError {
             retry_after: Some(1),
             ..ApiError::new(
                 ProblemCode::Overloaded,
                 "the service is at its limit of concurrent requests; retry shortly",
             )
         }
-        .into_response(),
+        .into_response()
+    };
+    let Ok(_permit) = slots.total.try_acquire() else {
+        return overloaded();
+    };
+    let cell = SlotCell {
+        slots: slots.clone(),
+        slot: Arc::new(Mutex::new(None)),
+    };
+    if !req.uri().path().starts_with("/v1/") {
+        match slots.take(Holder::Public) {
+            Some(slot) => cell.fill(slot),
+            None => return overloaded(),
+        }
+    }
+    req.extensions_mut().insert(cell.clone());
+    // Given back when the response is ready (or the client left), whoever still holds a copy
+    // of the request's extensions.
+    let _release = Release(cell);
+    next.run(req).await
+}
+
+/// Empties a request's [`SlotCell`] when dropped.
+struct Release(SlotCell);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if let Ok(mut slot) = self.0.slot.lock() {
+            slot.take();
+        }
     }
 }
 
@@ -192,6 +346,27 @@ mod tests {
         assert_eq!(e.code, ProblemCode::RateLimited);
         assert_eq!(e.retry_after, Some(1));
         assert!(l.check(b).is_ok());
+    }
+
+    #[test]
+    fn a_tenant_holds_its_share_and_gets_its_slots_back() {
+        let slots = RequestSlots::new(8, 2);
+        let (a, b) = (
+            Holder::Tenant(Uuid::now_v7()),
+            Holder::Tenant(Uuid::now_v7()),
+        );
+        let a1 = slots.take(a).expect("first");
+        let _a2 = slots.take(a).expect("second");
+        assert!(slots.take(a).is_none(), "over the share");
+        assert!(slots.take(b).is_some(), "another tenant");
+        drop(a1);
+        assert!(slots.take(a).is_some(), "given back");
+        assert_eq!(
+            RequestSlots::new(4, 100).per_tenant,
+            4,
+            "never above the pool"
+        );
+        assert_eq!(RequestSlots::new(4, 0).per_tenant, 1, "at least one");
     }
 
     #[test]

@@ -100,7 +100,7 @@ problem_codes! {
     InvalidMetadata => ("invalid_metadata", 422, "Invalid metadata",
         "Session metadata holds a NUL character in a key or a string."),
     InvalidEnv => ("invalid_env", 422, "Invalid environment",
-        "A session's `env` has a name that is not a variable name, a value with NUL, or a dynamic-loader or C-library variable (LD_*, GLIBC_TUNABLES, …), which must be set in the command instead."),
+        "A session's `env` has a name that is not a variable name, a value with NUL, a dynamic-loader or C-library variable (LD_*, GLIBC_TUNABLES, …) or a start-up hook of a shell, an interpreter or a tool (BASH_ENV, ENV, PS4, PYTHONPATH, NODE_OPTIONS, GIT_CONFIG_*, …; docs/security.md, \"A session's env\"), which must be set in the command instead. The detail names the variable and why."),
     UnknownTool => ("unknown_tool", 422, "Unknown tool",
         "A session's tool allow-list or output limits name a tool the catalog does not have."),
     PolicyAboveCeiling => ("policy_above_ceiling", 422, "Policy above the operator's ceiling",
@@ -118,7 +118,7 @@ problem_codes! {
     RateLimited => ("rate_limited", 429, "Rate limited",
         "The tenant's request rate is over `rate_limit_per_second`; retry after `Retry-After` seconds."),
     TooManyConcurrent => ("too_many_concurrent", 429, "Too many at once",
-        "The tenant already follows `limits.max_streams_per_tenant` event streams, or runs `limits.max_replays_per_tenant` replays, on this node; close a stream or wait for a replay to finish, then retry."),
+        "The tenant already has `max_concurrent_requests_per_tenant` requests in flight on this node (retry after `Retry-After` seconds, when one has been answered), follows `limits.max_streams_per_tenant` event streams, or runs `limits.max_replays_per_tenant` replays there; close a stream or wait for a replay to finish, then retry."),
     Internal => ("internal", 500, "Internal error",
         "A fault of the service; its log has the cause under the request id in the detail."),
     Unavailable => ("unavailable", 503, "Unavailable",
@@ -126,7 +126,7 @@ problem_codes! {
     StillRunning => ("still_running", 503, "Still running",
         "The batch ran longer than `limits.request_timeout_ms`; it goes on. Send the same calls again (same ids) to get their results: recorded ones are returned, a running one is waited for, none runs twice."),
     Overloaded => ("overloaded", 503, "Overloaded",
-        "More requests in flight than `max_concurrent_requests`; retry after `Retry-After` seconds."),
+        "More requests in flight than `max_concurrent_requests` on this node (or, for the public routes together, than one tenant's share); retry after `Retry-After` seconds."),
 }
 
 impl std::fmt::Display for ProblemCode {

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod recorder;
 mod replay;
 mod scans;
+mod session_env;
 mod sessions;
 mod slots;
 mod storable;

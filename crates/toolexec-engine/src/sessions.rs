@@ -539,13 +539,8 @@ impl Engine {
                         ),
                     ));
                 }
-                if is_loader_variable(key) {
-                    return Err(invalid(
-                        ProblemCode::InvalidEnv,
-                        format!(
-                            "env.{key}: variables of the dynamic loader and the C library (LD_*, GLIBC_TUNABLES, GCONV_PATH, MALLOC_*, …) cannot be set for a session: they change how every program starts. Set it in the command itself where one command needs it (e.g. \"{key}=… make test\")"
-                        ),
-                    ));
+                if let Some(why) = crate::session_env::refusal(key) {
+                    return Err(invalid(ProblemCode::InvalidEnv, why));
                 }
             }
             if env.values().any(|v| v.contains('\0')) {
@@ -870,31 +865,6 @@ fn check_policy(policy: &Policy, limits: &crate::Limits) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Variables the dynamic loader and the C library act on before a program's `main` or while it
-/// runs (glibc's "unsecure" list, `UNSECURE_ENVVARS`, and its malloc settings), but `TMPDIR`,
-/// which only names a directory and which build tools commonly need. The sandbox no longer lets any session variable
-/// reach a process outside it (its init is static and starts with an empty environment); this
-/// is the second layer, so that a mistake there cannot turn into code run outside the sandbox.
-/// Inside a command they change nothing a command could not do itself, so a command may still
-/// set them for itself.
-pub(crate) fn is_loader_variable(name: &str) -> bool {
-    const NAMES: [&str; 12] = [
-        "GLIBC_TUNABLES",
-        "LOCALDOMAIN",
-        "RES_OPTIONS",
-        "TZDIR",
-        "GCONV_PATH",
-        "GETCONF_DIR",
-        "HOSTALIASES",
-        "LOCPATH",
-        "NLSPATH",
-        "NIS_PATH",
-        "RESOLV_HOST_CONF",
-        "MEMUSAGE_OUTPUT",
-    ];
-    name.starts_with("LD_") || name.starts_with("MALLOC_") || NAMES.contains(&name)
 }
 
 pub(crate) fn invalid(code: ProblemCode, detail: String) -> EngineError {

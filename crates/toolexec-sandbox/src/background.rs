@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::cgroup::SessionGroup;
 use crate::resident::{Agent, Started};
 use crate::run::{Finished, Lost, Process, RunLimits, setup_failure};
-use crate::{Launch, Sandbox, SandboxError, Spawned};
+use crate::{Launch, Program, Sandbox, SandboxError, Spawned};
 
 /// The state of a background process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -257,8 +257,7 @@ impl ProcessTable {
     fn launch(
         &self,
         workdir: &str,
-        command: &str,
-        env: &BTreeMap<String, String>,
+        program: Program,
         network: bool,
     ) -> Result<Launch, SandboxError> {
         let egress_socket = if network && !self.sandbox.is_unsandboxed() {
@@ -276,10 +275,16 @@ impl ProcessTable {
         Ok(Launch {
             workspace: self.workspace.clone(),
             workdir: workdir.to_owned(),
-            command: command.to_owned(),
-            env: env.clone(),
+            program,
             egress_socket,
         })
+    }
+
+    fn shell(command: &str, env: &BTreeMap<String, String>) -> Program {
+        Program::Shell {
+            command: command.to_owned(),
+            env: env.clone(),
+        }
     }
 
     /// Runs a foreground command (with egress through the session's proxy when `network`).
@@ -307,23 +312,42 @@ impl ProcessTable {
             .run_in_sandbox(workdir, command, env, network, limits)
             .instrument(span.clone())
             .await;
-        match &finished {
-            Ok(f) => {
-                if let Some(code) = f.exit_code {
-                    span.record("exit_code", code);
-                }
-                if let Some(signal) = f.signal {
-                    span.record("signal", signal);
-                }
-                if let Some(why) = &f.killed {
-                    span.record("killed", tracing::field::debug(why));
-                }
-            }
-            Err(e) => {
-                span.record("otel.status_code", "ERROR");
-                tracing::warn!(parent: &span, error = %e, "the sandbox could not run the command");
-            }
+        record_end(&span, &finished);
+        finished
+    }
+
+    /// Runs an operator's program — `argv[0]` exec'd directly, with exactly `env` and `input`
+    /// on its stdin — in a sandbox of its own, never the session's resident one: its own PID
+    /// namespace, Landlock domain and empty `/tmp`, so that nothing the session's processes
+    /// left there or run reaches it; only the workspace (its working directory) is shared.
+    /// Admitted, limited and placed in the session's cgroups like any command of the session.
+    pub async fn exec(
+        &self,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        input: Vec<u8>,
+        network: bool,
+        limits: &RunLimits,
+    ) -> Result<Finished, SandboxError> {
+        let _admitted = self.admit()?;
+        let span = tracing::info_span!(
+            "sandbox.exec",
+            network,
+            exit_code = tracing::field::Empty,
+            signal = tracing::field::Empty,
+            killed = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let finished = async {
+            let group = self.group()?;
+            let launch = self.launch("", Program::Exec { argv, env }, network)?;
+            self.sandbox
+                .run(&launch, group.as_deref(), limits, Some(input))
+                .await
         }
+        .instrument(span.clone())
+        .await;
+        record_end(&span, &finished);
         finished
     }
 
@@ -336,7 +360,7 @@ impl ProcessTable {
         limits: &RunLimits,
     ) -> Result<Finished, SandboxError> {
         let group = self.group()?;
-        let launch = self.launch(workdir, command, env, network)?;
+        let launch = self.launch(workdir, Self::shell(command, env), network)?;
         if self.sandbox.is_resident() {
             // The session's resident agent: started by its first command, reused after.
             let agent = self
@@ -348,7 +372,9 @@ impl ProcessTable {
                 .run_resident(&agent, &launch, group.as_deref(), limits)
                 .await;
         }
-        self.sandbox.run(&launch, group.as_deref(), limits).await
+        self.sandbox
+            .run(&launch, group.as_deref(), limits, None)
+            .await
     }
 
     /// Starts a background process; its stdout and stderr are one stream.
@@ -412,7 +438,7 @@ impl ProcessTable {
         }
         let admitted = self.admit()?;
         let group = self.group()?;
-        let launch = self.launch(workdir, command, env, network)?;
+        let launch = self.launch(workdir, Self::shell(command, env), network)?;
         let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| SandboxError::Setup(format!("output pipe: {e}")))?;
         let write_err = write_end
@@ -743,6 +769,27 @@ impl Drop for ProcessTable {
                     "the session was closed".into(),
                 ));
             }
+        }
+    }
+}
+
+/// Puts how a command ended (or why it could not run) on its span.
+fn record_end(span: &tracing::Span, finished: &Result<Finished, SandboxError>) {
+    match finished {
+        Ok(f) => {
+            if let Some(code) = f.exit_code {
+                span.record("exit_code", code);
+            }
+            if let Some(signal) = f.signal {
+                span.record("signal", signal);
+            }
+            if let Some(why) = &f.killed {
+                span.record("killed", tracing::field::debug(why));
+            }
+        }
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            tracing::warn!(parent: span, error = %e, "the sandbox could not run the command");
         }
     }
 }

@@ -173,12 +173,13 @@ pub struct SandboxStatus {
 /// Longest the init may take to set up the sandbox before the command starts.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The fixed part of every command's environment.
+/// `PATH` of the session's commands, and of an operator's command tool unless it sets its own:
+/// the system's directories (bound read-only), nothing of the workspace.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The fixed part of every session command's environment.
 const BASE_ENV: [(&str, &str); 4] = [
-    (
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    ),
+    ("PATH", DEFAULT_PATH),
     ("HOME", "/workspace"),
     ("LANG", "C.UTF-8"),
     ("TERM", "dumb"),
@@ -217,11 +218,41 @@ pub struct Launch {
     /// Working directory relative to the workspace (`""` for the workspace itself); the caller
     /// checked it is a directory inside it.
     pub workdir: String,
-    pub command: String,
-    /// The session's variables (override the base ones).
-    pub env: BTreeMap<String, String>,
+    pub program: Program,
     /// The session's egress proxy socket, when the command may use the network.
     pub egress_socket: Option<PathBuf>,
+}
+
+/// What a command runs, and with which environment.
+#[derive(Debug, Clone)]
+pub enum Program {
+    /// A session's own command: `/bin/bash -c COMMAND`, with [`BASE_ENV`], the operator's
+    /// `sandbox.env_passthrough`, the egress proxy's variables and the session's `env` over
+    /// them.
+    Shell {
+        command: String,
+        env: BTreeMap<String, String>,
+    },
+    /// An operator's program (a command tool): `argv[0]`, an absolute path, exec'd directly —
+    /// no shell that a variable could hook into — with exactly `env` (over the egress proxy's
+    /// variables when it has the network). Nothing of the session's environment reaches it.
+    Exec {
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+    },
+}
+
+impl Program {
+    fn argv(&self) -> Vec<Vec<u8>> {
+        match self {
+            Program::Shell { command, .. } => vec![
+                b"/bin/bash".to_vec(),
+                b"-c".to_vec(),
+                command.as_bytes().to_vec(),
+            ],
+            Program::Exec { argv, .. } => argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        }
+    }
 }
 
 /// A session's running egress proxy.
@@ -434,8 +465,10 @@ impl Sandbox {
         let launch = Launch {
             workspace: dir.clone(),
             workdir: String::new(),
-            command: command.into(),
-            env: BTreeMap::new(),
+            program: Program::Shell {
+                command: command.into(),
+                env: BTreeMap::new(),
+            },
             egress_socket: None,
         };
         let group = match self.session_group("probe") {
@@ -460,7 +493,7 @@ impl Sandbox {
                 Err(e) => Err(e),
             }
         } else {
-            self.run(&launch, group.as_ref(), &limits).await
+            self.run(&launch, group.as_ref(), &limits, None).await
         };
         let result = match result {
             Err(SandboxError::Setup(m)) if m.contains("Permission denied") => {
@@ -563,12 +596,14 @@ impl Sandbox {
 
     /// The environment a command starts with.
     fn command_env(&self, launch: &Launch) -> Vec<(String, String)> {
-        let mut env: BTreeMap<String, String> = BASE_ENV
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        for (k, v) in &self.passthrough {
-            env.insert(k.clone(), v.clone());
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        if let Program::Shell { .. } = &launch.program {
+            env.extend(
+                BASE_ENV
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+            );
+            env.extend(self.passthrough.iter().cloned());
         }
         if launch.egress_socket.is_some() {
             let proxy = format!("http://127.0.0.1:{}", egress::PROXY_PORT);
@@ -586,9 +621,8 @@ impl Sandbox {
                 env.insert(k.to_owned(), "localhost,127.0.0.1,::1".to_owned());
             }
         }
-        for (k, v) in &launch.env {
-            env.insert(k.clone(), v.clone());
-        }
+        let (Program::Shell { env: own, .. } | Program::Exec { env: own, .. }) = &launch.program;
+        env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.into_iter().collect()
     }
 
@@ -609,8 +643,10 @@ impl Sandbox {
         let launch = Launch {
             workspace: workspace.to_path_buf(),
             workdir: String::new(),
-            command: String::new(),
-            env: BTreeMap::new(),
+            program: Program::Shell {
+                command: String::new(),
+                env: BTreeMap::new(),
+            },
             egress_socket: egress.map(Path::to_path_buf),
         };
         let mut spec = self.spec(&launch)?;
@@ -624,11 +660,7 @@ impl Sandbox {
     fn command_spec(&self, launch: &Launch) -> init::CommandSpec {
         init::CommandSpec {
             workdir: launch.workdir.as_bytes().to_vec(),
-            argv: vec![
-                b"/bin/bash".to_vec(),
-                b"-c".to_vec(),
-                launch.command.as_bytes().to_vec(),
-            ],
+            argv: launch.program.argv(),
             env: self
                 .command_env(launch)
                 .into_iter()
@@ -766,11 +798,7 @@ impl Sandbox {
                     self.config.memory_bytes
                 },
             },
-            argv: vec![
-                b"/bin/bash".to_vec(),
-                b"-c".to_vec(),
-                launch.command.as_bytes().to_vec(),
-            ],
+            argv: launch.program.argv(),
             env: self
                 .command_env(launch)
                 .into_iter()
@@ -810,10 +838,23 @@ impl Sandbox {
         let mut passed: Vec<(i32, i32)> = Vec::new();
         let mut spec_file = None;
         let mut cmd = if self.is_unsandboxed() {
-            let mut c = tokio::process::Command::new("/bin/bash");
-            c.arg("-c").arg(&launch.command);
+            let mut c = match &launch.program {
+                Program::Shell { command, .. } => {
+                    let mut c = tokio::process::Command::new("/bin/bash");
+                    c.arg("-c").arg(command);
+                    c
+                }
+                Program::Exec { argv, .. } => {
+                    let (program, args) = argv.split_first().ok_or_else(|| {
+                        SandboxError::Setup("a program to exec needs its path".into())
+                    })?;
+                    let mut c = tokio::process::Command::new(program);
+                    c.args(args);
+                    c
+                }
+            };
             c.current_dir(launch.workspace.join(&launch.workdir));
-            // Unsandboxed, the command's environment is simply bash's.
+            // Unsandboxed, the command's environment is simply bash's (or the program's).
             c.env_clear();
             for (k, v) in self.command_env(launch) {
                 c.env(k, v);

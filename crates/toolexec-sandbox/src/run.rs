@@ -126,46 +126,62 @@ fn like_an_init(status: i32) -> std::process::ExitStatus {
 pub(crate) type Pipe = Box<dyn AsyncRead + Unpin + Send>;
 
 impl Sandbox {
-    /// Runs a command in a sandbox built for it alone, to its end or until a limit stops it. On
-    /// return, no process of the command is left.
+    /// Runs a command in a sandbox built for it alone, to its end or until a limit stops it,
+    /// with `input` on its stdin (else `/dev/null`). On return, no process of the command is
+    /// left.
     pub async fn run(
         &self,
         launch: &Launch,
         session: Option<&SessionGroup>,
         limits: &RunLimits,
+        input: Option<Vec<u8>>,
     ) -> Result<Finished, SandboxError> {
         let t0 = Instant::now();
         let oom_before = session.map_or(0, SessionGroup::oom_kills);
+        let stdin = if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
         let Spawned {
             mut child,
             group,
             started,
         } = self
-            .spawn(
-                launch,
-                session,
-                Stdio::null(),
-                Stdio::piped(),
-                Stdio::piped(),
-            )
+            .spawn(launch, session, stdin, Stdio::piped(), Stdio::piped())
             .await?;
         if !started {
             return Err(SandboxError::Setup(setup_failure(child).await));
         }
+        // Written beside the reading of the output (a pipe holds 64 KiB): a command that reads
+        // its input slowly, or not at all, holds up nothing. Its end of file closes the pipe.
+        let writer = match (input, child.stdin.take()) {
+            (Some(bytes), Some(mut pipe)) => Some(tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let _ = pipe.write_all(&bytes).await;
+                let _ = pipe.shutdown().await;
+            })),
+            _ => None,
+        };
         let stdout = child.stdout.take().map(|p| Box::new(p) as Pipe);
         let stderr = child.stderr.take().map(|p| Box::new(p) as Pipe);
         let mut process = Process::Child(child);
-        self.drive(
-            &mut process,
-            group,
-            stdout,
-            stderr,
-            session,
-            oom_before,
-            limits,
-            t0,
-        )
-        .await
+        let finished = self
+            .drive(
+                &mut process,
+                group,
+                stdout,
+                stderr,
+                session,
+                oom_before,
+                limits,
+                t0,
+            )
+            .await;
+        if let Some(w) = writer {
+            w.abort();
+        }
+        finished
     }
 
     /// Runs a command through a session's resident agent.

@@ -42,6 +42,9 @@ pub struct Config {
     pub rate_limit_burst: f64,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
+    /// Requests in flight one tenant may hold on this node (429 beyond); unset: an eighth of
+    /// `max_concurrent_requests`, at least 1.
+    pub max_concurrent_requests_per_tenant: Option<usize>,
     /// Longest a request body may take to arrive in full, milliseconds (408 beyond).
     pub body_read_timeout_ms: u64,
     /// Longest a request's head may take to arrive, milliseconds (the connection is closed).
@@ -90,6 +93,7 @@ impl Default for Config {
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_concurrent_requests_per_tenant: None,
             body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
             header_read_timeout_ms: millis(toolexec_api::DEFAULT_HEADER_READ_TIMEOUT),
             max_connections: toolexec_api::DEFAULT_MAX_CONNECTIONS,
@@ -134,6 +138,10 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field(
+                "max_concurrent_requests_per_tenant",
+                &self.max_concurrent_requests_per_tenant,
+            )
             .field("body_read_timeout_ms", &self.body_read_timeout_ms)
             .field("header_read_timeout_ms", &self.header_read_timeout_ms)
             .field("max_connections", &self.max_connections)
@@ -548,6 +556,12 @@ impl Config {
                     {
                         *token = serde_json::Value::String("***".to_owned());
                     }
+                    // A command tool's fixed variables may hold a token: names only.
+                    if let Some(serde_json::Value::Object(env)) = entry.get_mut("env") {
+                        for value in env.values_mut() {
+                            *value = serde_json::Value::String("***".to_owned());
+                        }
+                    }
                 }
             }
             let shown = match &value {
@@ -698,6 +712,7 @@ mod tests {
             "workspace_root" => ("/srv/ws", json!("/srv/ws")),
             "node" => ("7", json!("7")),
             "trusted_identity_header" => ("x-tenant", json!("x-tenant")),
+            "max_concurrent_requests_per_tenant" => ("32", json!(32)),
             "limits.max_inotify_instances" => ("64", json!(64)),
             "limits.max_inotify_watches" => ("5000", json!(5000)),
             "sandbox.init" => ("/usr/libexec/init", json!("/usr/libexec/init")),
@@ -741,7 +756,8 @@ mod tests {
                     // An array of tables: JSON in the variable.
                     let v = json!([{"name": "t", "description": "d", "entrypoint": "t.sh",
                         "input_schema": {"type": "object"}, "read_only": false,
-                        "timeout_ms": null, "env_passthrough": [], "max_output_chars": null}]);
+                        "timeout_ms": null, "env": {"MODE": "strict"}, "env_passthrough": [],
+                        "max_output_chars": null}]);
                     (v.to_string(), v)
                 }
                 serde_json::Value::Array(_) if key == "tools.openapi" => {
@@ -906,7 +922,7 @@ mod tests {
         let file = dir.path().join("t.toml");
         std::fs::write(
             &file,
-            "[[tools.openapi]]\nname = \"pets\"\nspec = \"/x.json\"\nbase_url = \"https://p.example\"\noperations = [\"a\"]\nbearer_token = \"pets-secret-6\"\n",
+            "[[tools.openapi]]\nname = \"pets\"\nspec = \"/x.json\"\nbase_url = \"https://p.example\"\noperations = [\"a\"]\nbearer_token = \"pets-secret-6\"\n\n[[tools.command]]\nname = \"lint\"\ndescription = \"d\"\nentrypoint = \"lint.sh\"\ninput_schema = { type = \"object\" }\nenv = { LINT_TOKEN = \"lint-secret-7\" }\n",
         )
         .unwrap();
         let loaded = Config::load_from(Some(&file), env(&[])).unwrap();
@@ -919,8 +935,13 @@ mod tests {
             described.contains("\"bearer_token\":\"***\""),
             "{described}"
         );
+        assert!(
+            described.contains("\"env\":{\"LINT_TOKEN\":\"***\"}"),
+            "{described}"
+        );
         for shown in [described, format!("{:?}", loaded.config)] {
             assert!(!shown.contains("pets-secret-6"), "{shown}");
+            assert!(!shown.contains("lint-secret-7"), "{shown}");
         }
     }
 

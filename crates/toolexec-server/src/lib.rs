@@ -225,6 +225,13 @@ pub async fn build_state_with(
         config: ApiConfig {
             body_limit_bytes: config.body_limit_bytes,
             max_concurrent_requests: config.max_concurrent_requests,
+            max_concurrent_requests_per_tenant: config
+                .max_concurrent_requests_per_tenant
+                .unwrap_or_else(|| {
+                    toolexec_api::default_max_concurrent_requests_per_tenant(
+                        config.max_concurrent_requests,
+                    )
+                }),
             body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
             header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
             max_connections: config.max_connections,

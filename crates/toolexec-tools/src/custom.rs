@@ -2,10 +2,22 @@
 //! same pipeline (validated against their schema, recorded, side effects scanned).
 //!
 //! **Command tools** (`[[tools.command]]`): an executable in the operator's tool folder
-//! (`tools.dir`), run in the session's sandbox like a `shell` command — same namespaces, limits,
-//! uid and workspace — with the call's arguments as JSON on its stdin and its stdout as the
-//! result. A non-zero exit makes the result an error with its stderr. What it changes in the
-//! workspace is recorded as for any command.
+//! (`tools.dir`), run in a sandbox of the session's kind — same namespaces, limits, uid and
+//! workspace, but a sandbox of its own, not the session's resident one — with the call's
+//! arguments as JSON on its stdin and its stdout as the result. A non-zero exit makes the
+//! result an error with its stderr. What it changes in the workspace is recorded as for any
+//! command.
+//!
+//! **The operator's environment, not the tenant's.** The entrypoint is exec'd directly (no
+//! shell in between) with exactly the environment its entry defines: [`default_env`] with the
+//! entry's `env` over it, its `env_passthrough` variables and `TOOLEXEC_TOOL_NAME` (and the
+//! egress proxy's variables when the session may use the network). The session's `env` never
+//! reaches it: a tenant's `BASH_ENV`, `PATH` or `PYTHONPATH` would otherwise run the tenant's
+//! code inside the operator's tool, with the operator's secrets. Its `HOME` is its own empty
+//! `/tmp`, not the workspace, so no dotfile of the tenant's configures it. What stays the
+//! tenant's is the workspace itself, its working directory: a tool must read it as input (a
+//! program that takes configuration from its working directory — git, npm, make — takes the
+//! tenant's).
 //!
 //! Checked at start-up, so a bad entry stops the service with its reason rather than failing
 //! calls later: the name follows the providers' rules (`[a-zA-Z0-9_-]{1,64}`) and is not a
@@ -35,9 +47,24 @@ use toolexec_sandbox::RunLimits;
 use crate::builtin::shell::{no_sandbox, sandbox_failure};
 use crate::{Tool, ToolContext, ToolOutput};
 
-/// Arguments larger than this (as JSON) are refused: they travel to the command in an
-/// environment variable, which the kernel caps at 128 KiB.
-pub const MAX_INPUT_BYTES: usize = 120 * 1024;
+/// Arguments larger than this (as JSON) are refused: a tool's arguments are parameters, far
+/// below this in any schema; data that large belongs in the workspace (pass its path).
+pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
+
+/// The environment of every command tool unless its entry's `env` says otherwise: the system's
+/// `PATH` (nothing of the workspace), `HOME` in its own, empty `/tmp` (not the tenant's
+/// workspace: no dotfile of the tenant's configures the tool), a UTF-8 locale.
+pub fn default_env() -> BTreeMap<String, String> {
+    [
+        ("PATH", toolexec_sandbox::DEFAULT_PATH),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "dumb"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
 
 /// The operator's tools (`[tools]` in the configuration file).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,7 +81,7 @@ pub struct CustomToolsConfig {
 }
 
 /// One command tool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CommandToolConfig {
     /// Its name in the catalog (`[a-zA-Z0-9_-]{1,64}`, not a built-in's).
@@ -72,13 +99,32 @@ pub struct CommandToolConfig {
     /// How long one call may run (milliseconds); default 60 s, at most `limits.max_timeout_ms`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
-    /// Names of the service's environment variables this tool's process gets (read at
-    /// start-up), besides the session's `env`.
+    /// Variables this tool's process gets, over [`default_env`] (`PATH`, `HOME`, `LANG`,
+    /// `TERM`); the session's `env` never reaches it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of the service's environment variables this tool's process gets too (read at
+    /// start-up), for example a token.
     #[serde(default)]
     pub env_passthrough: Vec<String>,
     /// Longest result the model gets, characters (default 30,000, the head and tail kept).
     #[serde(default)]
     pub max_output_chars: Option<usize>,
+}
+
+/// The values of `env` may be tokens: shown by name only.
+impl std::fmt::Debug for CommandToolConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandToolConfig")
+            .field("name", &self.name)
+            .field("entrypoint", &self.entrypoint)
+            .field("read_only", &self.read_only)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("env_passthrough", &self.env_passthrough)
+            .field("max_output_chars", &self.max_output_chars)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A command tool, checked and ready.
@@ -118,12 +164,21 @@ pub fn load(config: &CustomToolsConfig, reserved: &[&str]) -> Result<Vec<Arc<dyn
                 "input_schema must be an object schema (\"type\": \"object\")".into(),
             ));
         }
-        let mut env = BTreeMap::new();
+        let mut env = default_env();
+        for (name, value) in &t.env {
+            check_variable(name).map_err(&at)?;
+            if value.contains('\0') {
+                return Err(at(format!("env.{name}: a value cannot hold a NUL byte")));
+            }
+            env.insert(name.clone(), value.clone());
+        }
         for name in &t.env_passthrough {
+            check_variable(name).map_err(&at)?;
             if let Ok(value) = std::env::var(name) {
                 env.insert(name.clone(), value);
             }
         }
+        env.insert("TOOLEXEC_TOOL_NAME".into(), t.name.clone());
         tools.push(Arc::new(CommandTool {
             spec: ToolSpec {
                 name: t.name.clone(),
@@ -161,6 +216,20 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// A variable's name as the tool's environment can hold it.
+fn check_variable(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a variable name (letters, digits, '_'; not starting with a digit)"
+        ))
+    }
+}
+
 /// The entrypoint's real path: relative, no `..`, resolving inside `root` to a regular,
 /// executable file.
 fn entrypoint(root: &Path, entry: &str) -> Result<PathBuf, String> {
@@ -193,11 +262,6 @@ fn entrypoint(root: &Path, entry: &str) -> Result<PathBuf, String> {
     Ok(real)
 }
 
-/// `'…'` for bash, whatever the text holds.
-fn quoted(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 #[async_trait]
 impl Tool for CommandTool {
     fn spec(&self) -> &ToolSpec {
@@ -220,17 +284,11 @@ impl Tool for CommandTool {
                 events: Vec::new(),
             };
         }
-        let mut env = ctx.env.clone();
-        env.extend(self.env.clone());
-        env.insert("TOOLEXEC_TOOL_INPUT".into(), input);
-        env.insert("TOOLEXEC_TOOL_NAME".into(), self.spec.name.clone());
         let Some(path) = self.path.to_str() else {
             return ToolOutput::error(
                 "This tool's executable has a path that is not UTF-8; the operator must rename it.",
             );
         };
-        // The arguments reach the executable on its stdin, as the tool's contract says.
-        let command = format!("printf '%s' \"$TOOLEXEC_TOOL_INPUT\" | {}", quoted(path));
         let limits = RunLimits {
             timeout: self.timeout.min(Duration::from_millis(ctx.max_timeout_ms)),
             idle_timeout: None,
@@ -238,7 +296,18 @@ impl Tool for CommandTool {
             cancel: ctx.cancel.clone(),
         };
         let network = ctx.policy.network == toolexec_core::NetworkPolicy::Allow;
-        let finished = match table.run("", &command, &env, network, &limits).await {
+        // The entrypoint itself, exec'd with the operator's environment and the arguments on
+        // its stdin: no shell, nothing of the session's environment.
+        let finished = match table
+            .exec(
+                vec![path.to_owned()],
+                self.env.clone(),
+                input.into_bytes(),
+                network,
+                &limits,
+            )
+            .await
+        {
             Ok(f) => f,
             Err(e) => return sandbox_failure(&e),
         };
@@ -260,6 +329,17 @@ impl Tool for CommandTool {
                 ToolOutput::cancelled(format!("[cancelled; output so far below]\n{stdout}"))
             }
             (None, Some(0)) => ToolOutput::ok(stdout),
+            // The sandbox was set up but the entrypoint could not be exec'd (its `#!`
+            // interpreter is missing from the sandbox's system directories, say).
+            (None, Some(toolexec_sandbox::init::SETUP_FAILED))
+                if stderr.starts_with(toolexec_sandbox::init::ERROR_PREFIX) =>
+            {
+                ToolOutput::error(format!(
+                    "Infrastructure error, not a problem with your arguments: the operator's tool {} could not be started ({}). Tell the operator; retrying will not help.",
+                    self.spec.name,
+                    stderr.trim()
+                ))
+            }
             (killed, code) => {
                 let how = match (killed, code) {
                     (Some(KillReason::OutputLimit(n)), _) => {
@@ -306,6 +386,7 @@ mod tests {
                     input_schema: serde_json::json!({"type": "object"}),
                     read_only: false,
                     timeout_ms: None,
+                    env: BTreeMap::new(),
                     env_passthrough: vec![],
                     max_output_chars: None,
                 }],
@@ -314,6 +395,37 @@ mod tests {
             },
             &["shell"],
         )
+    }
+
+    #[test]
+    fn a_tools_variables_are_checked_at_load() {
+        let dir = folder();
+        let mut config = CustomToolsConfig {
+            dir: Some(dir.path().to_owned()),
+            command: vec![CommandToolConfig {
+                name: "t".into(),
+                description: "d".into(),
+                entrypoint: "ok.sh".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+                read_only: false,
+                timeout_ms: None,
+                env: [("PATH".into(), "/opt/tool/bin".into())].into(),
+                env_passthrough: vec!["TOOLEXEC_TEST_NEVER_SET_83".into()],
+                max_output_chars: None,
+            }],
+            openapi: vec![],
+            mcp: vec![],
+        };
+        assert!(load(&config, &[]).is_ok());
+        config.command[0].env = [("BAD-NAME".into(), "x".into())].into();
+        let err = load(&config, &[]).err().unwrap_or_default();
+        assert!(err.contains("\"BAD-NAME\" is not a variable name"), "{err}");
+        config.command[0].env = [("A".into(), "x\0y".into())].into();
+        let err = load(&config, &[]).err().unwrap_or_default();
+        assert!(
+            err.contains("env.A: a value cannot hold a NUL byte"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -344,10 +456,5 @@ mod tests {
             let err = one(dir.path(), name, "ok.sh").err().unwrap_or_default();
             assert!(err.contains(says), "{name:?}: {err}");
         }
-    }
-
-    #[test]
-    fn a_quoted_path_is_one_word_to_bash() {
-        assert_eq!(quoted("/a b/it's"), r"'/a b/it'\''s'");
     }
 }

@@ -31,6 +31,18 @@ pub fn router() -> OpenApiRouter<SharedState> {
 #[schema(value_type = String, format = Binary)]
 pub struct TarStream(#[allow(dead_code, reason = "a schema only")] Vec<u8>);
 
+/// When to try a transfer refused for the uploads under way again: about what a large one
+/// takes.
+const RETRY_AFTER_SECS: u32 = 5;
+
+/// A refusal for the transfers a tenant has under way, with when to try again.
+fn retry_later(e: toolexec_engine::EngineError) -> ApiError {
+    ApiError {
+        retry_after: Some(RETRY_AFTER_SECS),
+        ..ApiError::from(e)
+    }
+}
+
 /// Longest an upload may go without a byte arriving: a slow link is fine, a stalled one is not.
 pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
 /// Longest a whole upload may take to arrive (1 GiB at ~600 KiB/s).
@@ -55,6 +67,8 @@ pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
         (status = 409, description = "The session is closed (`session_closed`), or the workspace cannot take it (`archive_not_applied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Over `limits.max_archive_bytes` (`archive_too_large`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not an archive the workspace may take (`invalid_archive`): the detail names the entry; nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "This tenant has `limits.max_archive_transfers_per_tenant` transfers under way on this node (`too_many_concurrent`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "This node has `limits.max_concurrent_archive_uploads` uploads under way (`overloaded`); the body was not read. Retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn put_archive(
     State(state): State<SharedState>,
@@ -69,7 +83,21 @@ async fn put_archive(
         .get_session(tenant.id, id)
         .await
         .map_err(or_not_found("session"))?;
-    let _slot = state.engine.archive_slot(tenant.id)?;
+    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
+    let Some(_upload) = state.engine.archive_upload() else {
+        return Err(ApiError {
+            retry_after: Some(RETRY_AFTER_SECS),
+            ..ApiError::new(
+                ProblemCode::Overloaded,
+                format!(
+                    "this node has {} archive uploads under way, the most it takes at once \
+                     (limits.max_concurrent_archive_uploads); nothing was read. Retry after \
+                     {RETRY_AFTER_SECS} s",
+                    state.engine.config().limits.max_concurrent_archive_uploads
+                ),
+            )
+        });
+    };
     let max = state.engine.config().limits.max_archive_bytes;
     // However slowly it may arrive, an upload ends: a body that trickles forever would hold its
     // request slot and spool space forever.
@@ -171,7 +199,7 @@ async fn get_archive(
     ApiQuery(q): ApiQuery<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
-    let _slot = state.engine.archive_slot(tenant.id)?;
+    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
     let (spool, at, missing) = state
         .engine
         .archive_at(tenant.id, id, q.at, q.allow_partial.unwrap_or(false))

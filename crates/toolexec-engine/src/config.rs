@@ -82,8 +82,9 @@ pub struct Limits {
     /// Most entries (files, symlinks, directories) one archive may hold; past it 422
     /// `invalid_archive`.
     pub max_archive_files: u64,
-    /// Most bytes of file contents one archive may unpack to (a gzip bomb stops here); past it
-    /// 422 `invalid_archive`.
+    /// Most bytes one archive may unpack to (file contents, long names and pax records),
+    /// counted on each header before the bytes it announces are inflated: a gzip bomb stops at
+    /// its first header past it. Past it 422 `invalid_archive`.
     pub max_archive_unpacked_bytes: u64,
     /// Archive uploads and downloads one tenant may have under way on this node at once (429
     /// `too_many_concurrent` beyond): each holds a request slot and spool space while it lasts.

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use toolexec_tests::app::{TestApp, spawn_app, spawn_app_with};
 
 /// A tar built entry by entry: (path, kind).
-enum E<'a> {
+pub(crate) enum E<'a> {
     File(&'a str, &'a [u8], u32),
     Dir(&'a str),
     Symlink(&'a str, &'a str),
@@ -15,7 +15,7 @@ enum E<'a> {
     Char(&'a str),
 }
 
-fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
+pub(crate) fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for e in entries {
         let mut h = tar::Header::new_gnu();
@@ -67,19 +67,19 @@ fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn raw_name(h: &mut tar::Header, path: &str) {
+pub(crate) fn raw_name(h: &mut tar::Header, path: &str) {
     let name = &mut h.as_old_mut().name;
     name.fill(0);
     name[..path.len()].copy_from_slice(path.as_bytes());
 }
 
-fn gzip(data: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(data: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     enc.write_all(data).unwrap();
     enc.finish().unwrap()
 }
 
-async fn put(app: &TestApp, sid: &str, body: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn put(app: &TestApp, sid: &str, body: Vec<u8>) -> (u16, Value) {
     let resp = app
         .http
         .put(app.url(&format!("/v1/sessions/{sid}/archive")))
@@ -92,7 +92,7 @@ async fn put(app: &TestApp, sid: &str, body: Vec<u8>) -> (u16, Value) {
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-async fn get_tar(
+pub(crate) async fn get_tar(
     app: &TestApp,
     sid: &str,
     query: &str,
@@ -395,7 +395,13 @@ async fn a_hostile_archive_is_refused_whole_and_writes_nothing() {
 }
 
 /// One raw tar entry: a ustar header of `kind` declaring `size`, then `data` padded to 512.
-fn raw_entry(out: &mut Vec<u8>, name: &str, kind: tar::EntryType, size: u64, data: &[u8]) {
+pub(crate) fn raw_entry(
+    out: &mut Vec<u8>,
+    name: &str,
+    kind: tar::EntryType,
+    size: u64,
+    data: &[u8],
+) {
     let mut h = tar::Header::new_ustar();
     h.set_entry_type(kind);
     h.set_mode(0o644);

@@ -6,6 +6,8 @@
 mod api;
 mod approvals;
 mod archive;
+mod archive_bounds;
+mod archive_whole;
 mod binary;
 mod budget_scan;
 mod budget_store;
@@ -35,6 +37,7 @@ mod sandbox_escape;
 mod session_env;
 mod shapes;
 mod shell;
+mod sparse;
 mod store;
 mod tenancy;
 mod time_travel;

@@ -82,12 +82,17 @@ pub struct Limits {
     /// Most entries (files, symlinks, directories) one archive may hold; past it 422
     /// `invalid_archive`.
     pub max_archive_files: u64,
-    /// Most bytes of file contents one archive may unpack to (a gzip bomb stops here); past it
-    /// 422 `invalid_archive`.
+    /// Most bytes one archive may unpack to (file contents, long names and pax records),
+    /// counted on each header before the bytes it announces are inflated: a gzip bomb stops at
+    /// its first header past it. Past it 422 `invalid_archive`.
     pub max_archive_unpacked_bytes: u64,
     /// Archive uploads and downloads one tenant may have under way on this node at once (429
     /// `too_many_concurrent` beyond): each holds a request slot and spool space while it lasts.
     pub max_archive_transfers_per_tenant: usize,
+    /// Archive uploads this node takes at once, all tenants together; one more is answered
+    /// 503 `overloaded` with a `Retry-After`, its body unread. Each holds a spool of up to
+    /// `max_archive_bytes` on disk and one core while it inflates.
+    pub max_concurrent_archive_uploads: usize,
     // --- workspace scans ---
     /// Contents of changed files one workspace scan keeps for the log, in total (bytes). Past
     /// it a file is recorded by hash and size (`after_unstored: "content_budget"`), smaller
@@ -190,6 +195,8 @@ impl Default for Limits {
             max_archive_files: 200_000,
             max_archive_unpacked_bytes: 4 * 1024 * 1024 * 1024,
             max_archive_transfers_per_tenant: 4,
+            // Twice the cores of a small node: uploads are CPU-bound while they inflate.
+            max_concurrent_archive_uploads: 8,
             // --- workspace scans ---
             // Six files at the 10 MiB blob limit, or every source file of a large repository;
             // small beside the session's 1 GiB memory limit (the store copies it once more).

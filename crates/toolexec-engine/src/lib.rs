@@ -35,7 +35,7 @@ use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
 
-pub use archive::{ArchiveSlot, MAX_ARCHIVE_FILE_BYTES, Spool};
+pub use archive::{ArchiveSlot, ArchiveUpload, MAX_ARCHIVE_FILE_BYTES, Spool};
 pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation, Decision};
 pub use canonical::arguments_sha256;
 pub use cluster::Route;
@@ -131,6 +131,8 @@ pub struct Engine {
     replay_slots: Arc<slots::TenantSlots>,
     /// Each tenant's archive uploads and downloads on this node.
     archive_slots: Arc<slots::TenantSlots>,
+    /// Archive uploads under way on this node, all tenants (`limits.max_concurrent_archive_uploads`).
+    archive_uploads: Arc<tokio::sync::Semaphore>,
     /// Each tenant's commands running on this node (`limits.max_processes_per_tenant`).
     process_slots: Option<Arc<slots::TenantSlots>>,
     /// Sessions a verify replay is re-running calls in: no other batch may run in them until
@@ -222,6 +224,7 @@ impl Engine {
             "limits.max_archive_transfers_per_tenant",
             config.limits.max_archive_transfers_per_tenant.max(1),
         );
+        let config_uploads = config.limits.max_concurrent_archive_uploads.max(1);
         let process_slots = (config.limits.max_processes_per_tenant > 0).then(|| {
             slots::TenantSlots::new(
                 "commands running",
@@ -251,6 +254,7 @@ impl Engine {
             replay_slots,
             process_slots,
             archive_slots,
+            archive_uploads: Arc::new(tokio::sync::Semaphore::new(config_uploads)),
             replaying: Mutex::new(std::collections::HashSet::new()),
             approval_timers: Mutex::new(HashMap::new()),
             me: std::sync::OnceLock::new(),

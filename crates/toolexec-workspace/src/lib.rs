@@ -13,6 +13,7 @@ pub mod jail;
 pub mod lifecycle;
 mod restore;
 pub mod scan;
+pub mod sparse;
 
 pub use jail::{JailError, Workspace};
 pub use lifecycle::Workspaces;

@@ -12,7 +12,7 @@
 //! the directory it is made in, when the service is root); the permission bits are set after
 //! the `chown` (which clears set-id bits), exactly as recorded.
 use std::fs::File;
-use std::io::Write;
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
@@ -21,6 +21,7 @@ use rustix::io::Errno;
 use crate::jail::{
     JAIL_NO_SYMLINKS, JailError, Workspace, errno_to_jail, give_to, openat2_retry, owner_of_new,
 };
+use crate::sparse::SparseWriter;
 
 /// Deepest directory tree a removal descends (a tree deeper than `PATH_MAX` allows cannot be
 /// made by path anyway).
@@ -31,8 +32,22 @@ const DIR_MODE: u32 = 0o755;
 
 impl Workspace {
     /// Puts a regular file with `contents` and exactly `mode` (`0o7777` bits) at `path`,
-    /// replacing whatever is there and making the directories on the way.
+    /// replacing whatever is there and making the directories on the way. Blocks of zeros are
+    /// left as holes (see [`crate::sparse`]): the file never takes more disk than its data.
     pub fn restore_file(&self, path: &[u8], contents: &[u8], mode: u32) -> Result<(), JailError> {
+        self.restore_file_from(path, &mut &contents[..], contents.len() as u64, mode)
+    }
+
+    /// Like [`Workspace::restore_file`], with the contents streamed from `reader` through a
+    /// fixed buffer (never whole in memory): exactly `size` bytes, or an error (and nothing at
+    /// `path` changed) if `reader` ends before.
+    pub fn restore_file_from(
+        &self,
+        path: &[u8],
+        reader: &mut dyn Read,
+        size: u64,
+        mode: u32,
+    ) -> Result<(), JailError> {
         let (parent, name, shown) = self.restore_parent(path)?;
         place(&parent, name, &shown, |temp| {
             let fd = openat2_retry(
@@ -48,12 +63,20 @@ impl Workspace {
             }
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777))
                 .map_err(|e| errno_to_jail(e, &shown, "set permissions of"))?;
-            let mut file = File::from(fd);
-            file.write_all(contents).map_err(|source| JailError::Io {
+            let io = |source| JailError::Io {
                 path: shown.clone(),
                 op: "write",
                 source,
-            })
+            };
+            let mut out = SparseWriter::new(File::from(fd));
+            let copied = out.copy_from(reader, size).map_err(io)?;
+            if copied != size {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{copied} bytes of {size}"),
+                )));
+            }
+            out.finish().map(drop).map_err(io)
         })
     }
 

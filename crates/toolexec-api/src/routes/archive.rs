@@ -31,20 +31,37 @@ pub fn router() -> OpenApiRouter<SharedState> {
 #[schema(value_type = String, format = Binary)]
 pub struct TarStream(#[allow(dead_code, reason = "a schema only")] Vec<u8>);
 
+/// When to try a transfer refused for the uploads under way again: about what a large one
+/// takes.
+const RETRY_AFTER_SECS: u32 = 5;
+
+/// A refusal for the transfers a tenant has under way, with when to try again.
+fn retry_later(e: toolexec_engine::EngineError) -> ApiError {
+    ApiError {
+        retry_after: Some(RETRY_AFTER_SECS),
+        ..ApiError::from(e)
+    }
+}
+
 /// Longest an upload may go without a byte arriving: a slow link is fine, a stalled one is not.
 pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
 /// Longest a whole upload may take to arrive (1 GiB at ~600 KiB/s).
 pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
 
-/// Unpacks a tar (or gzipped tar) stream into the session's workspace. Every entry is checked
-/// before the first is written — relative paths without `..`, regular files, directories and
-/// symlinks that stay inside (no hard links, devices or FIFOs), within
-/// `limits.max_archive_files`, `limits.max_archive_unpacked_bytes` and 100 MiB a file — so a
-/// refused archive changes nothing. It is then written through the workspace jail while no call
-/// runs in the session, and recorded as file events (contents as blobs) with no invocation.
-/// Directories are not recorded (the log holds files and symlinks); file modes keep their
-/// permission bits. The body may be up to `limits.max_archive_bytes` and may arrive slowly, but
-/// not stall for more than 60 s.
+/// Unpacks a tar (or gzipped tar) stream into the session's workspace. Everything is checked
+/// before the first entry is written, so a refused archive changes nothing: each entry — a
+/// relative path without `..`, every name within 255 bytes and the path within 4,095, a regular
+/// file (at most 100 MiB), a directory or a symlink (no hard links, devices or FIFOs), within
+/// `limits.max_archive_files` and `limits.max_archive_unpacked_bytes` (checked on each header,
+/// before its bytes are inflated); the archive as a whole — no path twice or as two things,
+/// every symlink resolved through the links of the archive and the workspace and staying inside;
+/// and the workspace — no directory where the archive has a file, no file or symlink where it
+/// needs a directory, room for its blocks and files (its disk quota). It is then written
+/// through the workspace jail while no call runs in the session, each file streamed to its
+/// place, and recorded as file events (contents as blobs) with no invocation. Directories are
+/// not recorded (the log holds files and symlinks); file modes keep their permission bits. The
+/// body may be up to `limits.max_archive_bytes` and may arrive slowly, but not stall for more
+/// than 60 s.
 #[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id")),
     request_body(content = TarStream, description = "A tar stream, gzipped or not (detected by its magic bytes); sent with any content type (`application/x-tar`, `application/gzip`, `application/octet-stream`)", content_type = "application/octet-stream"),
@@ -55,6 +72,8 @@ pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
         (status = 409, description = "The session is closed (`session_closed`), or the workspace cannot take it (`archive_not_applied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Over `limits.max_archive_bytes` (`archive_too_large`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not an archive the workspace may take (`invalid_archive`): the detail names the entry; nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "This tenant has `limits.max_archive_transfers_per_tenant` transfers under way on this node (`too_many_concurrent`), or its request rate is over `rate_limit_per_second` (`rate_limited`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "This node has `limits.max_concurrent_archive_uploads` uploads under way, or more requests in flight than `max_concurrent_requests` (`overloaded`): the body was not read; or the store or the session's node cannot serve it now (`unavailable`). Retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn put_archive(
     State(state): State<SharedState>,
@@ -69,7 +88,21 @@ async fn put_archive(
         .get_session(tenant.id, id)
         .await
         .map_err(or_not_found("session"))?;
-    let _slot = state.engine.archive_slot(tenant.id)?;
+    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
+    let Some(_upload) = state.engine.archive_upload() else {
+        return Err(ApiError {
+            retry_after: Some(RETRY_AFTER_SECS),
+            ..ApiError::new(
+                ProblemCode::Overloaded,
+                format!(
+                    "this node has {} archive uploads under way, the most it takes at once \
+                     (limits.max_concurrent_archive_uploads); nothing was read. Retry after \
+                     {RETRY_AFTER_SECS} s",
+                    state.engine.config().limits.max_concurrent_archive_uploads
+                ),
+            )
+        });
+    };
     let max = state.engine.config().limits.max_archive_bytes;
     // However slowly it may arrive, an upload ends: a body that trickles forever would hold its
     // request slot and spool space forever.
@@ -171,7 +204,7 @@ async fn get_archive(
     ApiQuery(q): ApiQuery<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
-    let _slot = state.engine.archive_slot(tenant.id)?;
+    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
     let (spool, at, missing) = state
         .engine
         .archive_at(tenant.id, id, q.at, q.allow_partial.unwrap_or(false))

@@ -673,8 +673,9 @@ async fn an_mcp_call_sent_to_another_replica_runs_on_the_sessions_node() {
             .header("mcp-protocol-version", "2025-11-25")
             .timeout(Duration::from_secs(60))
             .json(
-                &json!({"jsonrpc": "2.0", "id": "m1", "method": "tools/call",
-                          "params": {"name": "read_file", "arguments": {"file_path": "a.txt"}}}),
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "read_file", "arguments": {"file_path": "a.txt"},
+                                     "_meta": {"dev.toolexec/call_id": "m1"}}}),
             );
         if let Some(host) = host {
             req = req.header("host", host);

@@ -10,7 +10,9 @@
 //! size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
 //! lists the session's allowed tools and `tools/call` is one call through
 //! [`Engine::run_calls`](toolexec_engine::Engine::run_calls) — validated, sandboxed and
-//! recorded like `POST /v1/sessions/{id}/calls` — whose call id is the JSON-RPC request id.
+//! recorded like `POST /v1/sessions/{id}/calls`. Its call id is the one its
+//! `_meta["dev.toolexec/call_id"]` names (an idempotent call), else a new one: a JSON-RPC
+//! request id is a correlation id, which every SDK counts from 0 on each connection.
 //!
 //! Stateless: the session is named in the URL, so no `Mcp-Session-Id` is issued and there is no
 //! server-to-client stream: GET and DELETE are 405 (the 2025-11-25 transport lets a server
@@ -37,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolexec_core::{Call, NetworkPolicy, ProblemCode, Session, Tenant};
 use toolexec_engine::CallBatch;
+use tracing::Instrument;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
@@ -350,12 +353,46 @@ fn target(context: &RequestContext<RoleServer>) -> Result<Target, ErrorData> {
         .ok_or_else(|| ErrorData::internal_error("the request reached no session", None))
 }
 
-/// A `tools/call`'s `_meta` key naming the call id to record it under instead of the request id
-/// (the model's own tool-call id, or ids unique across the client's reconnections).
-pub const CALL_ID_META: &str = "toolexec/call_id";
+/// A `tools/call`'s `_meta` key naming the call id to record it under: the client asks for an
+/// idempotent call (a retry of the same id returns the recorded result and runs nothing). A
+/// reverse-DNS prefix, as the MCP specification recommends for `_meta` keys.
+pub const CALL_ID_META: &str = "dev.toolexec/call_id";
 
-/// The call id a JSON-RPC request id stands for: a number in decimal, a string as it is.
-fn call_id(id: &RequestId) -> String {
+/// The key [`CALL_ID_META`] had before it took a reverse-DNS prefix; still accepted.
+pub const LEGACY_CALL_ID_META: &str = "toolexec/call_id";
+
+/// The call id a `tools/call` is recorded under: the one its `_meta` names, else a new one.
+///
+/// The JSON-RPC request id is never a call id: it only correlates a request with its answer
+/// within one MCP connection, and every MCP SDK counts it from 0 again on each connection, so
+/// two clients (or one that reconnects) send the same ids for different calls.
+fn call_id_of(meta: &serde_json::Map<String, Value>) -> Result<String, ErrorData> {
+    let named = |key: &str| -> Result<Option<String>, ErrorData> {
+        match meta.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(ErrorData::invalid_params(
+                format!(
+                    "_meta[\"{key}\"] must be a string (the call id to record this call under), not {other}"
+                ),
+                None,
+            )),
+        }
+    };
+    match (named(CALL_ID_META)?, named(LEGACY_CALL_ID_META)?) {
+        (Some(a), Some(b)) if a != b => Err(ErrorData::invalid_params(
+            format!(
+                "_meta names two call ids ({CALL_ID_META:?}: {a:?}, {LEGACY_CALL_ID_META:?}: {b:?}); send one"
+            ),
+            None,
+        )),
+        (Some(id), _) | (None, Some(id)) => Ok(id),
+        (None, None) => Ok(format!("mcp-{}", uuid::Uuid::now_v7())),
+    }
+}
+
+/// A JSON-RPC request id as text: a number in decimal, a string as it is.
+fn request_id_text(id: &RequestId) -> String {
     match id {
         NumberOrString::Number(n) => n.to_string(),
         NumberOrString::String(s) => s.to_string(),
@@ -382,7 +419,7 @@ impl ServerHandler for ToolexecMcp {
         let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
         info.server_info = Implementation::new("toolexec", env!("CARGO_PKG_VERSION"));
         info.with_instructions(
-                "The tools of one toolexec session. Every call is validated against the tool's schema, runs against the session's sandboxed workspace and is recorded in the session's log under the JSON-RPC request id: a request id used again in this session returns the recorded result and runs nothing (with other arguments it is refused), so use a new id for each new call.",
+                "The tools of one toolexec session. Every tools/call is validated against the tool's schema, runs against the session's sandboxed workspace and is recorded in the session's log as a new call (the JSON-RPC request id only pairs a request with its answer; ids may repeat across connections). To make a call idempotent, name it: `_meta: {\"dev.toolexec/call_id\": \"<id unique in the session>\"}`; sending that id again returns the recorded result and runs nothing, and with other arguments it is refused. The result's `_meta[\"toolexec/call_id\"]` is the id it was recorded under.",
             )
     }
 
@@ -424,9 +461,16 @@ impl ServerHandler for ToolexecMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Target { tenant, session } = target(&context)?;
-        let id = (context.meta.0).0.get(CALL_ID_META).and_then(Value::as_str);
+        let call_id = call_id_of(&(context.meta.0).0)?;
+        // The request id pairs this request with its answer only; it is kept on the span (logs,
+        // traces) beside the call id the call is recorded under.
+        let span = tracing::info_span!(
+            "mcp.tools_call",
+            jsonrpc.id = %request_id_text(&context.id),
+            call.id = %call_id,
+        );
         let call = Call {
-            id: id.map_or_else(|| call_id(&context.id), str::to_owned),
+            id: call_id.clone(),
             name: request.name.into_owned(),
             arguments: Value::Object(request.arguments.unwrap_or_default()),
         };
@@ -434,6 +478,7 @@ impl ServerHandler for ToolexecMcp {
             .state
             .engine
             .run_calls(tenant.id, session.id, CallBatch::new(vec![call]))
+            .instrument(span.clone())
             .await
             .map_err(|e| protocol_error(or_not_found("session")(e)))?;
         let result = results
@@ -448,8 +493,13 @@ impl ServerHandler for ToolexecMcp {
             .state
             .engine
             .after_approval(tenant.id, result, wait)
+            .instrument(span)
             .await;
-        Ok(mcp_result(&result).into())
+        let mut out = mcp_result(&result);
+        if let Some(meta) = out.meta.as_mut() {
+            meta.0.insert("toolexec/call_id".into(), json!(call_id));
+        }
+        Ok(out.into())
     }
 }
 
@@ -568,9 +618,33 @@ mod tests {
         );
     }
 
+    fn meta(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
     #[test]
-    fn request_ids_become_call_ids_as_they_read() {
-        assert_eq!(call_id(&NumberOrString::Number(7)), "7");
-        assert_eq!(call_id(&NumberOrString::String("req-1".into())), "req-1");
+    fn a_call_without_a_named_id_gets_a_new_one_each_time() {
+        let a = call_id_of(&meta(json!({}))).ok();
+        let b = call_id_of(&meta(json!({"progressToken": 2}))).ok();
+        assert!(a.as_deref().is_some_and(|a| a.starts_with("mcp-")), "{a:?}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_named_call_id_is_taken_under_either_key_and_must_be_one_string() {
+        for key in [CALL_ID_META, LEGACY_CALL_ID_META] {
+            let got = call_id_of(&meta(json!({key: "toolu_01"}))).ok();
+            assert_eq!(got.as_deref(), Some("toolu_01"), "{key}");
+        }
+        let both = json!({CALL_ID_META: "a", LEGACY_CALL_ID_META: "a"});
+        assert_eq!(call_id_of(&meta(both)).ok().as_deref(), Some("a"));
+        for bad in [
+            json!({CALL_ID_META: 7}),
+            json!({LEGACY_CALL_ID_META: ["a"]}),
+            json!({CALL_ID_META: "a", LEGACY_CALL_ID_META: "b"}),
+        ] {
+            let e = call_id_of(&meta(bad.clone())).err();
+            assert_eq!(e.map(|e| e.code), Some(ErrorCode::INVALID_PARAMS), "{bad}");
+        }
     }
 }

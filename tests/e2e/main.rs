@@ -16,6 +16,7 @@ mod cluster;
 mod custom_tools;
 mod descriptors;
 mod dialects;
+mod door;
 mod examples;
 mod generated_client;
 mod http_jail;

@@ -1,7 +1,8 @@
 //! A session's MCP endpoint (`/v1/sessions/{id}/mcp`): a real MCP client (the official Python
 //! SDK) lists and calls the session's tools in both lifecycles, and every call lands in the
-//! session's log under its JSON-RPC id; the door is checked like the REST API's (auth, tenant,
-//! Origin, Host), versions are negotiated, and bad JSON-RPC gets JSON-RPC errors.
+//! session's log as a call of its own (the JSON-RPC id is the client's correlation id; a
+//! `_meta` call id makes a call idempotent); the door is checked like the REST API's (auth,
+//! tenant, Origin, Host), versions are negotiated, and bad JSON-RPC gets JSON-RPC errors.
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -512,7 +513,7 @@ async fn get_and_delete_are_405_for_the_stateless_endpoint() {
 #[tokio::test]
 async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
     let app = spawn_sqlite_app_with(|c| {
-        c.mcp.allowed_origins = vec!["https://agent.example.com".into()];
+        c.allowed_origins = vec!["https://agent.example.com".into()];
     })
     .await;
     let sid = session(&app).await;
@@ -534,14 +535,16 @@ async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
     let (status, body) = send(rpc(&app, &sid).header("host", "rebind.example:80"), &list).await;
     assert_eq!(status, 403, "{body}");
 
-    // Behind a gateway: the names clients use, set by TOOLEXEC_MCP__ALLOWED_HOSTS as any setting.
-    let app =
-        spawn_sqlite_app_with(|c| c.mcp.allowed_hosts = vec!["tools.example.com".into()]).await;
+    // Behind a gateway: the names clients use, added by `allowed_hosts` (the loopback names
+    // stay: a page cannot make a browser send them).
+    let app = spawn_sqlite_app_with(|c| c.allowed_hosts = vec!["tools.example.com".into()]).await;
     let sid = session(&app).await;
     let (status, _) = send(rpc(&app, &sid).header("host", "tools.example.com"), &list).await;
     assert_eq!(status, 200);
     let (status, _) = send(rpc(&app, &sid), &list).await;
-    assert_eq!(status, 403, "127.0.0.1 is no longer on the list");
+    assert_eq!(status, 200, "127.0.0.1 is still its own address");
+    let (status, _) = send(rpc(&app, &sid).header("host", "rebind.example"), &list).await;
+    assert_eq!(status, 403);
 }
 
 #[tokio::test]

@@ -6,7 +6,9 @@
 //!
 //! The forwarded request is the client's, byte for byte, with its own credentials (the owner
 //! authenticates it again) and one header more, `x-toolexec-forwarded-by`: a request that
-//! carries it is never forwarded again. The answer comes back as the owner gave it, streamed.
+//! carries it is never forwarded again. The header grants nothing else: the owner checks the
+//! request's `Host` and `Origin` like any other ([`crate::door`]), and its `Host` is the
+//! owner's advertised address, which the owner answers for. The answer comes back as the owner gave it, streamed.
 //! If the owner cannot be reached (no connection: the request was not sent), the route is asked
 //! again — the owner may be handing its sessions over, or gone, and this node then takes the
 //! session over — until `limits.lease_wait_ms`, then the client gets 503. If the connection
@@ -105,16 +107,7 @@ pub(crate) async fn forward_to_owner(
     let session = match target(req.method(), req.uri().path()) {
         None => return next.run(req).await,
         Some(Target::Upload(session)) => return forward_upload(&state, session, req, next).await,
-        Some(Target::Session(id)) => {
-            // The node the request reached checks where it comes from: the owner sees the
-            // forwarding node's request, whose Host is the owner's internal address.
-            if req.uri().path().ends_with("/mcp")
-                && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
-            {
-                return e.into_response();
-            }
-            id
-        }
+        Some(Target::Session(id)) => id,
         Some(Target::Invocation(id)) => match engine.invocation_session(id).await {
             Ok(Some(session)) => session,
             // Unknown here too: the handler answers (404), as for any id.

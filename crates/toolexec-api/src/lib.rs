@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod dialects;
+pub mod door;
 pub mod extract;
 pub mod forward;
 pub mod limits;
@@ -70,8 +71,8 @@ pub struct ApiConfig {
     /// Longest a response may wait for the client to read more of it (the connection is
     /// closed beyond); applied by the server.
     pub write_stall_timeout: Duration,
-    /// The MCP endpoint's origin and host allow-lists.
-    pub mcp: mcp::McpConfig,
+    /// The host and browser-origin allow-lists every route but the probes is held to.
+    pub door: door::Door,
 }
 
 impl Default for ApiConfig {
@@ -83,7 +84,7 @@ impl Default for ApiConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            mcp: mcp::McpConfig::default(),
+            door: door::Door::default(),
         }
     }
 }
@@ -159,6 +160,12 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             permits,
             limits::shed_load,
+        ))
+        // Before anything reads the body or the credentials: a request from a page that
+        // rebound its name to this address learns nothing and holds no slot.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            door::check,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {

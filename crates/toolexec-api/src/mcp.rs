@@ -4,8 +4,8 @@
 //! 2026-07-28) and its tower service answer the JSON-RPC.
 //!
 //! What this module owns is the door and the mapping, nothing of the pipeline: before the SDK
-//! sees a request, the `Host` and `Origin` are checked against the operator's allow-lists, the
-//! tenant is authenticated exactly as for the REST API (the same extractor), the session is
+//! sees a request (whose `Host` and `Origin` were checked by [`crate::door`], as on every
+//! route), the tenant is authenticated exactly as for the REST API (the same extractor), the session is
 //! looked up for that tenant (another tenant's is 404), and the body is read within the API's
 //! size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
 //! lists the session's allowed tools and `tools/call` is one call through
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use rmcp::ErrorData;
@@ -35,7 +35,6 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolexec_core::{Call, NetworkPolicy, ProblemCode, Session, Tenant};
 use toolexec_engine::CallBatch;
@@ -46,29 +45,6 @@ use crate::auth::AuthTenant;
 use crate::dialects::{mcp_result, mcp_tool};
 use crate::extract::parse_id;
 use crate::problem::{ApiError, or_not_found};
-
-/// The MCP endpoint's own settings (`mcp.*`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct McpConfig {
-    /// Browser origins (`scheme://host[:port]`) allowed to call the MCP endpoint. A request
-    /// with an `Origin` header not on the list is refused (403); one without (an agent, a
-    /// server-side client) is not affected. Empty: no browser origin at all.
-    pub allowed_origins: Vec<String>,
-    /// Host names (or `host:port`) the MCP endpoint answers for, checked against `Host`: a
-    /// DNS-rebinding page that points its own name at the service is refused (403). A
-    /// deployment behind a gateway lists the names clients use; `*` turns the check off.
-    pub allowed_hosts: Vec<String>,
-}
-
-impl Default for McpConfig {
-    fn default() -> Self {
-        Self {
-            allowed_origins: Vec::new(),
-            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
-        }
-    }
-}
 
 /// What a request is for, put in its extensions for the SDK's handler.
 #[derive(Debug, Clone)]
@@ -86,7 +62,8 @@ pub(crate) fn router(state: &SharedState) -> Router<SharedState> {
         .with_legacy_session_mode(false)
         // One JSON answer per request: the handler sends no notifications before its result.
         .with_json_response(true)
-        // Checked before auth, by this module (as problem+json, the API's error shape).
+        // Checked on every route before this one, by the door (as problem+json, the API's
+        // error shape).
         .disable_allowed_hosts()
         .disable_allowed_origins()
         .with_max_request_body_bytes(state.config.body_limit_bytes);
@@ -132,11 +109,11 @@ async fn serve(
     }
 }
 
-/// Everything the REST API would check, in the order that reveals least: where the request
-/// comes from, who sends it, whether the session is theirs, then its body.
+/// Everything the REST API would check, in the order that reveals least (where the request
+/// comes from was checked by the door, as on every route): who sends it, whether the session
+/// is theirs, then its body.
 async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, Response> {
     let (mut parts, body) = req.into_parts();
-    check_door(&parts.headers, &parts.uri, &state.config.mcp).map_err(into_response)?;
     let AuthTenant(tenant) = AuthTenant::from_request_parts(&mut parts, state)
         .await
         .map_err(into_response)?;
@@ -164,21 +141,6 @@ async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, R
     check_json_rpc(&bytes).map_err(|(id, error)| json_rpc_error(id, error))?;
     parts.extensions.insert(Target { tenant, session });
     Ok(Request::from_parts(parts, Body::from(bytes)))
-}
-
-/// Where the request comes from: its `Host` and a browser's `Origin` against the allow-lists.
-/// A request another replica forwarded was checked there (its `Host` here is this replica's
-/// internal address); a browser cannot send the forwarding header across origins without a
-/// CORS preflight, which this service never grants.
-pub(crate) fn check_door(
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    config: &McpConfig,
-) -> Result<(), ApiError> {
-    if !headers.contains_key(&crate::forward::FORWARDED_BY) {
-        check_host(headers, uri, &config.allowed_hosts)?;
-    }
-    check_origin(headers, &config.allowed_origins)
 }
 
 fn into_response(e: ApiError) -> Response {
@@ -257,85 +219,6 @@ fn json_rpc_error(id: Option<RequestId>, error: ErrorData) -> Response {
         HeaderValue::from_static("application/json"),
     );
     resp
-}
-
-fn forbidden(detail: String) -> ApiError {
-    ApiError::new(ProblemCode::Forbidden, detail)
-}
-
-/// `Host` (or the URI's authority) must be on the allow-list: a name without a port allows
-/// every port; `*` allows every host.
-fn check_host(
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    allowed: &[String],
-) -> Result<(), ApiError> {
-    if allowed.iter().any(|a| a.trim() == "*") {
-        return Ok(());
-    }
-    let given = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| uri.authority().map(|a| a.as_str().to_owned()))
-        .ok_or_else(|| forbidden("the request names no host (no Host header)".into()))?;
-    let authority: axum::http::uri::Authority = given
-        .parse()
-        .map_err(|_| forbidden(format!("the Host header {given:?} is not a host name")))?;
-    let host = normalize_host(authority.host());
-    let port = authority.port_u16();
-    let ok = allowed.iter().any(|a| {
-        let a = a.trim();
-        // A bare IPv6 address (`::1`) is no authority: it names a host, every port.
-        let (a_host, a_port) = match a.parse::<axum::http::uri::Authority>() {
-            Ok(a) => (normalize_host(a.host()), a.port_u16()),
-            Err(_) => (normalize_host(a), None),
-        };
-        !a_host.is_empty() && a_host == host && a_port.is_none_or(|p| Some(p) == port)
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(forbidden(format!(
-            "the MCP endpoint does not answer for host {given:?}: it is not in the operator's mcp.allowed_hosts"
-        )))
-    }
-}
-
-fn normalize_host(host: &str) -> String {
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase()
-}
-
-/// An `Origin` header, when present, must be on the allow-list (compared as origins: scheme,
-/// host, port with the scheme's default filled in). Agents send none.
-fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or_default().trim();
-    let serialized = |s: &str| -> Option<String> {
-        if s.eq_ignore_ascii_case("null") {
-            return Some("null".into());
-        }
-        let url = url::Url::parse(s).ok()?;
-        let o = url.origin();
-        o.is_tuple().then(|| o.ascii_serialization())
-    };
-    let ok = serialized(origin).is_some_and(|o| {
-        allowed
-            .iter()
-            .filter_map(|a| serialized(a.trim()))
-            .any(|a| a == o)
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(forbidden(format!(
-            "requests from the browser origin {origin:?} are refused: it is not in the operator's mcp.allowed_origins"
-        )))
-    }
 }
 
 /// The SDK's handler: one per request (stateless), the request's [`Target`] in its context.
@@ -506,87 +389,6 @@ impl ServerHandler for ToolexecMcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(
-                *k,
-                HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")),
-            );
-        }
-        h
-    }
-
-    fn uri() -> axum::http::Uri {
-        axum::http::Uri::from_static("/v1/sessions/x/mcp")
-    }
-
-    #[test]
-    fn loopback_hosts_pass_by_default_and_other_names_are_refused() {
-        let allowed = McpConfig::default().allowed_hosts;
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:9"] {
-            assert!(
-                check_host(&headers(&[("host", ok)]), &uri(), &allowed).is_ok(),
-                "{ok}"
-            );
-        }
-        for bad in ["evil.example", "evil.example:8080", "127.0.0.2:8080"] {
-            let e = check_host(&headers(&[("host", bad)]), &uri(), &allowed).err();
-            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
-        }
-        assert!(check_host(&HeaderMap::new(), &uri(), &allowed).is_err());
-    }
-
-    #[test]
-    fn a_forwarded_request_keeps_its_origin_check_and_leaves_the_host_to_the_first_replica() {
-        let config = McpConfig::default();
-        let forwarded = headers(&[
-            ("host", "toolexec-1.toolexec-headless:8080"),
-            ("x-toolexec-forwarded-by", "toolexec-0"),
-        ]);
-        assert!(check_door(&forwarded, &uri(), &config).is_ok());
-        let mut from_browser = forwarded.clone();
-        from_browser.insert("origin", HeaderValue::from_static("https://evil.example"));
-        assert!(check_door(&from_browser, &uri(), &config).is_err());
-        let direct = headers(&[("host", "toolexec-1.toolexec-headless:8080")]);
-        assert!(check_door(&direct, &uri(), &config).is_err());
-    }
-
-    #[test]
-    fn a_host_entry_with_a_port_allows_that_port_only_and_a_star_allows_all() {
-        let allowed = vec!["tools.example.com:443".to_owned()];
-        let h = |v| headers(&[("host", v)]);
-        assert!(check_host(&h("tools.example.com:443"), &uri(), &allowed).is_ok());
-        assert!(check_host(&h("tools.example.com:8443"), &uri(), &allowed).is_err());
-        assert!(check_host(&h("anything"), &uri(), &["*".to_owned()]).is_ok());
-    }
-
-    #[test]
-    fn only_listed_browser_origins_pass_and_requests_without_one_are_unaffected() {
-        let allowed = vec![
-            "https://app.example.com".to_owned(),
-            "http://localhost:3000".to_owned(),
-        ];
-        let o = |v| headers(&[("origin", v)]);
-        assert!(check_origin(&HeaderMap::new(), &allowed).is_ok());
-        assert!(check_origin(&HeaderMap::new(), &[]).is_ok());
-        assert!(check_origin(&o("https://app.example.com"), &allowed).is_ok());
-        assert!(check_origin(&o("https://APP.example.com:443"), &allowed).is_ok());
-        assert!(check_origin(&o("http://localhost:3000"), &allowed).is_ok());
-        for bad in [
-            "https://evil.example",
-            "http://app.example.com",
-            "https://app.example.com:8443",
-            "http://localhost:3001",
-            "null",
-            "not a url",
-        ] {
-            let e = check_origin(&o(bad), &allowed).err();
-            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
-        }
-        assert!(check_origin(&o("https://app.example.com"), &[]).is_err());
-    }
 
     #[test]
     fn malformed_json_rpc_is_a_json_rpc_error_with_the_id_when_there_is_one() {

@@ -248,6 +248,13 @@ fn add_common_errors(api: &mut OpenApi) {
                     by_status.entry(code.status()).or_default().push(*code);
                 }
             }
+            // Every route but the probes is behind the door (Host and Origin).
+            if !crate::door::unchecked(path) {
+                by_status
+                    .entry(ProblemCode::Forbidden.status())
+                    .or_default()
+                    .push(ProblemCode::Forbidden);
+            }
             for (status, codes) in by_status {
                 op.responses
                     .responses

@@ -52,7 +52,7 @@ problem_codes! {
     Unauthorized => ("unauthorized", 401, "Unauthorized",
         "No API key, or one the service does not know (or that was revoked): send `Authorization: Bearer <key>`."),
     Forbidden => ("forbidden", 403, "Forbidden",
-        "The MCP endpoint refused where the request comes from: a browser `Origin` not in `mcp.allowed_origins`, or a `Host` not in `mcp.allowed_hosts`."),
+        "Refused for where it comes from, before anything else (DNS rebinding): its `Host` is none of the service's own addresses, loopback names or `allowed_hosts`, or a browser page's `Origin` is neither the service's own nor in `allowed_origins`. The detail names the setting that admits it."),
     NotFound => ("not_found", 404, "Not found",
         "No such session, invocation or tool for this tenant — another tenant's ids are not found either."),
     NoRoute => ("no_route", 404, "No such endpoint",

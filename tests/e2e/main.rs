@@ -6,6 +6,7 @@
 mod api;
 mod approvals;
 mod archive;
+mod auth_failures;
 mod binary;
 mod budget_scan;
 mod budget_store;

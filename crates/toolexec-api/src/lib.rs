@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod auth_failures;
 pub mod dialects;
 pub mod door;
 pub mod extract;
@@ -175,6 +176,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             },
         ))
         .layer(axum::middleware::from_fn(problem::with_request_id))
+        .layer(axum::middleware::map_response(no_sniffing))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             observe::count_request,
@@ -189,6 +191,17 @@ pub fn app(state: Arc<AppState>) -> Router {
             X_REQUEST_ID.clone(),
             MakeRequestIdV7,
         ))
+}
+
+/// Every response is taken as the type it names: a workspace file served as `text/plain` or
+/// `application/octet-stream` (`GET …/files/{path}`, archives, outputs) is never sniffed into
+/// HTML or script by a browser, whatever a tenant wrote into it.
+async fn no_sniffing(mut res: axum::response::Response) -> axum::response::Response {
+    res.headers_mut().insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    res
 }
 
 /// How long `/readyz` waits for the store before calling it down.

@@ -162,7 +162,7 @@ const COMMON: &[CommonError] = &[
         v1_only: false,
     },
     CommonError {
-        codes: &[ProblemCode::RateLimited],
+        codes: &[ProblemCode::RateLimited, ProblemCode::TooManyAuthFailures],
         with_body: false,
         v1_only: true,
     },

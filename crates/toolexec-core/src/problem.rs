@@ -117,6 +117,8 @@ problem_codes! {
         "The uploaded archive is not a tar (or gzipped tar) stream the workspace may take: an absolute path or '..', a NUL, a hard link, a device, a FIFO, a symlink that leads out of the workspace, a file over 100 MiB, more entries than `limits.max_archive_files` or more bytes than `limits.max_archive_unpacked_bytes`. The detail names the entry; nothing was written."),
     RateLimited => ("rate_limited", 429, "Rate limited",
         "The tenant's request rate is over `rate_limit_per_second`; retry after `Retry-After` seconds."),
+    TooManyAuthFailures => ("too_many_auth_failures", 429, "Too many failed authentications",
+        "Too many API keys the service does not know came from this client's address (`auth_failure_rate_per_second`); retry after `Retry-After` seconds with a valid key. Keys the service has verified before are not affected."),
     TooManyConcurrent => ("too_many_concurrent", 429, "Too many at once",
         "The tenant already follows `limits.max_streams_per_tenant` event streams, or runs `limits.max_replays_per_tenant` replays, on this node; close a stream or wait for a replay to finish, then retry."),
     Internal => ("internal", 500, "Internal error",

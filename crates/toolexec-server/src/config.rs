@@ -47,6 +47,14 @@ pub struct Config {
     pub rate_limit_per_second: f64,
     /// Per-tenant burst (bucket size).
     pub rate_limit_burst: f64,
+    /// Lookups of API keys this node has not verified that may fail, per second and client
+    /// address (token bucket refill); 0 turns the limit off.
+    pub auth_failure_rate_per_second: f64,
+    /// Such lookups one client address may make at once (bucket size).
+    pub auth_failure_burst: f64,
+    /// Addresses or networks of gateways whose `X-Forwarded-For` names the client, for the limit
+    /// on failed authentication (docs/operator.md, "Auth").
+    pub trusted_proxies: Vec<String>,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
     /// Longest a request body may take to arrive in full, milliseconds (408 beyond).
@@ -95,6 +103,9 @@ impl Default for Config {
             durable_start_for_read_only: false,
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
+            auth_failure_rate_per_second: 1.0,
+            auth_failure_burst: 20.0,
+            trusted_proxies: Vec::new(),
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
             body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
             header_read_timeout_ms: millis(toolexec_api::DEFAULT_HEADER_READ_TIMEOUT),
@@ -140,6 +151,12 @@ impl std::fmt::Debug for Config {
             )
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
+            .field(
+                "auth_failure_rate_per_second",
+                &self.auth_failure_rate_per_second,
+            )
+            .field("auth_failure_burst", &self.auth_failure_burst)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("body_read_timeout_ms", &self.body_read_timeout_ms)
             .field("header_read_timeout_ms", &self.header_read_timeout_ms)

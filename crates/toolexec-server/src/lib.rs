@@ -191,6 +191,14 @@ pub async fn build_state_with(
         &own_addresses(config)?,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
+    let failures = toolexec_api::auth_failures::AuthFailures::new(
+        toolexec_api::auth_failures::FailureLimit {
+            per_second: config.auth_failure_rate_per_second,
+            burst: config.auth_failure_burst,
+        },
+        &config.trusted_proxies,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let mut sandbox_config = config.sandbox.clone();
     // The operator's tool folder, read-only in every sandbox, at its own path: command tools
@@ -223,7 +231,7 @@ pub async fn build_state_with(
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;
     Ok(Arc::new(AppState {
         engine,
-        auth: Auth::new(mode),
+        auth: Auth::new(mode).limit_failures(failures),
         limiter: Limiter::new(RateLimit {
             requests_per_second: config.rate_limit_per_second,
             burst: config.rate_limit_burst,

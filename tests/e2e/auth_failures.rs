@@ -23,18 +23,22 @@ async fn key_for(app: &TestApp, tenant: &str) -> String {
 }
 
 /// A service in API-key mode with a failure budget of 5 (refilled at one every 10 s, so that
-/// none comes back while a test runs), its store's key lookups counted, and two keys:
-/// `alice`'s and `bob`'s.
+/// none comes back while a test runs), its store's key lookups counted, and three keys:
+/// `alice`'s, `bob`'s and `carol`'s.
 async fn keyed_service(
     adjust: impl FnOnce(&mut Config),
-) -> (TestApp, Arc<CountingStore>, [String; 2]) {
+) -> (TestApp, Arc<CountingStore>, [String; 3]) {
     let mut app = spawn_app_with(|c| {
         c.auth_failure_rate_per_second = 0.1;
         c.auth_failure_burst = 5.0;
         adjust(c);
     })
     .await;
-    let keys = [key_for(&app, "alice").await, key_for(&app, "bob").await];
+    let keys = [
+        key_for(&app, "alice").await,
+        key_for(&app, "bob").await,
+        key_for(&app, "carol").await,
+    ];
     app.stop().await;
     let slot = Arc::new(std::sync::Mutex::new(None));
     let put = slot.clone();
@@ -70,10 +74,29 @@ fn bad_key(i: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_keys_are_limited_per_source_without_a_store_lookup_and_known_keys_still_work() {
-    let (app, store, [alice, bob]) = keyed_service(|_| {}).await;
+    let (app, store, [alice, bob, carol]) = keyed_service(|_| {}).await;
     let lookups = || store.key_lookups.load(Ordering::SeqCst);
     // alice's key works (and is now one this node has verified).
     assert_eq!(list(&app, &alice, None).await.0, 200);
+    // Valid keys spend nothing of the budget: forty requests at once with a key never seen
+    // (a burst after a restart, behind one gateway) all pass.
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (http, url, key) = (app.http.clone(), app.url("/v1/sessions"), carol.clone());
+            tokio::spawn(async move {
+                http.get(url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    for task in burst {
+        assert_eq!(task.await.unwrap(), 200);
+    }
 
     // The budget of guesses: each one a lookup, answered 401.
     let before = lookups();
@@ -132,7 +155,7 @@ async fn failed_keys_are_limited_per_source_without_a_store_lookup_and_known_key
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_trusted_gateway_each_client_has_its_own_budget() {
     // The gateway (here: this test, on 127.0.0.1) names the client in X-Forwarded-For.
-    let (app, _store, [alice, bob]) =
+    let (app, _store, [alice, bob, _]) =
         keyed_service(|c| c.trusted_proxies = vec!["127.0.0.1/32".into()]).await;
     let attacker = "203.0.113.7";
     for i in 0..5 {

@@ -131,22 +131,19 @@ async fn authenticate(parts: &Parts, state: &Arc<AppState>) -> Result<AuthTenant
                 return Ok(AuthTenant(t));
             }
             // A key verified here before (its cache entry grown old) is looked up again freely;
-            // one never seen takes a token of its source's failure budget first.
-            let attempt = if auth.known(&hash) {
-                None
-            } else {
-                Some(auth.failures.attempt(auth.failures.source(parts))?)
-            };
+            // one never seen only while its source has failures left to spend.
+            let source = auth.failures.source(parts);
+            if !auth.known(&hash) {
+                auth.failures.check(source)?;
+            }
             match state.engine.store().tenant_for_key(&hash).await? {
                 Some(t) => {
-                    if let Some(a) = attempt {
-                        auth.failures.succeeded(a);
-                    }
                     auth.remember(hash, t.clone());
                     Ok(AuthTenant(t))
                 }
                 None => {
                     auth.forget(&hash);
+                    auth.failures.failed(source);
                     Err(unauthorized("unknown or revoked API key"))
                 }
             }

@@ -3,9 +3,14 @@
 //! must not be that cheap.
 //!
 //! Each source (a client address; an IPv6 client's /64, which one host usually holds whole) has
-//! a token bucket of lookups that may fail: a key that is not in the cache of verified keys
-//! takes a token before it is looked up, and gets it back when it turns out valid. An empty
-//! bucket answers 429 `too_many_auth_failures` with `Retry-After`, without a lookup.
+//! a token bucket of lookups that may fail. A key that is not in the cache of verified keys is
+//! looked up only while its source's bucket holds a token, and takes one if it turns out
+//! unknown; valid keys take none, so a burst of clients with new keys (after a restart, behind
+//! one gateway) is never refused for its own sake. An empty bucket answers 429
+//! `too_many_auth_failures` with `Retry-After`, without a lookup. Guesses sent all at once pass
+//! the check together, and each takes its token afterwards: the bucket goes into debt (down to
+//! an hour's worth), and the source waits until it is paid, so lookups stay at the rate on
+//! average.
 //!
 //! One gateway's address is every client's source unless the operator names the gateway in
 //! `trusted_proxies`: then the client is the right-most `X-Forwarded-For` address that is not a
@@ -31,6 +36,10 @@ use crate::problem::ApiError;
 /// stopped failing) are dropped first; bounded memory whatever the number of addresses.
 const MAX_SOURCES: usize = 100_000;
 
+/// The longest a source's debt lasts: guesses sent all at once cost their source up to this
+/// long without lookups of new keys.
+const MAX_DEBT_SECONDS: f64 = 3600.0;
+
 /// Where failed authentications are counted: a client address (IPv6 by its /64), or `None`
 /// when the request came without one (an in-process caller).
 type Source = Option<IpAddr>;
@@ -47,12 +56,6 @@ pub struct FailureLimit {
 struct Bucket {
     tokens: f64,
     at: Instant,
-}
-
-/// What one unknown key's lookup holds: its token, given back if the key is valid.
-#[derive(Debug)]
-pub(crate) struct Attempt {
-    source: Source,
 }
 
 #[derive(Debug)]
@@ -128,35 +131,23 @@ impl AuthFailures {
         Some(group(client))
     }
 
-    /// Takes a token for a lookup of a key from `source`, or says when to come back.
-    pub(crate) fn attempt(&self, source: Source) -> Result<Attempt, ApiError> {
+    /// Whether a key from `source` may be looked up now, or when to come back.
+    pub(crate) fn check(&self, source: Source) -> Result<(), ApiError> {
         let FailureLimit { per_second, burst } = self.limit;
         if per_second <= 0.0 {
-            return Ok(Attempt { source });
+            return Ok(());
         }
-        let Ok(mut buckets) = self.buckets.lock() else {
-            return Ok(Attempt { source });
+        let tokens = match self.buckets.lock() {
+            Ok(mut buckets) => match buckets.get_mut(&source) {
+                Some(b) => refill(b, self.limit),
+                None => return Ok(()),
+            },
+            Err(_) => return Ok(()),
         };
-        let now = Instant::now();
-        if buckets.len() >= MAX_SOURCES && !buckets.contains_key(&source) {
-            buckets.retain(|_, b| {
-                b.tokens + now.duration_since(b.at).as_secs_f64() * per_second < burst
-            });
-            if buckets.len() >= MAX_SOURCES {
-                buckets.clear();
-            }
+        if tokens >= 1.0 {
+            return Ok(());
         }
-        let b = buckets.entry(source).or_insert(Bucket {
-            tokens: burst,
-            at: now,
-        });
-        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * per_second).min(burst);
-        b.at = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            return Ok(Attempt { source });
-        }
-        let wait = ((1.0 - b.tokens) / per_second).ceil().max(1.0) as u32;
+        let wait = ((1.0 - tokens) / per_second).ceil().max(1.0) as u32;
         let from = match source {
             Some(ip) => format!("from {ip}"),
             None => "from this client".to_owned(),
@@ -166,25 +157,48 @@ impl AuthFailures {
             ..ApiError::new(
                 ProblemCode::TooManyAuthFailures,
                 format!(
-                    "too many API keys that are not valid {from}: at most {per_second} a second \
-                     are checked (auth_failure_rate_per_second); retry after {wait} s with a \
-                     valid key. Keys this service has verified before are not affected"
+                    "too many API keys that are not valid came {from}: {burst} at once and \
+                     {per_second} a second are looked up (auth_failure_burst, \
+                     auth_failure_rate_per_second); retry after {wait} s with a valid key. Keys \
+                     this service has verified before are not affected"
                 ),
             )
         })
     }
 
-    /// The key was valid: its token goes back.
-    pub(crate) fn succeeded(&self, attempt: Attempt) {
-        if self.limit.per_second <= 0.0 {
+    /// A key from `source` was looked up and is unknown: it takes a token (into debt, down to
+    /// an hour's worth, when guesses were sent all at once).
+    pub(crate) fn failed(&self, source: Source) {
+        let limit = self.limit;
+        if limit.per_second <= 0.0 {
             return;
         }
-        if let Ok(mut buckets) = self.buckets.lock()
-            && let Some(b) = buckets.get_mut(&attempt.source)
-        {
-            b.tokens = (b.tokens + 1.0).min(self.limit.burst);
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return;
+        };
+        if buckets.len() >= MAX_SOURCES && !buckets.contains_key(&source) {
+            // Sources whose bucket is full again stopped failing: forget them first.
+            buckets.retain(|_, b| refill(b, limit) < limit.burst);
+            if buckets.len() >= MAX_SOURCES {
+                buckets.clear();
+            }
         }
+        let b = buckets.entry(source).or_insert(Bucket {
+            tokens: limit.burst,
+            at: Instant::now(),
+        });
+        let tokens = refill(b, limit);
+        b.tokens = (tokens - 1.0).max(-limit.per_second * MAX_DEBT_SECONDS);
     }
+}
+
+/// The tokens of `b` now (refilled since it was last looked at, up to the burst).
+fn refill(b: &mut Bucket, limit: FailureLimit) -> f64 {
+    let now = Instant::now();
+    b.tokens =
+        (b.tokens + now.duration_since(b.at).as_secs_f64() * limit.per_second).min(limit.burst);
+    b.at = now;
+    b.tokens
 }
 
 /// An address as the source it counts for: IPv4 whole, IPv6 by its /64.
@@ -275,41 +289,58 @@ mod tests {
     }
 
     #[test]
-    fn a_source_over_its_burst_waits_and_a_valid_key_gives_its_token_back() {
+    fn a_source_over_its_burst_waits_and_only_failures_count() {
         let l = limiter(1.0, 2.0, &[]);
         let a = ip("192.0.2.1");
-        assert!(l.attempt(a).is_ok());
-        let valid = l.attempt(a);
-        assert!(valid.is_ok());
-        let e = l.attempt(a).err();
+        // Valid keys (no failure recorded) never use the budget.
+        for _ in 0..100 {
+            assert!(l.check(a).is_ok());
+        }
+        l.failed(a);
+        assert!(l.check(a).is_ok());
+        l.failed(a);
+        let e = l.check(a).err();
         assert_eq!(
             e.as_ref().map(|e| e.code),
             Some(ProblemCode::TooManyAuthFailures)
         );
         assert_eq!(e.and_then(|e| e.retry_after), Some(1));
-        assert!(l.attempt(ip("192.0.2.2")).is_ok(), "another source");
-        if let Ok(valid) = valid {
-            l.succeeded(valid);
+        assert!(l.check(ip("192.0.2.2")).is_ok(), "another source");
+    }
+
+    #[test]
+    fn guesses_sent_at_once_put_their_source_in_debt() {
+        let a = ip("192.0.2.1");
+        // Ten passed the check together, then all failed: eight tokens owed, one to take.
+        let l = limiter(1.0, 2.0, &[]);
+        for _ in 0..10 {
+            l.failed(a);
         }
-        assert!(l.attempt(a).is_ok(), "the valid key's token came back");
-        assert!(l.attempt(a).is_err());
+        assert_eq!(l.check(a).err().and_then(|e| e.retry_after), Some(9));
+        let l = limiter(1.0, 2.0, &[]);
+        for _ in 0..10_000 {
+            l.failed(a);
+        }
+        let wait = l.check(a).err().and_then(|e| e.retry_after);
+        assert_eq!(wait, Some(3601), "an hour at most");
     }
 
     #[test]
     fn tokens_come_back_at_the_rate() {
         let l = limiter(5.0, 1.0, &[]);
         let a = ip("192.0.2.1");
-        assert!(l.attempt(a).is_ok());
-        assert!(l.attempt(a).is_err());
+        l.failed(a);
+        assert!(l.check(a).is_err());
         std::thread::sleep(std::time::Duration::from_millis(250));
-        assert!(l.attempt(a).is_ok(), "one token in 200 ms");
+        assert!(l.check(a).is_ok(), "one token in 200 ms");
     }
 
     #[test]
     fn a_zero_rate_means_no_limit() {
         let l = limiter(0.0, 0.0, &[]);
         for _ in 0..1000 {
-            assert!(l.attempt(ip("192.0.2.1")).is_ok());
+            l.failed(ip("192.0.2.1"));
         }
+        assert!(l.check(ip("192.0.2.1")).is_ok());
     }
 }

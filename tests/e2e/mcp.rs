@@ -421,6 +421,7 @@ async fn a_repeated_request_id_runs_a_new_call_and_a_named_call_id_is_idempotent
     assert_eq!(body["id"], 7, "{body}");
     assert_eq!(body["error"]["code"], -32600, "{body}");
     assert_eq!(body["error"]["data"]["code"], "call_id_reused", "{body}");
+    assert_eq!(body["error"]["data"]["call_id"], "toolu_07", "{body}");
     assert_eq!(started_with(&app.events(&sid).await, "toolu_07").len(), 1);
     // A call id that is not a string is the client's mistake, not a call.
     let mut bad = tool_call(json!(8), "shell", json!({"command": "true"}));

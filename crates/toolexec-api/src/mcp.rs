@@ -3,11 +3,11 @@
 //! negotiation (`initialize` up to 2025-11-25, `server/discover` and per-request `_meta` for
 //! 2026-07-28) and its tower service answer the JSON-RPC.
 //!
-//! What this module owns is the door and the mapping, nothing of the pipeline: before the SDK
-//! sees a request (whose `Host` and `Origin` were checked by [`crate::door`], as on every
-//! route), the tenant is authenticated exactly as for the REST API (the same extractor), the session is
-//! looked up for that tenant (another tenant's is 404), and the body is read within the API's
-//! size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
+//! What this module owns is the admission and the mapping, nothing of the pipeline: before the
+//! SDK sees a request (whose `Host` and `Origin` were checked by [`crate::door`], as on every
+//! route), the tenant is authenticated exactly as for the REST API (the same extractor), the
+//! session is looked up for that tenant (another tenant's is 404), and the body is read within
+//! the API's size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
 //! lists the session's allowed tools and `tools/call` is one call through
 //! [`Engine::run_calls`](toolexec_engine::Engine::run_calls) — validated, sandboxed and
 //! recorded like `POST /v1/sessions/{id}/calls`. Its call id is the one its
@@ -363,7 +363,15 @@ impl ServerHandler for ToolexecMcp {
             .run_calls(tenant.id, session.id, CallBatch::new(vec![call]))
             .instrument(span.clone())
             .await
-            .map_err(|e| protocol_error(or_not_found("session")(e)))?;
+            .map_err(|e| {
+                // The call id, so that a client told to retry (`still_running`, `unavailable`)
+                // can name the same call in `_meta` and get its result instead of a new run.
+                let mut error = protocol_error(or_not_found("session")(e));
+                if let Some(Value::Object(data)) = error.data.as_mut() {
+                    data.insert("call_id".into(), json!(call_id));
+                }
+                error
+            })?;
         let result = results
             .pop()
             .ok_or_else(|| ErrorData::internal_error("the call returned no result", None))?;

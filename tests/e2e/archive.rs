@@ -357,7 +357,7 @@ async fn a_hostile_archive_is_refused_whole_and_writes_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     s.write_all(
         format!(
-            "PUT /v1/sessions/{sid}/archive HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-tar\r\nContent-Length: {}\r\n\r\n",
+            "PUT /v1/sessions/{sid}/archive HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-tar\r\nContent-Length: {}\r\n\r\n",
             5u64 << 20
         )
         .as_bytes(),
@@ -541,7 +541,7 @@ async fn a_tenant_has_at_most_its_archive_transfers_at_once() {
     use tokio::io::AsyncWriteExt;
     s.write_all(
         format!(
-            "PUT /v1/sessions/{sid}/archive HTTP/1.1\r\nHost: t\r\nContent-Length: 10240\r\n\r\n"
+            "PUT /v1/sessions/{sid}/archive HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10240\r\n\r\n"
         )
         .as_bytes(),
     )

@@ -21,13 +21,20 @@ const TTL_MS: u64 = 2_000;
 
 /// A free port on loopback (bound, then let go: the replica binds it a moment later).
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    free_port_on("127.0.0.1")
+}
+
+/// A free port on the loopback address `ip`.
+fn free_port_on(ip: &str) -> u16 {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
     l.local_addr().unwrap().port()
 }
 
 /// One replica: `toolexec serve` with its own data directory (node-local workspaces).
 struct Replica {
     name: String,
+    /// The loopback address it is bound to.
+    ip: String,
     port: u16,
     child: Option<Child>,
     log: PathBuf,
@@ -41,18 +48,29 @@ impl Replica {
 
     /// Like [`Replica::start`], with more settings in the environment.
     fn start_with(name: &str, db: &TestPgDatabase, dir: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_on("127.0.0.1", name, db, dir, env)
+    }
+
+    /// Like [`Replica::start_with`], bound to (and advertising) the loopback address `ip`.
+    fn start_on(
+        ip: &str,
+        name: &str,
+        db: &TestPgDatabase,
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let data = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = free_port_on(ip);
         let log = dir.join(format!("{name}.log"));
         let mut cmd = toolexec(data.path());
         cmd.arg("serve")
-            .env("TOOLEXEC_BIND", format!("127.0.0.1:{port}"))
+            .env("TOOLEXEC_BIND", format!("{ip}:{port}"))
             .env("TOOLEXEC_DATABASE_URL", db.url())
             .env("TOOLEXEC_DATA_DIR", data.path())
             .env("TOOLEXEC_NODE", name)
             .env(
                 "TOOLEXEC_CLUSTER__ADVERTISE_URL",
-                format!("http://127.0.0.1:{port}"),
+                format!("http://{ip}:{port}"),
             )
             .env("TOOLEXEC_LIMITS__LEASE_TTL_MS", TTL_MS.to_string())
             .env("TOOLEXEC_LOG_FORMAT", "json")
@@ -63,6 +81,7 @@ impl Replica {
         let child = cmd.spawn().expect("spawning toolexec");
         let r = Self {
             name: name.to_owned(),
+            ip: ip.to_owned(),
             port,
             child: Some(child),
             log,
@@ -637,20 +656,22 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
 }
 
 /// A session's MCP requests that reach another replica run where the session lives (forwarded
-/// like its calls), and the replica they reached checks their Host: the one they are forwarded
-/// to sees its own internal address as the Host.
+/// like its calls), and each replica checks their Host: the one they reached against the name
+/// clients use, the one they are forwarded to against its own address (the replicas are bound
+/// to 127.0.0.2 and 127.0.0.3, which no loopback name covers). A client-sent forwarding header
+/// switches no check off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_call_sent_to_another_replica_runs_on_the_sessions_node() {
     toolexec_tools::web::install_tls_provider();
     let db = TestPgDatabase::create().await;
     let dir = tempfile::tempdir().unwrap();
     // Clients know the service by a public name only.
-    let env = [("TOOLEXEC_MCP__ALLOWED_HOSTS", "tools.example.com")];
-    let n0 = Replica::start_with("n0", &db, dir.path(), &env);
-    let n1 = Replica::start_with("n1", &db, dir.path(), &env);
+    let env = [("TOOLEXEC_ALLOWED_HOSTS", "tools.example.com")];
+    let n0 = Replica::start_on("127.0.0.2", "n0", &db, dir.path(), &env);
+    let n1 = Replica::start_on("127.0.0.3", "n1", &db, dir.path(), &env);
     let on = |r: &Replica| Client {
         http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{}", r.port),
+        base: format!("http://{}:{}", r.ip, r.port),
     };
     let (c0, c1) = (on(&n0), on(&n1));
     let (status, s) = c0.post("/v1/sessions", &json!({})).await;
@@ -665,25 +686,33 @@ async fn an_mcp_call_sent_to_another_replica_runs_on_the_sessions_node() {
         )
         .await;
     assert_eq!(r["status"], "ok", "{r}");
-    let mcp = |c: &Client, host: Option<&str>| {
+    let mcp = |c: &Client, host: Option<&str>, forged: bool| {
         let mut req = c
             .http
             .post(format!("{}/v1/sessions/{sid}/mcp", c.base))
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", "2025-11-25")
             .timeout(Duration::from_secs(60))
-            .json(
-                &json!({"jsonrpc": "2.0", "id": "m1", "method": "tools/call",
-                          "params": {"name": "read_file", "arguments": {"file_path": "a.txt"}}}),
-            );
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "read_file", "arguments": {"file_path": "a.txt"},
+                                     "_meta": {"dev.toolexec/call_id": "m1"}}}));
         if let Some(host) = host {
             req = req.header("host", host);
         }
+        if forged {
+            req = req.header("x-toolexec-forwarded-by", "n1");
+        }
         req.send()
     };
-    let resp = mcp(&c1, Some("rebind.example")).await.unwrap();
+    let resp = mcp(&c1, Some("rebind.example"), false).await.unwrap();
     assert_eq!(resp.status(), 403, "checked on the replica it reached");
-    let resp = mcp(&c1, Some("tools.example.com")).await.unwrap();
+    let resp = mcp(&c0, Some("rebind.example"), true).await.unwrap();
+    assert_eq!(
+        resp.status(),
+        403,
+        "a forged forward is checked like any request"
+    );
+    let resp = mcp(&c1, Some("tools.example.com"), false).await.unwrap();
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["result"]["isError"], false, "{body}");

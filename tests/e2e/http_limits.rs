@@ -40,7 +40,7 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
     let mut s = connect(&app).await;
     let t0 = Instant::now();
     s.write_all(
-        b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{",
+        b"POST /v1/sessions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{",
     )
     .await
     .unwrap();
@@ -59,7 +59,7 @@ async fn a_body_that_never_arrives_gets_408_on_time() {
     let mut s = connect(&app).await;
     let t0 = Instant::now();
     s.write_all(
-        b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"meta",
+        b"POST /v1/sessions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"meta",
     )
     .await
     .unwrap();
@@ -84,7 +84,7 @@ async fn a_head_that_never_ends_is_cut_off() {
     let mut stalled = Vec::new();
     for _ in 0..20 {
         let mut s = connect(&app).await;
-        s.write_all(b"POST /v1/sessions HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+        s.write_all(b"POST /v1/sessions HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
             .await
             .unwrap();
         stalled.push(s);
@@ -110,7 +110,7 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_freed_slots_are_reuse
     for _ in 0..4 {
         let mut s = connect(&app).await;
         // A complete request on each keeps them open (keep-alive) and proves they were served.
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .await
             .unwrap();
         let mut buf = [0u8; 512];
@@ -120,7 +120,7 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_freed_slots_are_reuse
     }
     let mut over = connect(&app).await;
     let _ = over
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await;
     let (text, closed) = read_until_closed(&mut over, Duration::from_secs(3)).await;
     assert!(closed && text.is_empty(), "over the cap: {text:?}");
@@ -128,7 +128,7 @@ async fn connections_beyond_the_cap_are_closed_at_once_and_freed_slots_are_reuse
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut again = connect(&app).await;
     again
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let (text, _) = read_until_closed(&mut again, Duration::from_secs(3)).await;
@@ -147,7 +147,7 @@ async fn a_client_that_stops_reading_its_responses_is_cut_off() {
         .await
         .unwrap();
     const ASKED: usize = 200;
-    let request = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n".repeat(ASKED);
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(ASKED);
     s.write_all(&request).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     healthy(&app).await;

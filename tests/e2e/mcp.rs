@@ -1,7 +1,8 @@
 //! A session's MCP endpoint (`/v1/sessions/{id}/mcp`): a real MCP client (the official Python
 //! SDK) lists and calls the session's tools in both lifecycles, and every call lands in the
-//! session's log under its JSON-RPC id; the door is checked like the REST API's (auth, tenant,
-//! Origin, Host), versions are negotiated, and bad JSON-RPC gets JSON-RPC errors.
+//! session's log as a call of its own (the JSON-RPC id is the client's correlation id; a
+//! `_meta` call id makes a call idempotent); the door is checked like the REST API's (auth,
+//! tenant, Origin, Host), versions are negotiated, and bad JSON-RPC gets JSON-RPC errors.
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -159,33 +160,34 @@ async fn check_a_python_client_run(app: &TestApp, sid: &str, run: &Value) {
         .unwrap();
     assert_eq!(made, "from-mcp\n");
 
-    // Each call is in the session's log under the JSON-RPC id the SDK sent it with, and sending
-    // that id again through the REST API returns the recorded result and runs nothing.
+    // Each call is in the session's log once, under the call id its result names — a new one,
+    // not the JSON-RPC id the SDK sent it with — and sending that call id again through the
+    // REST API returns the recorded result and runs nothing.
     let sent = run["sent"].as_array().unwrap();
     assert_eq!(sent.len(), 4, "{run}");
     let events = app.events(sid).await;
     for (s, label) in sent.iter().zip(["read", "shell", "edit", "missing"]) {
-        let call_id = match &s["id"] {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
+        let invocation = calls[label]["_meta"]["toolexec/invocation_id"].clone();
         let started: Vec<&Value> = events
             .iter()
-            .filter(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == call_id)
+            .filter(|e| e["kind"] == "invocation.started" && e["invocation_id"] == invocation)
             .collect();
-        assert_eq!(started.len(), 1, "{call_id} in {events:#?}");
+        assert_eq!(started.len(), 1, "{label} in {events:#?}");
         assert_eq!(started[0]["data"]["name"], s["tool"]);
-        let invocation = calls[label]["_meta"]["toolexec/invocation_id"].clone();
-        assert_eq!(started[0]["invocation_id"], invocation, "{label}");
+        let call_id = &started[0]["data"]["call_id"];
+        assert_eq!(
+            call_id, &calls[label]["_meta"]["toolexec/call_id"],
+            "{label}"
+        );
+        assert_ne!(call_id, &json!(rpc_id_text(&s["id"])), "{label}");
     }
-    let shell_id = match &sent[1]["id"] {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let shell_id = calls["shell"]["_meta"]["toolexec/call_id"]
+        .as_str()
+        .unwrap();
     let again = app
         .call(
             sid,
-            &shell_id,
+            shell_id,
             "shell",
             json!({"command": "echo from-mcp > made.txt; cat made.txt"}),
         )
@@ -196,6 +198,14 @@ async fn check_a_python_client_run(app: &TestApp, sid: &str, run: &Value) {
     );
     let after = app.events(sid).await;
     assert_eq!(after.len(), events.len(), "a retry runs nothing");
+}
+
+/// A JSON-RPC id as the text a call id would have been: a number in decimal, a string as it is.
+fn rpc_id_text(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,51 +331,103 @@ async fn tools_list_shows_only_the_sessions_allowed_tools_and_shell_is_open_worl
     );
 }
 
+/// The `invocation.started` events of a session with the given call id.
+fn started_with<'a>(events: &'a [Value], call_id: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == call_id)
+        .collect()
+}
+
 #[tokio::test]
-async fn a_repeated_request_id_returns_the_recorded_result_and_other_arguments_are_refused() {
+async fn a_repeated_request_id_runs_a_new_call_and_a_named_call_id_is_idempotent() {
     let app = spawn_sqlite_app().await;
     let sid = session(&app).await;
-    let call = tool_call(
-        json!("w-1"),
-        "write_file",
-        json!({"file_path": "a.txt", "content": "1"}),
-    );
-    let (status, first) = send(rpc(&app, &sid), &call).await;
+    // The same JSON-RPC id twice, as two clients (or one that reconnected) send it: two calls,
+    // each run and recorded under a call id of its own.
+    let stamp = tool_call(json!(2), "shell", json!({"command": "date +%s%N"}));
+    let (status, first) = send(rpc(&app, &sid), &stamp).await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["result"]["isError"], false, "{first}");
+    let (_, second) = send(rpc(&app, &sid), &stamp).await;
+    assert_eq!(second["result"]["isError"], false, "{second}");
+    assert_ne!(
+        first["result"]["content"], second["result"]["content"],
+        "the command ran twice"
+    );
+    let meta = |v: &Value, k: &str| v["result"]["_meta"][k].clone();
+    assert_ne!(
+        meta(&first, "toolexec/invocation_id"),
+        meta(&second, "toolexec/invocation_id")
+    );
+    let events = app.events(&sid).await;
+    let shells: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "invocation.started" && e["data"]["name"] == "shell")
+        .collect();
+    assert_eq!(shells.len(), 2, "{events:#?}");
+    assert!(
+        started_with(&events, "2").is_empty(),
+        "no call is named by its request id"
+    );
+    for (r, e) in [&first, &second].iter().zip(&shells) {
+        assert_eq!(e["data"]["call_id"], meta(r, "toolexec/call_id"));
+    }
+    // Another request id with other arguments is not refused either.
+    let (_, other) = send(
+        rpc(&app, &sid),
+        &tool_call(
+            json!(2),
+            "write_file",
+            json!({"file_path": "a.txt", "content": "1"}),
+        ),
+    )
+    .await;
+    assert_eq!(other["result"]["isError"], false, "{other}");
+
+    // `_meta` names the call: the same name again returns the recorded result and runs nothing,
+    // whatever the request id; with other arguments it is refused.
+    let named = |id: Value, key: &str, command: &str| {
+        let mut c = tool_call(id, "shell", json!({"command": command}));
+        c["params"]["_meta"] = json!({key: "toolu_07"});
+        c
+    };
+    let (_, first) = send(
+        rpc(&app, &sid),
+        &named(json!(5), "dev.toolexec/call_id", "date +%s%N"),
+    )
+    .await;
+    assert_eq!(first["result"]["isError"], false, "{first}");
+    assert_eq!(meta(&first, "toolexec/call_id"), "toolu_07");
     let events = app.events(&sid).await.len();
-    let (_, second) = send(rpc(&app, &sid), &call).await;
-    assert_eq!(second["result"], first["result"]);
+    for (id, key) in [
+        (json!(5), "dev.toolexec/call_id"),
+        (json!("other"), "dev.toolexec/call_id"),
+        (json!(6), "toolexec/call_id"),
+    ] {
+        let (_, again) = send(rpc(&app, &sid), &named(id, key, "date +%s%N")).await;
+        assert_eq!(again["result"], first["result"], "{key}");
+    }
     assert_eq!(
         app.events(&sid).await.len(),
         events,
-        "the retry ran nothing"
+        "the retries ran nothing"
     );
-    let other = tool_call(
-        json!("w-1"),
-        "write_file",
-        json!({"file_path": "a.txt", "content": "2"}),
-    );
-    let (_, body) = send(rpc(&app, &sid), &other).await;
-    assert_eq!(body["id"], "w-1", "{body}");
+    let (_, body) = send(
+        rpc(&app, &sid),
+        &named(json!(7), "dev.toolexec/call_id", "echo other"),
+    )
+    .await;
+    assert_eq!(body["id"], 7, "{body}");
     assert_eq!(body["error"]["code"], -32600, "{body}");
     assert_eq!(body["error"]["data"]["code"], "call_id_reused", "{body}");
-    // `_meta` may name the call instead: the model's own id, recorded as such.
-    let mut named = tool_call(
-        json!(1),
-        "write_file",
-        json!({"file_path": "c.txt", "content": "3"}),
-    );
-    named["params"]["_meta"] = json!({"toolexec/call_id": "toolu_07"});
-    let (_, body) = send(rpc(&app, &sid), &named).await;
-    assert_eq!(body["result"]["isError"], false, "{body}");
-    let events = app.events(&sid).await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == "toolu_07")
-    );
-    assert!(!events.iter().any(|e| e["data"]["call_id"] == "1"));
+    assert_eq!(body["error"]["data"]["call_id"], "toolu_07", "{body}");
+    assert_eq!(started_with(&app.events(&sid).await, "toolu_07").len(), 1);
+    // A call id that is not a string is the client's mistake, not a call.
+    let mut bad = tool_call(json!(8), "shell", json!({"command": "true"}));
+    bad["params"]["_meta"] = json!({"dev.toolexec/call_id": 42});
+    let (_, body) = send(rpc(&app, &sid), &bad).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
     // Invalid arguments are the tool's failure, told to the model, not a protocol error.
     let (_, body) = send(
         rpc(&app, &sid),
@@ -377,14 +439,18 @@ async fn a_repeated_request_id_returns_the_recorded_result_and_other_arguments_a
         body["result"]["_meta"]["toolexec/status"],
         "invalid_arguments"
     );
-    // A closed session: recorded calls still answer, new ones are refused with its problem code.
+    // A closed session: named calls still answer, new ones are refused with its problem code.
     assert_eq!(
         app.delete(&format!("/v1/sessions/{sid}")).await.status(),
         200
     );
-    let (_, again) = send(rpc(&app, &sid), &call).await;
+    let (_, again) = send(
+        rpc(&app, &sid),
+        &named(json!(10), "dev.toolexec/call_id", "date +%s%N"),
+    )
+    .await;
     assert_eq!(again["result"], first["result"]);
-    let new = tool_call(json!("w-2"), "read_file", json!({"file_path": "a.txt"}));
+    let new = tool_call(json!(11), "read_file", json!({"file_path": "a.txt"}));
     let (_, body) = send(rpc(&app, &sid), &new).await;
     assert_eq!(body["error"]["data"]["code"], "session_closed", "{body}");
 }
@@ -448,7 +514,7 @@ async fn get_and_delete_are_405_for_the_stateless_endpoint() {
 #[tokio::test]
 async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
     let app = spawn_sqlite_app_with(|c| {
-        c.mcp.allowed_origins = vec!["https://agent.example.com".into()];
+        c.allowed_origins = vec!["https://agent.example.com".into()];
     })
     .await;
     let sid = session(&app).await;
@@ -470,14 +536,16 @@ async fn browser_origins_and_hosts_off_the_allow_lists_are_refused() {
     let (status, body) = send(rpc(&app, &sid).header("host", "rebind.example:80"), &list).await;
     assert_eq!(status, 403, "{body}");
 
-    // Behind a gateway: the names clients use, set by TOOLEXEC_MCP__ALLOWED_HOSTS as any setting.
-    let app =
-        spawn_sqlite_app_with(|c| c.mcp.allowed_hosts = vec!["tools.example.com".into()]).await;
+    // Behind a gateway: the names clients use, added by `allowed_hosts` (the loopback names
+    // stay: a page cannot make a browser send them).
+    let app = spawn_sqlite_app_with(|c| c.allowed_hosts = vec!["tools.example.com".into()]).await;
     let sid = session(&app).await;
     let (status, _) = send(rpc(&app, &sid).header("host", "tools.example.com"), &list).await;
     assert_eq!(status, 200);
     let (status, _) = send(rpc(&app, &sid), &list).await;
-    assert_eq!(status, 403, "127.0.0.1 is no longer on the list");
+    assert_eq!(status, 200, "127.0.0.1 is still its own address");
+    let (status, _) = send(rpc(&app, &sid).header("host", "rebind.example"), &list).await;
+    assert_eq!(status, 403);
 }
 
 #[tokio::test]
@@ -519,14 +587,13 @@ async fn mcp_needs_the_same_api_key_as_rest_and_another_tenants_session_is_not_f
     assert_eq!(status, 404);
 }
 
-#[tokio::test]
-async fn the_official_typescript_sdk_lists_and_calls_a_sessions_tools() {
-    let app = spawn_sqlite_app().await;
-    let sid = session(&app).await;
+/// Runs tests/node/mcp_client.mjs (`mode`: `basic` or `stamp`) and returns what it printed.
+async fn node_client(url: &str, mode: &str) -> Value {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
     let run = tokio::process::Command::new("node")
         .arg(dir.join("mcp_client.mjs"))
-        .arg(app.url(&format!("/v1/sessions/{sid}/mcp")))
+        .arg(url)
+        .arg(mode)
         .current_dir(&dir)
         .kill_on_drop(true)
         .output();
@@ -540,7 +607,14 @@ async fn the_official_typescript_sdk_lists_and_calls_a_sessions_tools() {
         out.status.success(),
         "the MCP TypeScript SDK failed (needs `npm ci` in tests/node; .ci/run runs it):\n{stdout}\n{stderr}"
     );
-    let run: Value = serde_json::from_str(stdout.trim()).unwrap();
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+}
+
+#[tokio::test]
+async fn the_official_typescript_sdk_lists_and_calls_a_sessions_tools() {
+    let app = spawn_sqlite_app().await;
+    let sid = session(&app).await;
+    let run = node_client(&app.url(&format!("/v1/sessions/{sid}/mcp")), "basic").await;
     assert_eq!(run["version"], "2025-11-25", "{run}");
     let read_file = run["tools"]
         .as_array()
@@ -558,14 +632,119 @@ async fn the_official_typescript_sdk_lists_and_calls_a_sessions_tools() {
     );
     assert_eq!(run["calls"]["missing"]["isError"], true, "{run}");
     let events = app.events(&sid).await;
-    for s in run["sent"].as_array().unwrap() {
-        let id = s["id"].to_string();
-        assert!(
-            events
-                .iter()
-                .any(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == id),
-            "call id {id} in the log"
+    for label in ["read", "missing"] {
+        let call_id = run["calls"][label]["_meta"]["toolexec/call_id"]
+            .as_str()
+            .unwrap();
+        assert_eq!(
+            started_with(&events, call_id).len(),
+            1,
+            "{label} in the log"
         );
     }
     assert_eq!(run["sent"].as_array().unwrap().len(), 2);
+}
+
+/// The output of a `date +%s%N` call's result (the line after `--- stdout ---`).
+fn stamp_of(result: &Value) -> String {
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    text.split("--- stdout ---\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("no stdout in {result}"))
+        .to_owned()
+}
+
+/// Two MCP clients one after the other on one session — the Python SDK, then the TypeScript
+/// SDK — as when the Inspector is run twice or an agent reconnects: each counts its JSON-RPC
+/// ids from 0, so their ids collide, and each call still runs (a command whose output changes
+/// gives two outputs and two invocations). A call named by `_meta` is idempotent: repeated, it
+/// returns the recorded result without running; with other arguments it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sdk_clients_on_one_session_each_run_their_calls_though_their_request_ids_collide() {
+    let app = spawn_app().await;
+    let sid = session(&app).await;
+    let url = app.url(&format!("/v1/sessions/{sid}/mcp"));
+    let py = python_client(&url, "stamp", None).await;
+    let ts = node_client(&url, "stamp").await;
+
+    // The ids collide: each SDK counts from 0 on its connection (the Python SDK's first
+    // tools/call may come an id or two later than the TypeScript SDK's).
+    let ids = |run: &Value| -> Vec<String> {
+        run["sent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| rpc_id_text(&s["id"]))
+            .collect()
+    };
+    const STAMPS: [&str; 3] = ["stamp_1", "stamp_2", "stamp_3"];
+    let (py_ids, ts_ids) = (ids(&py), ids(&ts));
+    assert_eq!(py_ids.len(), 6, "{py}");
+    assert_eq!(ts_ids.len(), 6, "{ts}");
+    let collide: Vec<&String> = py_ids[..3]
+        .iter()
+        .filter(|i| ts_ids[..3].contains(i))
+        .collect();
+    assert!(
+        !collide.is_empty(),
+        "the stamp calls of the two clients share JSON-RPC ids: {py_ids:?} {ts_ids:?}"
+    );
+
+    // Every stamp call ran: six outputs, six invocations, six call ids of the service's.
+    let events = app.events(&sid).await;
+    let mut stamps = std::collections::HashSet::new();
+    let mut invocations = std::collections::HashSet::new();
+    for run in [&py, &ts] {
+        for label in STAMPS {
+            let stamp = &run["calls"][label];
+            assert_eq!(stamp["isError"], false, "{run}");
+            stamps.insert(stamp_of(stamp));
+            invocations.insert(stamp["_meta"]["toolexec/invocation_id"].to_string());
+        }
+    }
+    assert_eq!(stamps.len(), 6, "every call ran: {stamps:?}");
+    assert_eq!(invocations.len(), 6);
+    for run in [&py, &ts] {
+        for label in STAMPS {
+            let call_id = run["calls"][label]["_meta"]["toolexec/call_id"].as_str();
+            let call_id = call_id.unwrap_or_else(|| panic!("{label}: no call id in {run}"));
+            assert!(call_id.starts_with("mcp-"), "{call_id}");
+            assert_eq!(started_with(&events, call_id).len(), 1, "{call_id}");
+        }
+    }
+    let unnamed = events
+        .iter()
+        .filter(|e| {
+            e["kind"] == "invocation.started"
+                && e["data"]["arguments"]["command"] == "date +%s%N"
+                && e["data"]["call_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("mcp-"))
+        })
+        .count();
+    assert_eq!(unnamed, 6, "six invocations of the stamp call: {events:#?}");
+
+    // The named call (each SDK under its own id and `_meta` key): run once, the repeat gets the
+    // recorded result, other arguments under the same id are refused.
+    for (run, name) in [(&py, "py-stamp-1"), (&ts, "ts-stamp-1")] {
+        let calls = &run["calls"];
+        assert_eq!(calls["named"]["isError"], false, "{run}");
+        assert_eq!(calls["named"]["_meta"]["toolexec/call_id"], name);
+        assert_eq!(
+            calls["named_again"], calls["named"],
+            "{name}: the recorded result"
+        );
+        assert_eq!(stamp_of(&calls["named_again"]), stamp_of(&calls["named"]));
+        assert_eq!(started_with(&events, name).len(), 1, "{name} ran once");
+        let refused = &calls["named_other"]["error"];
+        assert_eq!(refused["code"], -32600, "{name}: {run}");
+        assert_eq!(refused["data"]["code"], "call_id_reused", "{name}: {run}");
+    }
+    assert!(
+        !events
+            .iter()
+            .any(|e| e["data"]["arguments"]["command"] == "echo other"),
+        "the refused call did not run"
+    );
 }

@@ -19,6 +19,8 @@ pub struct CountingStore {
     pub call_lookups: AtomicU64,
     /// Calls of [`Store::todo_events`] (one probe of the todo index each).
     pub todo_lookups: AtomicU64,
+    /// Calls of [`Store::tenant_for_key`] (an API key looked up).
+    pub key_lookups: AtomicU64,
     /// Run (once) at the start of [`Store::delete_sessions`]: something that happens while
     /// retention runs, between its reading of the logs and its deletes.
     pub before_delete_sessions: tokio::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
@@ -32,6 +34,7 @@ impl CountingStore {
             event_pages: AtomicU64::new(0),
             call_lookups: AtomicU64::new(0),
             todo_lookups: AtomicU64::new(0),
+            key_lookups: AtomicU64::new(0),
             before_delete_sessions: tokio::sync::Mutex::new(None),
         })
     }
@@ -62,6 +65,7 @@ impl Store for CountingStore {
             .await
     }
     async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>> {
+        self.key_lookups.fetch_add(1, Ordering::SeqCst);
         self.inner.tenant_for_key(key_sha256).await
     }
     async fn has_api_keys(&self) -> Result<bool> {

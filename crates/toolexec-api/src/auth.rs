@@ -14,10 +14,13 @@ use sha2::{Digest, Sha256};
 use toolexec_core::Tenant;
 
 use crate::AppState;
+use crate::auth_failures::AuthFailures;
 use crate::problem::ApiError;
 
 /// How long a verified key is trusted without asking the store again. Bounds the store reads a
-/// busy client causes (one per key per TTL) and how long a revoked key keeps working.
+/// busy client causes (one per key per TTL) and how long a revoked key keeps working. The entry
+/// stays after that (until the cache is full): it marks the key as one this node has verified,
+/// which the limit on failed lookups lets through.
 const KEY_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Most keys cached at once; the cache is cleared when full (cheap, and bounded memory).
 const KEY_CACHE_MAX: usize = 10_000;
@@ -37,14 +40,24 @@ pub enum AuthMode {
 pub struct Auth {
     pub mode: AuthMode,
     cache: Mutex<HashMap<String, (Tenant, Instant)>>,
+    /// Lookups of keys this node has not verified, limited per source.
+    failures: AuthFailures,
 }
 
 impl Auth {
+    /// No limit on failed lookups; see [`Auth::limit_failures`].
     pub fn new(mode: AuthMode) -> Self {
         Self {
             mode,
             cache: Mutex::new(HashMap::new()),
+            failures: AuthFailures::default(),
         }
+    }
+
+    /// Limits lookups of unknown keys per source (see [`crate::auth_failures`]).
+    pub fn limit_failures(mut self, failures: AuthFailures) -> Self {
+        self.failures = failures;
+        self
     }
 
     pub fn describe(&self) -> &'static str {
@@ -124,12 +137,22 @@ async fn authenticate(parts: &Parts, state: &Arc<AppState>) -> Result<AuthTenant
             if let Some(t) = auth.cached(&hash) {
                 return Ok(AuthTenant(t));
             }
+            // A key verified here before (its cache entry grown old) is looked up again freely;
+            // one never seen only while its source has failures left to spend.
+            let source = auth.failures.source(parts);
+            if !auth.known(&hash) {
+                auth.failures.check(source)?;
+            }
             match state.engine.store().tenant_for_key(&hash).await? {
                 Some(t) => {
                     auth.remember(hash, t.clone());
                     Ok(AuthTenant(t))
                 }
-                None => Err(unauthorized("unknown or revoked API key")),
+                None => {
+                    auth.forget(&hash);
+                    auth.failures.failed(source);
+                    Err(unauthorized("unknown or revoked API key"))
+                }
             }
         }
     }
@@ -140,6 +163,18 @@ impl Auth {
         let cache = self.cache.lock().ok()?;
         let (t, at) = cache.get(hash)?;
         (at.elapsed() < KEY_CACHE_TTL).then(|| t.clone())
+    }
+
+    /// Whether this node verified the key before (however long ago; until it fails a lookup or
+    /// the cache is cleared).
+    fn known(&self, hash: &str) -> bool {
+        self.cache.lock().is_ok_and(|c| c.contains_key(hash))
+    }
+
+    fn forget(&self, hash: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remove(hash);
+        }
     }
 
     fn remember(&self, hash: String, tenant: Tenant) {

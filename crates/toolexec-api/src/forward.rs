@@ -6,7 +6,9 @@
 //!
 //! The forwarded request is the client's, byte for byte, with its own credentials (the owner
 //! authenticates it again) and one header more, `x-toolexec-forwarded-by`: a request that
-//! carries it is never forwarded again. The answer comes back as the owner gave it, streamed.
+//! carries it is never forwarded again. The header grants nothing else: the owner checks the
+//! request's `Host` and `Origin` like any other ([`crate::door`]), and its `Host` is the
+//! owner's advertised address, which the owner answers for. The answer comes back as the owner gave it, streamed.
 //! If the owner cannot be reached (no connection: the request was not sent), the route is asked
 //! again — the owner may be handing its sessions over, or gone, and this node then takes the
 //! session over — until `limits.lease_wait_ms`, then the client gets 503. If the connection
@@ -105,17 +107,10 @@ pub(crate) async fn forward_to_owner(
     let Some(target) = target(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
-    // The node the request reached checks where it comes from: the owner sees the forwarding
-    // node's request, whose Host is the owner's internal address.
-    if matches!(target, Target::Session(_))
-        && req.uri().path().ends_with("/mcp")
-        && let Err(e) = crate::mcp::check_door(req.headers(), req.uri(), &state.config.mcp)
-    {
-        return e.into_response();
-    }
-    // Then who sends it, before its body is read or sent on (the owner authenticates it
-    // again): a wrong key is answered at once and holds no request slot, and the tenant's
-    // slot is taken here (docs/security.md, "Request slots").
+    // Who sends it, before its body is read or sent on (the owner authenticates it again;
+    // Host and Origin were checked before this layer, on every route): a wrong key is
+    // answered at once and holds no request slot, and the tenant's slot is taken here
+    // (docs/security.md, "Request slots").
     let (mut parts, body) = req.into_parts();
     if let Err(e) = crate::auth::AuthTenant::from_request_parts(&mut parts, &state).await {
         return e.into_response();

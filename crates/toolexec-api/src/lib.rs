@@ -4,7 +4,9 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod auth_failures;
 pub mod dialects;
+pub mod door;
 pub mod extract;
 pub mod forward;
 pub mod limits;
@@ -80,8 +82,8 @@ pub struct ApiConfig {
     /// Longest a response may wait for the client to read more of it (the connection is
     /// closed beyond); applied by the server.
     pub write_stall_timeout: Duration,
-    /// The MCP endpoint's origin and host allow-lists.
-    pub mcp: mcp::McpConfig,
+    /// The host and browser-origin allow-lists every route but the probes is held to.
+    pub door: door::Door,
 }
 
 impl Default for ApiConfig {
@@ -96,7 +98,7 @@ impl Default for ApiConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            mcp: mcp::McpConfig::default(),
+            door: door::Door::default(),
         }
     }
 }
@@ -174,6 +176,12 @@ pub fn app(state: Arc<AppState>) -> Router {
             slots,
             limits::shed_load,
         ))
+        // Before anything reads the body or the credentials: a request from a page that
+        // rebound its name to this address learns nothing and holds no slot.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            door::check,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
                 use axum::response::IntoResponse;
@@ -182,6 +190,7 @@ pub fn app(state: Arc<AppState>) -> Router {
             },
         ))
         .layer(axum::middleware::from_fn(problem::with_request_id))
+        .layer(axum::middleware::map_response(no_sniffing))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             observe::count_request,
@@ -196,6 +205,17 @@ pub fn app(state: Arc<AppState>) -> Router {
             X_REQUEST_ID.clone(),
             MakeRequestIdV7,
         ))
+}
+
+/// Every response is taken as the type it names: a workspace file served as `text/plain` or
+/// `application/octet-stream` (`GET …/files/{path}`, archives, outputs) is never sniffed into
+/// HTML or script by a browser, whatever a tenant wrote into it.
+async fn no_sniffing(mut res: axum::response::Response) -> axum::response::Response {
+    res.headers_mut().insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    res
 }
 
 /// How long `/readyz` waits for the store before calling it down.

@@ -3,14 +3,16 @@
 //! negotiation (`initialize` up to 2025-11-25, `server/discover` and per-request `_meta` for
 //! 2026-07-28) and its tower service answer the JSON-RPC.
 //!
-//! What this module owns is the door and the mapping, nothing of the pipeline: before the SDK
-//! sees a request, the `Host` and `Origin` are checked against the operator's allow-lists, the
-//! tenant is authenticated exactly as for the REST API (the same extractor), the session is
-//! looked up for that tenant (another tenant's is 404), and the body is read within the API's
-//! size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
+//! What this module owns is the admission and the mapping, nothing of the pipeline: before the
+//! SDK sees a request (whose `Host` and `Origin` were checked by [`crate::door`], as on every
+//! route), the tenant is authenticated exactly as for the REST API (the same extractor), the
+//! session is looked up for that tenant (another tenant's is 404), and the body is read within
+//! the API's size and time limits — JSON that is not JSON-RPC gets a JSON-RPC error. Then `tools/list`
 //! lists the session's allowed tools and `tools/call` is one call through
 //! [`Engine::run_calls`](toolexec_engine::Engine::run_calls) — validated, sandboxed and
-//! recorded like `POST /v1/sessions/{id}/calls` — whose call id is the JSON-RPC request id.
+//! recorded like `POST /v1/sessions/{id}/calls`. Its call id is the one its
+//! `_meta["dev.toolexec/call_id"]` names (an idempotent call), else a new one: a JSON-RPC
+//! request id is a correlation id, which every SDK counts from 0 on each connection.
 //!
 //! Stateless: the session is named in the URL, so no `Mcp-Session-Id` is issued and there is no
 //! server-to-client stream: GET and DELETE are 405 (the 2025-11-25 transport lets a server
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use rmcp::ErrorData;
@@ -33,39 +35,16 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolexec_core::{Call, NetworkPolicy, ProblemCode, Session, Tenant};
 use toolexec_engine::CallBatch;
+use tracing::Instrument;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
 use crate::dialects::{mcp_result, mcp_tool};
 use crate::extract::parse_id;
 use crate::problem::{ApiError, or_not_found};
-
-/// The MCP endpoint's own settings (`mcp.*`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct McpConfig {
-    /// Browser origins (`scheme://host[:port]`) allowed to call the MCP endpoint. A request
-    /// with an `Origin` header not on the list is refused (403); one without (an agent, a
-    /// server-side client) is not affected. Empty: no browser origin at all.
-    pub allowed_origins: Vec<String>,
-    /// Host names (or `host:port`) the MCP endpoint answers for, checked against `Host`: a
-    /// DNS-rebinding page that points its own name at the service is refused (403). A
-    /// deployment behind a gateway lists the names clients use; `*` turns the check off.
-    pub allowed_hosts: Vec<String>,
-}
-
-impl Default for McpConfig {
-    fn default() -> Self {
-        Self {
-            allowed_origins: Vec::new(),
-            allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
-        }
-    }
-}
 
 /// What a request is for, put in its extensions for the SDK's handler.
 #[derive(Debug, Clone)]
@@ -83,7 +62,8 @@ pub(crate) fn router(state: &SharedState) -> Router<SharedState> {
         .with_legacy_session_mode(false)
         // One JSON answer per request: the handler sends no notifications before its result.
         .with_json_response(true)
-        // Checked before auth, by this module (as problem+json, the API's error shape).
+        // Checked on every route before this one, by the door (as problem+json, the API's
+        // error shape).
         .disable_allowed_hosts()
         .disable_allowed_origins()
         .with_max_request_body_bytes(state.config.body_limit_bytes);
@@ -129,11 +109,11 @@ async fn serve(
     }
 }
 
-/// Everything the REST API would check, in the order that reveals least: where the request
-/// comes from, who sends it, whether the session is theirs, then its body.
+/// Everything the REST API would check, in the order that reveals least (where the request
+/// comes from was checked by the door, as on every route): who sends it, whether the session
+/// is theirs, then its body.
 async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, Response> {
     let (mut parts, body) = req.into_parts();
-    check_door(&parts.headers, &parts.uri, &state.config.mcp).map_err(into_response)?;
     let AuthTenant(tenant) = AuthTenant::from_request_parts(&mut parts, state)
         .await
         .map_err(into_response)?;
@@ -161,21 +141,6 @@ async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, R
     check_json_rpc(&bytes).map_err(|(id, error)| json_rpc_error(id, error))?;
     parts.extensions.insert(Target { tenant, session });
     Ok(Request::from_parts(parts, Body::from(bytes)))
-}
-
-/// Where the request comes from: its `Host` and a browser's `Origin` against the allow-lists.
-/// A request another replica forwarded was checked there (its `Host` here is this replica's
-/// internal address); a browser cannot send the forwarding header across origins without a
-/// CORS preflight, which this service never grants.
-pub(crate) fn check_door(
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    config: &McpConfig,
-) -> Result<(), ApiError> {
-    if !headers.contains_key(&crate::forward::FORWARDED_BY) {
-        check_host(headers, uri, &config.allowed_hosts)?;
-    }
-    check_origin(headers, &config.allowed_origins)
 }
 
 fn into_response(e: ApiError) -> Response {
@@ -256,85 +221,6 @@ fn json_rpc_error(id: Option<RequestId>, error: ErrorData) -> Response {
     resp
 }
 
-fn forbidden(detail: String) -> ApiError {
-    ApiError::new(ProblemCode::Forbidden, detail)
-}
-
-/// `Host` (or the URI's authority) must be on the allow-list: a name without a port allows
-/// every port; `*` allows every host.
-fn check_host(
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    allowed: &[String],
-) -> Result<(), ApiError> {
-    if allowed.iter().any(|a| a.trim() == "*") {
-        return Ok(());
-    }
-    let given = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| uri.authority().map(|a| a.as_str().to_owned()))
-        .ok_or_else(|| forbidden("the request names no host (no Host header)".into()))?;
-    let authority: axum::http::uri::Authority = given
-        .parse()
-        .map_err(|_| forbidden(format!("the Host header {given:?} is not a host name")))?;
-    let host = normalize_host(authority.host());
-    let port = authority.port_u16();
-    let ok = allowed.iter().any(|a| {
-        let a = a.trim();
-        // A bare IPv6 address (`::1`) is no authority: it names a host, every port.
-        let (a_host, a_port) = match a.parse::<axum::http::uri::Authority>() {
-            Ok(a) => (normalize_host(a.host()), a.port_u16()),
-            Err(_) => (normalize_host(a), None),
-        };
-        !a_host.is_empty() && a_host == host && a_port.is_none_or(|p| Some(p) == port)
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(forbidden(format!(
-            "the MCP endpoint does not answer for host {given:?}: it is not in the operator's mcp.allowed_hosts"
-        )))
-    }
-}
-
-fn normalize_host(host: &str) -> String {
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase()
-}
-
-/// An `Origin` header, when present, must be on the allow-list (compared as origins: scheme,
-/// host, port with the scheme's default filled in). Agents send none.
-fn check_origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or_default().trim();
-    let serialized = |s: &str| -> Option<String> {
-        if s.eq_ignore_ascii_case("null") {
-            return Some("null".into());
-        }
-        let url = url::Url::parse(s).ok()?;
-        let o = url.origin();
-        o.is_tuple().then(|| o.ascii_serialization())
-    };
-    let ok = serialized(origin).is_some_and(|o| {
-        allowed
-            .iter()
-            .filter_map(|a| serialized(a.trim()))
-            .any(|a| a == o)
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(forbidden(format!(
-            "requests from the browser origin {origin:?} are refused: it is not in the operator's mcp.allowed_origins"
-        )))
-    }
-}
-
 /// The SDK's handler: one per request (stateless), the request's [`Target`] in its context.
 #[derive(Debug, Clone)]
 pub(crate) struct ToolexecMcp {
@@ -350,12 +236,46 @@ fn target(context: &RequestContext<RoleServer>) -> Result<Target, ErrorData> {
         .ok_or_else(|| ErrorData::internal_error("the request reached no session", None))
 }
 
-/// A `tools/call`'s `_meta` key naming the call id to record it under instead of the request id
-/// (the model's own tool-call id, or ids unique across the client's reconnections).
-pub const CALL_ID_META: &str = "toolexec/call_id";
+/// A `tools/call`'s `_meta` key naming the call id to record it under: the client asks for an
+/// idempotent call (a retry of the same id returns the recorded result and runs nothing). A
+/// reverse-DNS prefix, as the MCP specification recommends for `_meta` keys.
+pub const CALL_ID_META: &str = "dev.toolexec/call_id";
 
-/// The call id a JSON-RPC request id stands for: a number in decimal, a string as it is.
-fn call_id(id: &RequestId) -> String {
+/// The key [`CALL_ID_META`] had before it took a reverse-DNS prefix; still accepted.
+pub const LEGACY_CALL_ID_META: &str = "toolexec/call_id";
+
+/// The call id a `tools/call` is recorded under: the one its `_meta` names, else a new one.
+///
+/// The JSON-RPC request id is never a call id: it only correlates a request with its answer
+/// within one MCP connection, and every MCP SDK counts it from 0 again on each connection, so
+/// two clients (or one that reconnects) send the same ids for different calls.
+fn call_id_of(meta: &serde_json::Map<String, Value>) -> Result<String, ErrorData> {
+    let named = |key: &str| -> Result<Option<String>, ErrorData> {
+        match meta.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(ErrorData::invalid_params(
+                format!(
+                    "_meta[\"{key}\"] must be a string (the call id to record this call under), not {other}"
+                ),
+                None,
+            )),
+        }
+    };
+    match (named(CALL_ID_META)?, named(LEGACY_CALL_ID_META)?) {
+        (Some(a), Some(b)) if a != b => Err(ErrorData::invalid_params(
+            format!(
+                "_meta names two call ids ({CALL_ID_META:?}: {a:?}, {LEGACY_CALL_ID_META:?}: {b:?}); send one"
+            ),
+            None,
+        )),
+        (Some(id), _) | (None, Some(id)) => Ok(id),
+        (None, None) => Ok(format!("mcp-{}", uuid::Uuid::now_v7())),
+    }
+}
+
+/// A JSON-RPC request id as text: a number in decimal, a string as it is.
+fn request_id_text(id: &RequestId) -> String {
     match id {
         NumberOrString::Number(n) => n.to_string(),
         NumberOrString::String(s) => s.to_string(),
@@ -382,7 +302,7 @@ impl ServerHandler for ToolexecMcp {
         let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
         info.server_info = Implementation::new("toolexec", env!("CARGO_PKG_VERSION"));
         info.with_instructions(
-                "The tools of one toolexec session. Every call is validated against the tool's schema, runs against the session's sandboxed workspace and is recorded in the session's log under the JSON-RPC request id: a request id used again in this session returns the recorded result and runs nothing (with other arguments it is refused), so use a new id for each new call.",
+                "The tools of one toolexec session. Every tools/call is validated against the tool's schema, runs against the session's sandboxed workspace and is recorded in the session's log as a new call (the JSON-RPC request id only pairs a request with its answer; ids may repeat across connections). To make a call idempotent, name it: `_meta: {\"dev.toolexec/call_id\": \"<id unique in the session>\"}`; sending that id again returns the recorded result and runs nothing, and with other arguments it is refused. The result's `_meta[\"toolexec/call_id\"]` is the id it was recorded under.",
             )
     }
 
@@ -424,9 +344,16 @@ impl ServerHandler for ToolexecMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Target { tenant, session } = target(&context)?;
-        let id = (context.meta.0).0.get(CALL_ID_META).and_then(Value::as_str);
+        let call_id = call_id_of(&(context.meta.0).0)?;
+        // The request id pairs this request with its answer only; it is kept on the span (logs,
+        // traces) beside the call id the call is recorded under.
+        let span = tracing::info_span!(
+            "mcp.tools_call",
+            jsonrpc.id = %request_id_text(&context.id),
+            call.id = %call_id,
+        );
         let call = Call {
-            id: id.map_or_else(|| call_id(&context.id), str::to_owned),
+            id: call_id.clone(),
             name: request.name.into_owned(),
             arguments: Value::Object(request.arguments.unwrap_or_default()),
         };
@@ -434,8 +361,17 @@ impl ServerHandler for ToolexecMcp {
             .state
             .engine
             .run_calls(tenant.id, session.id, CallBatch::new(vec![call]))
+            .instrument(span.clone())
             .await
-            .map_err(|e| protocol_error(or_not_found("session")(e)))?;
+            .map_err(|e| {
+                // The call id, so that a client told to retry (`still_running`, `unavailable`)
+                // can name the same call in `_meta` and get its result instead of a new run.
+                let mut error = protocol_error(or_not_found("session")(e));
+                if let Some(Value::Object(data)) = error.data.as_mut() {
+                    data.insert("call_id".into(), json!(call_id));
+                }
+                error
+            })?;
         let result = results
             .pop()
             .ok_or_else(|| ErrorData::internal_error("the call returned no result", None))?;
@@ -448,95 +384,19 @@ impl ServerHandler for ToolexecMcp {
             .state
             .engine
             .after_approval(tenant.id, result, wait)
+            .instrument(span)
             .await;
-        Ok(mcp_result(&result).into())
+        let mut out = mcp_result(&result);
+        if let Some(meta) = out.meta.as_mut() {
+            meta.0.insert("toolexec/call_id".into(), json!(call_id));
+        }
+        Ok(out.into())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(
-                *k,
-                HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("")),
-            );
-        }
-        h
-    }
-
-    fn uri() -> axum::http::Uri {
-        axum::http::Uri::from_static("/v1/sessions/x/mcp")
-    }
-
-    #[test]
-    fn loopback_hosts_pass_by_default_and_other_names_are_refused() {
-        let allowed = McpConfig::default().allowed_hosts;
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:9"] {
-            assert!(
-                check_host(&headers(&[("host", ok)]), &uri(), &allowed).is_ok(),
-                "{ok}"
-            );
-        }
-        for bad in ["evil.example", "evil.example:8080", "127.0.0.2:8080"] {
-            let e = check_host(&headers(&[("host", bad)]), &uri(), &allowed).err();
-            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
-        }
-        assert!(check_host(&HeaderMap::new(), &uri(), &allowed).is_err());
-    }
-
-    #[test]
-    fn a_forwarded_request_keeps_its_origin_check_and_leaves_the_host_to_the_first_replica() {
-        let config = McpConfig::default();
-        let forwarded = headers(&[
-            ("host", "toolexec-1.toolexec-headless:8080"),
-            ("x-toolexec-forwarded-by", "toolexec-0"),
-        ]);
-        assert!(check_door(&forwarded, &uri(), &config).is_ok());
-        let mut from_browser = forwarded.clone();
-        from_browser.insert("origin", HeaderValue::from_static("https://evil.example"));
-        assert!(check_door(&from_browser, &uri(), &config).is_err());
-        let direct = headers(&[("host", "toolexec-1.toolexec-headless:8080")]);
-        assert!(check_door(&direct, &uri(), &config).is_err());
-    }
-
-    #[test]
-    fn a_host_entry_with_a_port_allows_that_port_only_and_a_star_allows_all() {
-        let allowed = vec!["tools.example.com:443".to_owned()];
-        let h = |v| headers(&[("host", v)]);
-        assert!(check_host(&h("tools.example.com:443"), &uri(), &allowed).is_ok());
-        assert!(check_host(&h("tools.example.com:8443"), &uri(), &allowed).is_err());
-        assert!(check_host(&h("anything"), &uri(), &["*".to_owned()]).is_ok());
-    }
-
-    #[test]
-    fn only_listed_browser_origins_pass_and_requests_without_one_are_unaffected() {
-        let allowed = vec![
-            "https://app.example.com".to_owned(),
-            "http://localhost:3000".to_owned(),
-        ];
-        let o = |v| headers(&[("origin", v)]);
-        assert!(check_origin(&HeaderMap::new(), &allowed).is_ok());
-        assert!(check_origin(&HeaderMap::new(), &[]).is_ok());
-        assert!(check_origin(&o("https://app.example.com"), &allowed).is_ok());
-        assert!(check_origin(&o("https://APP.example.com:443"), &allowed).is_ok());
-        assert!(check_origin(&o("http://localhost:3000"), &allowed).is_ok());
-        for bad in [
-            "https://evil.example",
-            "http://app.example.com",
-            "https://app.example.com:8443",
-            "http://localhost:3001",
-            "null",
-            "not a url",
-        ] {
-            let e = check_origin(&o(bad), &allowed).err();
-            assert_eq!(e.map(|e| e.code), Some(ProblemCode::Forbidden), "{bad}");
-        }
-        assert!(check_origin(&o("https://app.example.com"), &[]).is_err());
-    }
 
     #[test]
     fn malformed_json_rpc_is_a_json_rpc_error_with_the_id_when_there_is_one() {
@@ -568,9 +428,33 @@ mod tests {
         );
     }
 
+    fn meta(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
     #[test]
-    fn request_ids_become_call_ids_as_they_read() {
-        assert_eq!(call_id(&NumberOrString::Number(7)), "7");
-        assert_eq!(call_id(&NumberOrString::String("req-1".into())), "req-1");
+    fn a_call_without_a_named_id_gets_a_new_one_each_time() {
+        let a = call_id_of(&meta(json!({}))).ok();
+        let b = call_id_of(&meta(json!({"progressToken": 2}))).ok();
+        assert!(a.as_deref().is_some_and(|a| a.starts_with("mcp-")), "{a:?}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_named_call_id_is_taken_under_either_key_and_must_be_one_string() {
+        for key in [CALL_ID_META, LEGACY_CALL_ID_META] {
+            let got = call_id_of(&meta(json!({key: "toolu_01"}))).ok();
+            assert_eq!(got.as_deref(), Some("toolu_01"), "{key}");
+        }
+        let both = json!({CALL_ID_META: "a", LEGACY_CALL_ID_META: "a"});
+        assert_eq!(call_id_of(&meta(both)).ok().as_deref(), Some("a"));
+        for bad in [
+            json!({CALL_ID_META: 7}),
+            json!({LEGACY_CALL_ID_META: ["a"]}),
+            json!({CALL_ID_META: "a", LEGACY_CALL_ID_META: "b"}),
+        ] {
+            let e = call_id_of(&meta(bad.clone())).err();
+            assert_eq!(e.map(|e| e.code), Some(ErrorCode::INVALID_PARAMS), "{bad}");
+        }
     }
 }

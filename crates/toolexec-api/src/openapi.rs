@@ -162,7 +162,7 @@ const COMMON: &[CommonError] = &[
         v1_only: false,
     },
     CommonError {
-        codes: &[ProblemCode::RateLimited],
+        codes: &[ProblemCode::RateLimited, ProblemCode::TooManyAuthFailures],
         with_body: false,
         v1_only: true,
     },
@@ -247,6 +247,13 @@ fn add_common_errors(api: &mut OpenApi) {
                 for code in e.codes {
                     by_status.entry(code.status()).or_default().push(*code);
                 }
+            }
+            // Every route but the probes is behind the door (Host and Origin).
+            if !crate::door::unchecked(path) {
+                by_status
+                    .entry(ProblemCode::Forbidden.status())
+                    .or_default()
+                    .push(ProblemCode::Forbidden);
             }
             for (status, codes) in by_status {
                 op.responses

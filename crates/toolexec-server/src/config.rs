@@ -29,6 +29,13 @@ pub struct Config {
     pub body_limit_bytes: usize,
     /// When set, a trusted gateway authenticates callers and names the tenant in this header.
     pub trusted_identity_header: Option<String>,
+    /// Host names (or `host:port`) the service answers for besides its own (the loopback names,
+    /// the bound address, `cluster.advertise_url`): the names clients reach it by through a
+    /// gateway. `*` turns the Host check off. See docs/operator.md, "Host and Origin".
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`) whose pages may call the API besides the
+    /// service's own pages. Requests without an `Origin` (agents, servers) are not affected.
+    pub allowed_origins: Vec<String>,
     /// `json` (default) or `text`.
     pub log_format: String,
     /// Concurrent group-commit loops of the recorder (1: the largest batches, the least
@@ -40,6 +47,14 @@ pub struct Config {
     pub rate_limit_per_second: f64,
     /// Per-tenant burst (bucket size).
     pub rate_limit_burst: f64,
+    /// Lookups of API keys this node has not verified that may fail, per second and client
+    /// address (token bucket refill); 0 turns the limit off.
+    pub auth_failure_rate_per_second: f64,
+    /// Such lookups one client address may make at once (bucket size).
+    pub auth_failure_burst: f64,
+    /// Addresses or networks of gateways whose `X-Forwarded-For` names the client, for the limit
+    /// on failed authentication (docs/operator.md, "Auth").
+    pub trusted_proxies: Vec<String>,
     /// Requests in flight beyond which new ones are shed with 503.
     pub max_concurrent_requests: usize,
     /// Requests in flight one tenant may hold on this node (429 beyond); unset: an eighth of
@@ -65,9 +80,6 @@ pub struct Config {
     pub cluster: toolexec_engine::ClusterConfig,
     /// Tools the operator adds (see docs/operator.md, "Custom tools").
     pub tools: toolexec_tools::custom::CustomToolsConfig,
-    /// Who may reach the MCP endpoint (`/v1/sessions/{id}/mcp`): browser origins and host names
-    /// (see docs/operator.md, "MCP").
-    pub mcp: toolexec_api::mcp::McpConfig,
     /// Where traces go (see docs/operator.md, "Traces"); off by default.
     pub telemetry: crate::telemetry::TelemetryConfig,
     /// Where blobs live: the database (default) or S3-compatible object storage (see
@@ -87,11 +99,16 @@ impl Default for Config {
             max_db_connections: 16,
             body_limit_bytes: toolexec_api::DEFAULT_BODY_LIMIT_BYTES,
             trusted_identity_header: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             log_format: "json".into(),
             recorder_writers: 1,
             durable_start_for_read_only: false,
             rate_limit_per_second: 1000.0,
             rate_limit_burst: 2000.0,
+            auth_failure_rate_per_second: 1.0,
+            auth_failure_burst: 20.0,
+            trusted_proxies: Vec::new(),
             max_concurrent_requests: toolexec_api::DEFAULT_MAX_CONCURRENT_REQUESTS,
             max_concurrent_requests_per_tenant: None,
             body_read_timeout_ms: millis(toolexec_api::DEFAULT_BODY_READ_TIMEOUT),
@@ -103,7 +120,6 @@ impl Default for Config {
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
             tools: toolexec_tools::custom::CustomToolsConfig::default(),
-            mcp: toolexec_api::mcp::McpConfig::default(),
             telemetry: crate::telemetry::TelemetryConfig::default(),
             blobs: toolexec_store::objects::BlobsConfig::default(),
         }
@@ -129,6 +145,8 @@ impl std::fmt::Debug for Config {
             .field("max_db_connections", &self.max_db_connections)
             .field("body_limit_bytes", &self.body_limit_bytes)
             .field("trusted_identity_header", &self.trusted_identity_header)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
             .field("log_format", &self.log_format)
             .field("recorder_writers", &self.recorder_writers)
             .field(
@@ -137,6 +155,12 @@ impl std::fmt::Debug for Config {
             )
             .field("rate_limit_per_second", &self.rate_limit_per_second)
             .field("rate_limit_burst", &self.rate_limit_burst)
+            .field(
+                "auth_failure_rate_per_second",
+                &self.auth_failure_rate_per_second,
+            )
+            .field("auth_failure_burst", &self.auth_failure_burst)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field(
                 "max_concurrent_requests_per_tenant",
@@ -150,7 +174,6 @@ impl std::fmt::Debug for Config {
             .field("sandbox", &self.sandbox)
             .field("web", &self.web)
             .field("cluster", &self.cluster)
-            .field("mcp", &self.mcp)
             .field("telemetry", &self.telemetry)
             .field("blobs", &self.blobs)
             .field("tools", &self.tools)
@@ -266,6 +289,34 @@ pub fn env_name(key: &str) -> String {
     )
 }
 
+/// Settings that were renamed: the old key, and what to write instead. Named in the error a
+/// file or variable that still uses the old key gets (rather than "unknown field").
+const MOVED: &[(&str, &str)] = &[
+    (
+        "mcp.allowed_hosts",
+        "allowed_hosts (TOOLEXEC_ALLOWED_HOSTS): the Host check covers every route now, not only MCP",
+    ),
+    (
+        "mcp.allowed_origins",
+        "allowed_origins (TOOLEXEC_ALLOWED_ORIGINS): the Origin check covers every route now, not only MCP",
+    ),
+];
+
+/// Fails on a setting that was renamed, saying what it is now.
+fn check_moved<'a>(keys: impl Iterator<Item = (&'a str, String)>) -> anyhow::Result<()> {
+    for (key, source) in keys {
+        if let Some((old, new)) = MOVED.iter().find(|(old, _)| *old == key) {
+            anyhow::bail!("{source} sets {old}, which is now {new}");
+        }
+        if key == "mcp" || key.starts_with("mcp.") {
+            anyhow::bail!(
+                "{source} sets {key}: the [mcp] settings are now allowed_hosts and allowed_origins, at the top level (docs/operator.md, \"Host and Origin\")"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The settings the environment sets: `(key, variable, value)`. Fails on a `TOOLEXEC_*`
 /// variable that names no setting, saying which setting it probably meant.
 fn settings_from_env(
@@ -282,6 +333,10 @@ fn settings_from_env(
             continue;
         }
         let key = env_key(rest);
+        check_moved(std::iter::once((
+            key.as_str(),
+            format!("the variable {var}"),
+        )))?;
         if keys.contains(&key) {
             found.push((key, var, value));
         } else {
@@ -497,6 +552,11 @@ impl Config {
         if let Some(p) = &path {
             let toml = Toml::file_exact(p);
             from_file = provided_keys(&toml);
+            check_moved(
+                from_file
+                    .iter()
+                    .map(|k| (k.as_str(), format!("the file {}", p.display()))),
+            )?;
             fig = fig.merge(toml);
         }
         let mut overrides = serde_json::Map::new();
@@ -681,6 +741,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("TOOLEXEC_LIMITS__MAX_BLOB_BYTES"), "{err}");
+    }
+
+    #[test]
+    fn the_mcp_host_and_origin_settings_are_refused_with_their_new_names() {
+        let err = Config::load_from(None, env(&[("TOOLEXEC_MCP__ALLOWED_HOSTS", "a.example")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TOOLEXEC_ALLOWED_HOSTS"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "[mcp]\nallowed_origins = [\"https://a.example\"]\n").unwrap();
+        let err = Config::load_from(Some(&file), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("allowed_origins (TOOLEXEC_ALLOWED_ORIGINS)"),
+            "{err}"
+        );
+        let loaded = Config::load_from(
+            None,
+            env(&[
+                (
+                    "TOOLEXEC_ALLOWED_HOSTS",
+                    "tools.example.com, gw.example.com:443",
+                ),
+                ("TOOLEXEC_ALLOWED_ORIGINS", "https://app.example.com"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            loaded.config.allowed_hosts,
+            ["tools.example.com", "gw.example.com:443"]
+        );
+        assert_eq!(loaded.config.allowed_origins, ["https://app.example.com"]);
     }
 
     #[test]

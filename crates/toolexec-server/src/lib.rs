@@ -185,6 +185,20 @@ pub async fn build_state_with(
         );
     }
     engine_config.cluster = config.cluster.clone();
+    let door = toolexec_api::door::Door::new(
+        &config.allowed_hosts,
+        &config.allowed_origins,
+        &own_addresses(config)?,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let failures = toolexec_api::auth_failures::AuthFailures::new(
+        toolexec_api::auth_failures::FailureLimit {
+            per_second: config.auth_failure_rate_per_second,
+            burst: config.auth_failure_burst,
+        },
+        &config.trusted_proxies,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     engine_config.durable_start_for_read_only = config.durable_start_for_read_only;
     let mut sandbox_config = config.sandbox.clone();
     // The operator's tool folder, read-only in every sandbox, at its own path: command tools
@@ -217,7 +231,7 @@ pub async fn build_state_with(
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))?;
     Ok(Arc::new(AppState {
         engine,
-        auth: Auth::new(mode),
+        auth: Auth::new(mode).limit_failures(failures),
         limiter: Limiter::new(RateLimit {
             requests_per_second: config.rate_limit_per_second,
             burst: config.rate_limit_burst,
@@ -236,9 +250,28 @@ pub async fn build_state_with(
             header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
             max_connections: config.max_connections,
             write_stall_timeout: std::time::Duration::from_millis(config.write_stall_timeout_ms),
-            mcp: config.mcp.clone(),
+            door,
         },
     }))
+}
+
+/// The names and addresses this node is reached by, which it always answers for besides the
+/// loopback names: the address it is bound to (unless it is the unspecified address, which no
+/// client names) and the one the other replicas forward to (`cluster.advertise_url`).
+fn own_addresses(config: &Config) -> anyhow::Result<Vec<String>> {
+    let mut own = Vec::new();
+    let ip = config.bind_addr()?.ip();
+    if !ip.is_unspecified() {
+        own.push(ip.to_string());
+    }
+    if let Some(url) = &config.cluster.advertise_url {
+        let url = url::Url::parse(url)
+            .map_err(|e| anyhow::anyhow!("cluster.advertise_url {url:?} is not a URL: {e}"))?;
+        if let Some(host) = url.host_str() {
+            own.push(host.to_owned());
+        }
+    }
+    Ok(own)
 }
 
 /// Serves the app on `listener` until `shutdown` resolves, then lets in-flight requests and

@@ -189,7 +189,7 @@ async fn slow_body(app: &TestApp, path: &str, key: &str) -> (TcpStream, String) 
     let mut s = connect(app).await;
     s.write_all(
         format!(
-            "POST {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"meta"
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"meta"
         )
         .as_bytes(),
     )

@@ -30,6 +30,7 @@ mod mcp_proxy;
 mod object_store;
 mod observability;
 mod openapi;
+mod openapi_generator;
 mod openapi_tools;
 mod problems;
 mod quotas;

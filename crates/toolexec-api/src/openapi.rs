@@ -17,8 +17,11 @@ use toolexec_core::ProblemCode;
     info(
         title = "toolexec",
         description = "Runs tools for remote LLM agent loops: sessions (a sandboxed workspace plus a policy), batches of tool calls validated against each tool's JSON Schema, and an append-only log of every invocation and side effect.\n\nErrors are `application/problem+json` with a stable `code`. A tool that fails is not an HTTP error: it is a result with `is_error: true` and a `content` the model can act on.\n\nEach session is also an MCP server (Streamable HTTP, JSON-RPC as the Model Context Protocol specifies it, so not described here): `POST /v1/sessions/{id}/mcp`, with the same authentication; its `tools/call` runs and records calls like `POST /v1/sessions/{id}/calls`.",
-        license(name = "Apache-2.0"),
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
+    // Relative: the document is served by each deployment (`GET /openapi.json`), whose address
+    // only the deployment knows; a client is given its base URL.
+    servers((url = "/", description = "The service that serves this document")),
     modifiers(&Common),
     tags(
         (name = "health", description = "Liveness and readiness"),
@@ -50,6 +53,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
 pub(crate) fn parts(registry: &Registry) -> (axum::Router<SharedState>, OpenApi) {
     let (router, mut api) = router().split_for_parts();
     add_common_errors(&mut api);
+    mark_public_routes(&mut api);
     add_tool_schemas(&mut api, registry);
     (router, api)
 }
@@ -100,6 +104,7 @@ fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
             obj.entry("description")
                 .or_insert_with(|| spec.description.clone().into());
         }
+        comment_safe(&mut schema);
         match serde_json::from_value::<RefOr<Schema>>(schema) {
             Ok(s) => {
                 components
@@ -109,6 +114,53 @@ fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
             Err(e) => {
                 tracing::warn!(tool = %spec.name, error = %e, "tool schema not representable in OpenAPI")
             }
+        }
+    }
+}
+
+/// Generators copy descriptions into code comments, and some (openapi-generator's TypeScript
+/// ones) do not escape them: a `*/` in a tool's manual (`**/*.rs`) would end the comment and the
+/// generated client would not compile. In the document (only: the catalog and MCP serve the
+/// manuals as written), a zero-width space goes between the two characters; the text reads the
+/// same.
+fn comment_safe(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match v {
+                    serde_json::Value::String(text)
+                        if matches!(key.as_str(), "description" | "title") =>
+                    {
+                        if text.contains("*/") {
+                            *text = text.replace("*/", "*\u{200B}/");
+                        }
+                    }
+                    _ => comment_safe(v),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(comment_safe),
+        _ => {}
+    }
+}
+
+/// The probes and the metrics need no key: they say so (`security: []`) instead of leaving it
+/// unsaid, which linters (and readers) take for a forgotten requirement.
+fn mark_public_routes(api: &mut OpenApi) {
+    for (path, item) in api.paths.paths.iter_mut() {
+        if path.starts_with("/v1/") {
+            continue;
+        }
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.security = Some(Vec::new());
         }
     }
 }

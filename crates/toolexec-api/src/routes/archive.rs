@@ -48,6 +48,8 @@ pub(crate) const UPLOAD_IDLE: Duration = Duration::from_secs(60);
 /// Longest a whole upload may take to arrive (1 GiB at ~600 KiB/s).
 pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
 
+/// Upload a project (tar or tar.gz) into the workspace.
+///
 /// Unpacks a tar (or gzipped tar) stream into the session's workspace. Everything is checked
 /// before the first entry is written, so a refused archive changes nothing: each entry — a
 /// relative path without `..`, every name within 255 bytes and the path within 4,095, a regular
@@ -186,13 +188,20 @@ pub struct ArchiveQuery {
     pub allow_partial: Option<bool>,
 }
 
+/// The workspace at an event, as tar.
+///
 /// The session's workspace as its log has it right after event `at` (its last by default), as a
 /// tar stream: files with their permission bits and symlinks, in path order, timestamps zero
 /// (the same state gives the same bytes). The `x-toolexec-seq` header says which step it is.
 #[utoipa::path(get, path = "/v1/sessions/{id}/archive", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id"), ArchiveQuery),
     responses(
-        (status = 200, description = "The workspace as tar", content_type = "application/x-tar", body = TarStream),
+        (status = 200, description = "The workspace as tar", content_type = "application/x-tar", body = TarStream,
+            headers(
+                ("x-toolexec-seq" = i64, description = "The event whose state this is (`at`, or the session's last)"),
+                ("x-toolexec-missing" = u64, description = "With `allow_partial=true`: how many files were left out because the log holds them by hash only (absent when none)"),
+                ("Content-Disposition" = String, description = "`attachment; filename=\"session-<id>-<seq>.tar\"`"),
+            )),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Files of that state are in the log by hash only (`unrestorable`); send `allow_partial=true` to leave them out", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`at` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),

@@ -17,6 +17,8 @@ pub fn router() -> OpenApiRouter<SharedState> {
         .routes(routes!(metrics))
 }
 
+/// Prometheus metrics.
+///
 /// Prometheus metrics: calls by tool and status, call latency, store commit latency and batch
 /// size. Unauthenticated like the probes; expose it only to the scraper (the gateway should not
 /// route it).
@@ -39,7 +41,10 @@ pub struct Health {
     pub status: &'static str,
 }
 
-/// Liveness: the process serves HTTP.
+/// Liveness.
+///
+/// Always `{"status": "ok"}` while the process serves HTTP; unauthenticated, for an
+/// orchestrator's liveness probe. Readiness (the store and the sandbox) is `GET /readyz`.
 #[utoipa::path(get, path = "/healthz", tag = "health",
     responses((status = 200, description = "Alive", body = Health)))]
 async fn healthz() -> Json<Health> {
@@ -70,6 +75,8 @@ pub struct Readiness {
     pub auth: &'static str,
 }
 
+/// Readiness.
+///
 /// Readiness: the store answers and the sandbox is usable (a sandbox that failed its start-up
 /// self-check makes the instance not ready: its commands would fail closed). 503 with the same
 /// body otherwise.

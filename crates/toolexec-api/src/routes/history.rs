@@ -22,6 +22,11 @@ use crate::auth::AuthTenant;
 use crate::extract::{ApiJson, ApiQuery, parse_id};
 use crate::problem::{ApiError, Problem, or_not_found};
 
+/// A file's bytes, as they are (text or not).
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct FileBytes(#[allow(dead_code, reason = "a schema only")] Vec<u8>);
+
 /// The path of `GET …/files/{path}` as axum routes it (the rest of the path is the file's).
 const FILES_ROUTE: &str = "/v1/sessions/{id}/files/{*path}";
 
@@ -53,6 +58,8 @@ pub struct TreeQuery {
     pub limit: Option<u32>,
 }
 
+/// The workspace at an event: its tree.
+///
 /// The workspace as it was right after event `at`: every file and symlink with its size, hash,
 /// mode and symlink target, rebuilt from the log alone — also for a closed session whose
 /// workspace is gone. `restorable: false` marks files the log holds by hash and size only.
@@ -88,6 +95,8 @@ pub struct FileQuery {
     pub at: Option<i64>,
 }
 
+/// The workspace at an event: one file.
+///
 /// One file of the workspace as it was right after event `at`: its bytes, with its hash in
 /// `x-toolexec-sha256` (and as the `ETag`), its mode in `x-toolexec-mode` (octal), the event
 /// that last changed it in `x-toolexec-seq`, and its kind in `x-toolexec-kind` — a symlink's
@@ -100,7 +109,16 @@ pub struct FileQuery {
         FileQuery,
     ),
     responses(
-        (status = 200, description = "The file's bytes (`text/plain; charset=utf-8` when they are UTF-8, else `application/octet-stream`)", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The file's bytes: `text/plain; charset=utf-8` when they are UTF-8, else `application/octet-stream`",
+            content((FileBytes = "text/plain"), (FileBytes = "application/octet-stream")),
+            headers(
+                ("ETag" = String, description = "The contents' SHA-256 (hex), quoted"),
+                ("x-toolexec-sha256" = String, description = "The contents' SHA-256 (hex)"),
+                ("x-toolexec-kind" = String, description = "`file`, or `symlink` (the body is its target)"),
+                ("x-toolexec-mode" = String, description = "The permission bits, octal (`644`)"),
+                ("x-toolexec-seq" = i64, description = "The event that last changed the file"),
+                ("x-toolexec-at" = i64, description = "The event whose state this is (`at`, or the session's last)"),
+            )),
         (status = 404, description = "No such session for this tenant, or no such file at that point (`not_found`)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The file was there, but the log holds its hash and size only (`content_not_recorded`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`at` is not an event of the session (`seq_out_of_range`)", body = Problem, content_type = "application/problem+json"),
@@ -175,6 +193,8 @@ fn percent_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// Rewind the workspace to an event.
+///
 /// Put the live workspace back to its state right after event `to_seq`: files created later are
 /// removed, modified and deleted ones restored (contents, modes, symlinks), background processes
 /// started later are stopped, and the session's read-before-write knowledge of every path it
@@ -206,6 +226,8 @@ async fn rewind(
     ))
 }
 
+/// Fork a session at an event.
+///
 /// A new session of the same tenant whose workspace starts as this one's was right after event
 /// `at_seq` (default: its last). Its `origin` (and its `session.created` event) names the
 /// source and the seq. It takes the source's environment, and its policy and tools unless
@@ -244,6 +266,8 @@ pub struct ReplayRequest {
     pub mode: ReplayMode,
 }
 
+/// Replay a session and compare.
+///
 /// Re-run a session: a new session starts from this one's initial state (right before its first
 /// call) and re-executes its recorded calls and rewinds in order, with the recorded call ids.
 /// The report says per call whether the status, the output and the side effects matched, and
@@ -279,6 +303,8 @@ async fn start_replay(
     Ok((status, Json(replay)))
 }
 
+/// A replay's report.
+///
 /// A replay's report, as it is now (`running` while calls are being re-run).
 #[utoipa::path(get, path = "/v1/replays/{id}", tag = "history", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Replay id")),
@@ -323,6 +349,8 @@ pub struct StreamQuery {
     pub after: Option<i64>,
 }
 
+/// A session's log, live (Server-Sent Events).
+///
 /// The log, live, as Server-Sent Events: each event as `id: <seq>`, `event: <kind>`,
 /// `data: <the event as JSON>`, in order, then new ones as they are recorded (on any replica).
 /// Reconnect with `Last-Event-ID` (or `?after=`) to resume: no event is lost or sent twice.

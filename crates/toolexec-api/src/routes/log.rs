@@ -39,6 +39,8 @@ pub struct EventPage {
     pub next_after: Option<i64>,
 }
 
+/// A session's log.
+///
 /// A session's log, in order. Event kinds: `session.created`, `session.closed`,
 /// `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`,
 /// `files.changed` (a call's file changes beyond `limits.max_file_events_per_call`, summed up,
@@ -90,6 +92,8 @@ pub struct InvocationQuery {
     pub wait: Option<u64>,
 }
 
+/// One invocation.
+///
 /// One invocation: its call, status, what the model was shown, timings, the capabilities it
 /// claimed and a page of its side effects (`side_effects_total` says how many there are;
 /// `side_effects_next_after` is the `after` of the next page).
@@ -149,6 +153,8 @@ pub struct OutputSlice {
     pub output_chars: usize,
 }
 
+/// An invocation's full output.
+///
 /// The full output of an invocation (what the model saw may have been truncated), as recorded:
 /// an output over the service's `limits.max_stored_output_bytes` is recorded as its beginning
 /// and end (`complete: false`).

@@ -24,6 +24,8 @@ pub fn router() -> OpenApiRouter<SharedState> {
 /// Default page size of `GET /v1/sessions`.
 const DEFAULT_PAGE: u32 = 50;
 
+/// Create a session.
+///
 /// Create a session: a fresh workspace (optionally seeded with `files`), a policy and a tool set.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
     request_body = NewSession,
@@ -60,6 +62,8 @@ pub struct SessionList {
     pub next_cursor: Option<String>,
 }
 
+/// List sessions.
+///
 /// The caller's sessions, newest first, cursor-paginated.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
     params(ListQuery),
@@ -89,6 +93,9 @@ async fn list_sessions(
 }
 
 /// One session.
+///
+/// Its status, policy, tools, environment and metadata, when it was created and closed, and the
+/// seq of its last event.
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
@@ -110,6 +117,8 @@ async fn get_session(
     ))
 }
 
+/// Close a session.
+///
 /// Close a session: its workspace is removed; its log stays readable. Closing twice is fine.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id")),

@@ -26,6 +26,8 @@ pub struct SessionTodos {
     pub todos: Vec<Todo>,
 }
 
+/// A session's plan and tasks.
+///
 /// The session's current plan and tasks, folded from its `todo.*` events (any node, also after
 /// the session closed).
 #[utoipa::path(get, path = "/v1/sessions/{id}/todos", tag = "sessions", security(("bearer" = [])),

@@ -118,6 +118,8 @@ fn render(spec: &ToolSpec, here: Deployment, format: CatalogFormat) -> ToolDefin
     }
 }
 
+/// The tool catalog.
+///
 /// The tool catalog. In toolexec's shape every tool is listed, each saying whether this service
 /// can run it (`available`); the other shapes list only the tools it can run.
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", params(CatalogQuery), security(("bearer" = [])),
@@ -148,6 +150,8 @@ fn catalog(state: &SharedState, format: CatalogFormat, include: impl Fn(&str) ->
     Catalog { tools }
 }
 
+/// The tools a session may call.
+///
 /// The tools a session may call — its allow-list (all the catalog's when it has none), as
 /// `GET /v1/tools` shows them, in any format: what to hand that session's model.
 #[utoipa::path(get, path = "/v1/sessions/{id}/tools", tag = "tools", security(("bearer" = [])),
@@ -173,6 +177,10 @@ async fn session_tools(
     })))
 }
 
+/// One tool of the catalog.
+///
+/// Its manual and JSON Schema and whether this service can run it (`available`), in toolexec's
+/// shape (a `ToolSpec`), or as a provider takes it (`format`).
 #[utoipa::path(get, path = "/v1/tools/{name}", tag = "tools", security(("bearer" = [])),
     params(("name" = String, Path, description = "Tool name (the catalog's names are listed in this parameter's schema)"), CatalogQuery),
     responses(

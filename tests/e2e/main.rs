@@ -29,6 +29,7 @@ mod openapi;
 mod openapi_tools;
 mod problems;
 mod quotas;
+mod reads;
 mod recording;
 mod refactor;
 mod sandbox_escape;

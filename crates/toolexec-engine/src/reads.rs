@@ -35,7 +35,8 @@ impl Engine {
         let (mut records, mut followed) = (0u64, 0usize);
         loop {
             let mut rewound_to = None;
-            {
+            // Nothing at or before seq 0 (a session made just now from its origin's state).
+            if upper >= 1 {
                 let mut rows = self.store.read_records(id, upper);
                 while let Some(row) = rows.next().await {
                     records += 1;

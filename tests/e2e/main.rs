@@ -34,6 +34,7 @@ mod openapi_generator;
 mod openapi_tools;
 mod problems;
 mod quotas;
+mod reads;
 mod recording;
 mod refactor;
 mod sandbox_escape;

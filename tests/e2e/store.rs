@@ -147,6 +147,7 @@ fn ok(content: &str) -> Outcome {
         output_sha256: None,
         finished_at: Utc::now(),
         duration_ms: 12.5,
+        reads: Vec::new(),
     }
 }
 

@@ -21,6 +21,8 @@ pub struct CountingStore {
     pub todo_lookups: AtomicU64,
     /// Calls of [`Store::tenant_for_key`] (an API key looked up).
     pub key_lookups: AtomicU64,
+    /// Calls of [`Store::read_records`] (one walk of the read index each).
+    pub read_lookups: AtomicU64,
     /// Run (once) at the start of [`Store::delete_sessions`]: something that happens while
     /// retention runs, between its reading of the logs and its deletes.
     pub before_delete_sessions: tokio::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
@@ -35,6 +37,7 @@ impl CountingStore {
             call_lookups: AtomicU64::new(0),
             todo_lookups: AtomicU64::new(0),
             key_lookups: AtomicU64::new(0),
+            read_lookups: AtomicU64::new(0),
             before_delete_sessions: tokio::sync::Mutex::new(None),
         })
     }
@@ -173,6 +176,14 @@ impl Store for CountingStore {
     }
     async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
         self.inner.blobs(sha256s).await
+    }
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<toolexec_store::ReadRecord>> {
+        self.read_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.read_records(session_id, up_to)
     }
     async fn todo_events(
         &self,

@@ -18,10 +18,13 @@
 //! - `cluster`: calls sent round robin over 1, 2 and 3 replicas of the release binary (the
 //!   forwarding's cost next to one replica), and a take-over after a replica is killed.
 //!
+//! - `reads`: the first call after a take-over of a 10,000-call session, its read-state folded
+//!   from the log, next to a session of as many calls that read nothing.
+//!
 //! - `load`: the release binary over its limits for minutes (several tenants, many sessions,
 //!   mixed calls): served, shed and rate-limited with p50/p99, and its memory over the run.
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`, `cluster`, `load`; Postgres on 127.0.0.1:5432,
+//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`, `cluster`, `reads`, `load`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
@@ -29,6 +32,7 @@ mod cluster;
 mod cpu;
 mod history;
 mod load;
+mod reads;
 mod session;
 mod shell;
 mod web;
@@ -153,6 +157,23 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         clients: usize,
     },
+    /// The first call after a take-over of a long session (its read-state from the log), next
+    /// to a session of as many calls that read nothing.
+    Reads {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Calls in each session.
+        #[arg(long, default_value_t = 10_000)]
+        calls: usize,
+        /// Take-overs of both sessions (at most 100).
+        #[arg(long, default_value_t = 40)]
+        rounds: usize,
+    },
     /// One session grown to many calls: memory and latency at each point, with a fresh session
     /// as the baseline.
     Session {
@@ -230,6 +251,11 @@ async fn main() -> anyhow::Result<()> {
             probes,
             fill_clients,
         } => session::run(&admin_url, &calls, probes, fill_clients).await,
+        Command::Reads {
+            admin_url,
+            calls,
+            rounds,
+        } => reads::run(&admin_url, calls, rounds).await,
     }
 }
 

@@ -268,6 +268,19 @@ pub enum UnstoredReason {
     NotRestored,
 }
 
+/// One entry of the `reads` of an `invocation.finished` event: a file the call read (or wrote,
+/// which counts as reading what it wrote), for read-before-write. A node that rebuilds a
+/// session's runtime folds these from the log (docs/design.md, "Read-state from the log").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FileRead {
+    /// The path as the file tools name it (workspace-relative, `/`-separated; a name that is
+    /// not UTF-8 in its display form).
+    pub path: String,
+    /// SHA-256 of the contents the call saw; `null`: the call deleted the file, and what was
+    /// read of it before no longer counts.
+    pub sha256: Option<String>,
+}
+
 /// The payload of a `workspace.rewound` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Rewound {

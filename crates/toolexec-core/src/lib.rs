@@ -21,7 +21,7 @@ pub mod truncate;
 pub use call::{Call, CallResult, CallStatus, InvocationStatus};
 pub use event::{
     Event, EventKind, ExchangeError, ExchangeErrorKind, ExchangeRole, FileChange, FileChangeKind,
-    FilesChanged, Invocation, Rewound, UnstoredReason, WebExchange,
+    FileRead, FilesChanged, Invocation, Rewound, UnstoredReason, WebExchange,
 };
 pub use hash::{Sha256Hex, sha256_hex};
 pub use history::{

@@ -5,22 +5,25 @@
 //! the call waits for its turn in the session).
 use std::time::Duration;
 
+use toolexec_core::FileRead;
 use toolexec_tools::{Tool, ToolContext, ToolOutput};
 use tracing::Instrument;
 
 use crate::Engine;
 
 impl Engine {
-    /// Runs `tool` with `ctx`, its deadline starting now.
+    /// Runs `tool` with `ctx`, its deadline starting now. Also returns what the call read (and
+    /// wrote, and deleted) for read-before-write, which its record keeps.
     pub(crate) async fn run_tool(
         &self,
         tool: &dyn Tool,
         mut ctx: ToolContext,
         args: serde_json::Value,
-    ) -> ToolOutput {
+    ) -> (ToolOutput, Vec<FileRead>) {
         let limit = Duration::from_millis(self.config.limits.tool_timeout_ms);
         ctx.deadline = toolexec_tools::deadline_for(tool.spec(), limit);
         let journal = ctx.journal.clone();
+        let reads = ctx.reads.clone();
         // The tool's own time, apart from waiting for its turn and recording its result.
         let span = tracing::info_span!("tool", otel.name = %format_args!("tool {}", tool.spec().name), tool = %tool.spec().name, status = tracing::field::Empty);
         let mut out = toolexec_tools::run_within_deadline(tool, &ctx, args)
@@ -31,6 +34,9 @@ impl Engine {
         // deadline) is recorded too; a tool that returned has taken its own already.
         journal.abandoned();
         out.events.extend(journal.drain_events());
-        out
+        // Taken now: a tool abandoned at its deadline that records a read later (it cannot:
+        // reads are recorded as a result is delivered) would only be missing from the log,
+        // which then counts less as read, never more.
+        (out, reads.take())
     }
 }

@@ -540,6 +540,9 @@ impl Engine {
             last_seq: 0,
             origin: Some(origin),
         };
+        // What its origin had read at its seq (the workspace is that state, so the hashes
+        // match): its log has nothing yet, so the fold starts at the origin.
+        let reads = self.reads_at(&session, 0).await?;
         let empty = history::plan(std::iter::empty(), state);
         let shares = self.workspaces.shares_contents();
         let workspace = if shares {
@@ -584,6 +587,7 @@ impl Engine {
                 .map_err(|_| EngineError::Internal("workspace still shared".into()))?
         };
         let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
+        rt.reads.replace(reads);
         let event = self.session_created(&session, Some(state.len()));
         let (cap, disk_binds) = self.open_session_cap();
         match self
@@ -657,6 +661,9 @@ impl Engine {
             return Err(crate::calls::closed(session_id));
         }
         let to_seq = Self::resolve_at(&session, Some(req.to_seq))?;
+        // Read before anything changes: what the session had read at `to_seq` is its
+        // read-state after the rewind (the files are as they were then).
+        let reads = self.reads_at(&session, to_seq).await?;
         let _permit = self.fold_permit(2).await?;
         let target = self.fold(&session, to_seq).await?;
         let recorded = self.fold(&session, session.last_seq).await?;
@@ -739,15 +746,9 @@ impl Engine {
             .map(|p| names::display_bytes(p))
             .collect();
         let restored = plan.write.iter().filter(|(p, _)| as_target(p)).count();
-        for change in &changes {
-            rt.reads.forget(&change.path);
-        }
-        for (path, _) in &plan.write {
-            rt.reads.forget(&names::display_bytes(path));
-        }
-        for path in &removed {
-            rt.reads.forget(&names::display_bytes(path));
-        }
+        // What was read after `to_seq` no longer counts (the `workspace.rewound` event says so
+        // to a node that folds the log); a file that is not as it was read is refused as stale.
+        rt.reads.replace(reads);
         drop(now);
 
         let rewound = Rewound {

@@ -18,6 +18,7 @@ mod history;
 mod leases;
 mod log;
 pub mod metrics;
+mod reads;
 pub mod recorder;
 mod replay;
 mod scans;

@@ -290,6 +290,7 @@ mod tests {
                 output_sha256: None,
                 finished_at: chrono::Utc::now(),
                 duration_ms: 0.0,
+                reads: Vec::new(),
             },
             side_effects: vec![],
             blobs: vec![],

@@ -171,7 +171,7 @@ impl SessionRuntime {
     }
 
     /// Whether nothing but the cache holds it and nothing of it runs: it can be dropped and
-    /// rebuilt later (with its read-state forgotten).
+    /// rebuilt later (its read-state folded from the log again).
     fn is_idle(self: &Arc<Self>) -> bool {
         Arc::strong_count(self) == 1 && !self.has_running_processes()
     }
@@ -299,6 +299,9 @@ impl Engine {
         if let Ok(mut t) = rt.todos.lock() {
             *t = todos;
         }
+        // What the session had read, from its log: this node may never have served it, or
+        // has forgotten it (restart, eviction, another node ran its calls since).
+        rt.reads.replace(self.reads_at(session, i64::MAX).await?);
         // Recorded as gone by the take-over: not again by the first call that asks.
         if let Some(table) = &rt.processes {
             for id in &gone {
@@ -452,7 +455,7 @@ impl Engine {
         ToolContext {
             session_id: session.id,
             workspace: rt.workspace.clone(),
-            reads: rt.reads.clone(),
+            reads: toolexec_tools::CallReads::new(rt.reads.clone()),
             policy: session.policy.clone(),
             env: session.env.clone(),
             outputs: Arc::new(RecordedOutputs {

@@ -186,6 +186,8 @@ fn refused_outcome(original: &Outcome, reason: &str, kept: usize, total: usize) 
         output_sha256: None,
         finished_at: chrono::Utc::now(),
         duration_ms: original.duration_ms,
+        // The model is not shown what the call read: none of it counts as read.
+        reads: Vec::new(),
     }
 }
 
@@ -278,6 +280,7 @@ mod tests {
                 output_sha256: None,
                 finished_at: chrono::Utc::now(),
                 duration_ms: 5.0,
+                reads: Vec::new(),
             },
             side_effects: vec![good.clone(), bad],
             blobs: vec![blob],

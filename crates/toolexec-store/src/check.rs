@@ -82,7 +82,7 @@ impl Write {
                 outcome,
                 side_effects,
                 ..
-            } => outcome.content.len() + side_effects.iter().map(event_bytes).sum::<usize>(),
+            } => outcome_bytes(outcome) + side_effects.iter().map(event_bytes).sum::<usize>(),
             Write::Record {
                 invocation,
                 outcome,
@@ -90,7 +90,7 @@ impl Write {
                 ..
             } => {
                 invocation_bytes(invocation)
-                    + outcome.content.len()
+                    + outcome_bytes(outcome)
                     + side_effects.iter().map(event_bytes).sum::<usize>()
             }
         };
@@ -108,6 +108,11 @@ impl NewEvent {
 fn invocation_bytes(inv: &NewInvocation) -> usize {
     // Fixed columns (ids, timestamps, flags) are a few hundred bytes at most.
     256 + inv.call_id.len() + inv.name.len() + inv.node.len() + json_len(&inv.arguments)
+}
+
+/// Its content, and the paths and hashes of its reads (a grep can record a thousand).
+fn outcome_bytes(o: &Outcome) -> usize {
+    o.content.len() + o.reads.iter().map(|r| 96 + r.path.len()).sum::<usize>()
 }
 
 fn event_bytes(e: &NewEvent) -> usize {
@@ -315,6 +320,7 @@ mod tests {
             output_sha256: None,
             finished_at: Utc::now(),
             duration_ms: 0.0,
+            reads: Vec::new(),
         }
     }
 

@@ -27,6 +27,7 @@ mod migrations;
 pub mod objects;
 mod plan;
 pub mod postgres;
+pub mod reads;
 pub mod retention;
 mod rows;
 pub mod sqlite;
@@ -134,6 +135,21 @@ pub struct Outcome {
     pub output_sha256: Option<String>,
     pub finished_at: DateTime<Utc>,
     pub duration_ms: f64,
+    /// The files the call read (and wrote), in the order it did, for read-before-write: the
+    /// `reads` of its `invocation.finished` event (left out when empty).
+    pub reads: Vec<toolexec_core::FileRead>,
+}
+
+/// One event a session's read-state is folded from ([`Store::read_records`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadRecord {
+    /// The `reads` of an `invocation.finished` event, in the order the call made them.
+    Reads {
+        seq: i64,
+        reads: Vec<toolexec_core::FileRead>,
+    },
+    /// A `workspace.rewound` event: what was read after `to_seq` no longer counts.
+    Rewound { seq: i64, to_seq: i64 },
 }
 
 /// One unit of a group commit. Every write of a batch is applied in one transaction, in order.
@@ -511,6 +527,17 @@ pub trait Store: Send + Sync + 'static {
         up_to: i64,
         limit: u32,
     ) -> Result<Vec<Event>>;
+
+    /// The events a session's read-state is folded from, newest first, with `seq <= up_to`:
+    /// the `reads` of its `invocation.finished` events that have any, and its
+    /// `workspace.rewound` events. A stream, one row at a time, over a partial index of those
+    /// events: neither the rest of the log nor all of them at once are read. No tenant check
+    /// (the node serving the session reads it).
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<ReadRecord>>;
 
     /// The session's `todo.*` events with `seq > after`, in order, at most `limit`: one probe
     /// of a partial index, whatever the length of the log (what loading a session folds its

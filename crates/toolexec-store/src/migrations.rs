@@ -50,6 +50,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "approvals",
         include_str!("../../../migrations/postgres/0008_approvals.sql"),
     ),
+    (
+        9,
+        "reads",
+        include_str!("../../../migrations/postgres/0009_reads.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -92,6 +97,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         8,
         "approvals",
         include_str!("../../../migrations/sqlite/0008_approvals.sql"),
+    ),
+    (
+        9,
+        "reads",
+        include_str!("../../../migrations/sqlite/0009_reads.sql"),
     ),
 ];
 

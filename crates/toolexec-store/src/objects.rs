@@ -551,6 +551,13 @@ impl Store for ObjectBlobs {
         }
         Ok(found)
     }
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        self.inner.read_records(session_id, up_to)
+    }
     async fn todo_events(
         &self,
         tenant_id: Uuid,

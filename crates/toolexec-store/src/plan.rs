@@ -157,7 +157,7 @@ pub(crate) fn started_data(invocation: &NewInvocation) -> serde_json::Value {
 
 /// The data of an `invocation.finished` event.
 pub(crate) fn finished_data(call_id: &str, name: &str, outcome: &Outcome) -> serde_json::Value {
-    json!({
+    let mut data = json!({
         "call_id": call_id,
         "name": name,
         "status": outcome.status,
@@ -166,7 +166,13 @@ pub(crate) fn finished_data(call_id: &str, name: &str, outcome: &Outcome) -> ser
         "truncated": outcome.truncated,
         "output_chars": outcome.output_chars,
         "output_sha256": outcome.output_sha256,
-    })
+    });
+    if !outcome.reads.is_empty()
+        && let serde_json::Value::Object(map) = &mut data
+    {
+        map.insert("reads".into(), json!(outcome.reads));
+    }
+    data
 }
 
 /// Plans `batch` against the locked `sessions` and the `existing` invocations it refers to.
@@ -612,6 +618,7 @@ pub(crate) fn interrupted(
             output_sha256: None,
             finished_at: now,
             duration_ms,
+            reads: Vec::new(),
         },
         side_effects: Vec::new(),
         blobs: Vec::new(),
@@ -713,6 +720,7 @@ mod tests {
             output_sha256: None,
             finished_at: Utc::now(),
             duration_ms: 1.0,
+            reads: Vec::new(),
         }
     }
 

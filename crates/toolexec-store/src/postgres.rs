@@ -1029,6 +1029,14 @@ impl Store for PgStore {
             .collect())
     }
 
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        crate::reads::postgres(&self.pool, session_id, up_to)
+    }
+
     async fn todo_events(
         &self,
         tenant_id: Uuid,

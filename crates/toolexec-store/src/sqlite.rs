@@ -835,6 +835,14 @@ impl Store for SqliteStore {
         Ok(found)
     }
 
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        crate::reads::sqlite(&self.reader, session_id, up_to)
+    }
+
     async fn todo_events(
         &self,
         tenant_id: Uuid,

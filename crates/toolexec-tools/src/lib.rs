@@ -44,7 +44,7 @@ pub(crate) mod walk;
 pub mod web;
 
 pub use deadline::Deadline;
-pub use reads::ReadTracker;
+pub use reads::{CallReads, ReadTracker};
 pub use registry::{ArgumentError, Registry, Resolved};
 pub use toolexec_workspace::{RecordedChange, Workspace};
 
@@ -54,7 +54,8 @@ pub use toolexec_workspace::{RecordedChange, Workspace};
 pub struct ToolContext {
     pub session_id: Uuid,
     pub workspace: Arc<Workspace>,
-    pub reads: Arc<ReadTracker>,
+    /// The session's read-state, as this call sees and records it.
+    pub reads: CallReads,
     pub policy: Policy,
     pub env: BTreeMap<String, String>,
     pub outputs: Arc<dyn OutputSource>,
@@ -111,7 +112,7 @@ impl ToolContext {
         Self {
             session_id,
             workspace,
-            reads: Arc::new(ReadTracker::default()),
+            reads: CallReads::new(Arc::new(ReadTracker::default())),
             policy: Policy::default(),
             env: BTreeMap::new(),
             outputs: Arc::new(NoOutputs),

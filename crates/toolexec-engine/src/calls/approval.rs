@@ -455,6 +455,7 @@ impl Engine {
                 output_sha256: None,
                 finished_at: Utc::now(),
                 duration_ms: 0.0,
+                reads: Vec::new(),
             },
             side_effects: Vec::new(),
             blobs: Vec::new(),
@@ -627,6 +628,7 @@ fn denial(inv: &Invocation, decision: &Decision) -> Outcome {
         output_sha256: None,
         finished_at: Utc::now(),
         duration_ms: waited,
+        reads: Vec::new(),
     }
 }
 

@@ -144,6 +144,7 @@ impl Engine {
                 output_sha256,
                 finished_at: chrono::Utc::now(),
                 duration_ms,
+                reads: Vec::new(),
             },
             side_effects,
             blobs,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::Either;
-use toolexec_core::{Call, CallResult, CallStatus, Capability, Session, new_id};
+use toolexec_core::{Call, CallResult, CallStatus, Capability, FileRead, Session, new_id};
 use toolexec_store::{NewInvocation, Write, WriteError};
 use toolexec_tools::{Resolved, ToolContext, ToolOutput};
 
@@ -113,11 +113,11 @@ impl Engine {
             // Not visible while it runs (nothing is recorded yet), so only a cancel of the
             // session's pending calls reaches it.
             ctx.cancel = control.call_token();
-            let out = self
+            let (out, reads) = self
                 .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
             drop(turn);
-            return self.record_at_once(rt, pending, out).await;
+            return self.record_ran(rt, pending, out, reads).await;
         }
         self.run_with_durable_start(session, rt, pending, tool, ctx, args_hash, control)
             .await
@@ -200,14 +200,26 @@ impl Engine {
         }
     }
 
-    /// Records a call that ran without a start record (or never ran) in one write.
+    /// Records a call that never ran in one write.
     pub(super) async fn record_at_once(
         &self,
         rt: &SessionRuntime,
         p: Pending<'_>,
         out: ToolOutput,
     ) -> Result<CallResult> {
-        let recorded = self.outcome(p.limit, &p.invocation, out, p.t0);
+        self.record_ran(rt, p, out, Vec::new()).await
+    }
+
+    /// Records a call that ran without a start record in one write, with what it read.
+    async fn record_ran(
+        &self,
+        rt: &SessionRuntime,
+        p: Pending<'_>,
+        out: ToolOutput,
+        reads: Vec<FileRead>,
+    ) -> Result<CallResult> {
+        let mut recorded = self.outcome(p.limit, &p.invocation, out, p.t0);
+        recorded.outcome.reads = reads;
         self.commit_record(p.guard, rt, p.call, p.invocation, recorded)
             .await
     }
@@ -295,30 +307,31 @@ impl Engine {
         } = started;
         // The node's content budget the scan's kept contents hold until they are committed.
         let mut lease = None;
-        let out = if cancel.is_cancelled() {
+        let (out, reads) = if cancel.is_cancelled() {
             // Cancelled between its start record and now: its tool never ran.
             let stop = if control.session_cancelled() {
                 Stop::Session
             } else {
                 Stop::Invocation
             };
-            ToolOutput::cancelled(stop.not_started())
+            (ToolOutput::cancelled(stop.not_started()), Vec::new())
         } else {
             ctx.cancel = cancel;
-            let mut out = self
+            let (mut out, reads) = self
                 .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
             if !spec.read_only {
                 lease = self.record_workspace_changes(rt, &mut out).await;
             }
-            out
+            (out, reads)
         };
         let stub = NewInvocationRef {
             id: invocation_id,
             call_id: &call.id,
             name: &call.name,
         };
-        let recorded = self.outcome_for(limit, stub, out, t0);
+        let mut recorded = self.outcome_for(limit, stub, out, t0);
+        recorded.outcome.reads = reads;
         let committed = self
             .commit_finish(guard, session.id, invocation_id, recorded)
             .await;

@@ -22,7 +22,7 @@ use toolexec_core::{
 use super::{Action, blocking, check_read, too_late};
 use crate::patch::{self, Hunk, HunkFailure, Mismatch, Op};
 use crate::text::{decode_for_edit, numbered_range, plural, shown_name, view_lines};
-use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{CallReads, Deadline, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 use toolexec_workspace::jail::{Before, JailError, Workspace, human_bytes};
 
 /// File lines shown around the place a hunk stopped matching.
@@ -123,12 +123,7 @@ impl Tool for ApplyPatch {
     }
 }
 
-fn apply(
-    workspace: &Workspace,
-    reads: &ReadTracker,
-    text: &str,
-    deadline: &Deadline,
-) -> ToolOutput {
+fn apply(workspace: &Workspace, reads: &CallReads, text: &str, deadline: &Deadline) -> ToolOutput {
     let patch = match patch::parse(text) {
         Ok(patch) => patch,
         Err(e) => {
@@ -233,7 +228,7 @@ impl Plan {
     fn apply(
         &mut self,
         ws: &Workspace,
-        reads: &ReadTracker,
+        reads: &CallReads,
         op: &Op,
         deadline: &Deadline,
     ) -> Result<(), Failure> {
@@ -360,7 +355,7 @@ impl Plan {
     }
 
     /// Read-before-write for an entry that existed before the patch, once.
-    fn check_read(&mut self, reads: &ReadTracker, at: usize, op: &Op) -> Result<(), Failure> {
+    fn check_read(&mut self, reads: &CallReads, at: usize, op: &Op) -> Result<(), Failure> {
         let entry = &mut self.entries[at];
         if entry.checked {
             return Ok(());
@@ -376,7 +371,7 @@ impl Plan {
     }
 
     /// Writes the verified final state of every touched file, or as little as possible.
-    fn commit(self, ws: &Workspace, reads: &ReadTracker) -> ToolOutput {
+    fn commit(self, ws: &Workspace, reads: &CallReads) -> ToolOutput {
         let mut done: Vec<&Entry> = Vec::new();
         let mut modes: Vec<Option<u32>> = Vec::new();
         for entry in &self.entries {
@@ -687,7 +682,7 @@ mod tests {
                 entry("b.txt", Some(b"b as verified"), Some(b"b after")),
             ],
         };
-        let out = plan.commit(&ws, &ReadTracker::default());
+        let out = plan.commit(&ws, &CallReads::new(std::sync::Arc::default()));
         assert_eq!(out.status, toolexec_core::CallStatus::Error);
         assert!(
             out.content.contains("writing b.txt failed"),

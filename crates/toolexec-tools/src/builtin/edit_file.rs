@@ -18,7 +18,7 @@ use crate::text::{
     closest_window, decode_for_edit, describe_difference, has_line_number_prefixes, line_of,
     numbered_range, shown_name, to_crlf, uses_crlf, view_lines,
 };
-use crate::{Deadline, ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{CallReads, Deadline, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 use toolexec_workspace::jail::{JailError, Workspace};
 
 /// Lines of unchanged context shown around an edited region.
@@ -123,12 +123,7 @@ impl Tool for EditFile {
     }
 }
 
-fn edit(
-    workspace: &Workspace,
-    reads: &ReadTracker,
-    args: &Args,
-    deadline: &Deadline,
-) -> ToolOutput {
+fn edit(workspace: &Workspace, reads: &CallReads, args: &Args, deadline: &Deadline) -> ToolOutput {
     if args.old_string == args.new_string {
         return ToolOutput::error(
             "old_string and new_string are identical, so there is nothing to change. Put the \

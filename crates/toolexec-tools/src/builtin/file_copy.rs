@@ -13,7 +13,7 @@ use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 use super::{Action, blocking, jail_failure, read_before_write, too_late, written_change};
 use crate::reads::WriteCheck;
 use crate::text::shown_name;
-use crate::{ReadTracker, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{CallReads, Tool, ToolContext, ToolOutput, parse_args};
 use toolexec_workspace::jail::{Copied, JailError, Workspace, human_bytes};
 
 /// Copies up to this size are recorded with their contents (as a blob); bigger ones with their
@@ -122,7 +122,7 @@ impl Tool for FileCopy {
 
 fn copy(
     workspace: &Workspace,
-    reads: &ReadTracker,
+    reads: &CallReads,
     capabilities: &[Capability],
     args: &Args,
 ) -> ToolOutput {

@@ -8,7 +8,7 @@ use toolexec_core::{
 
 use super::{Action, blocking, jail_failure, read_before_write, too_late};
 use crate::text::shown_name;
-use crate::{ReadTracker, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{CallReads, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
 use toolexec_workspace::jail::{JailError, Workspace, human_bytes};
 
 const DESCRIPTION: &str = "\
@@ -91,7 +91,7 @@ impl Tool for FileDelete {
 
 fn delete(
     workspace: &Workspace,
-    reads: &ReadTracker,
+    reads: &CallReads,
     capabilities: &[Capability],
     path: &str,
 ) -> ToolOutput {

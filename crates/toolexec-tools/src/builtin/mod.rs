@@ -6,7 +6,7 @@ use toolexec_core::Capability;
 use crate::RecordedChange;
 use crate::Tool;
 use crate::ToolOutput;
-use crate::reads::{ReadTracker, WriteCheck};
+use crate::reads::{CallReads, WriteCheck};
 use toolexec_core::{FileChange, FileChangeKind, UnstoredReason};
 use toolexec_workspace::jail::{Before, JailError, UnreadReason, Written, human_bytes};
 
@@ -202,7 +202,7 @@ impl Action {
 /// invocation).
 pub(crate) fn read_before_write(
     capabilities: &[Capability],
-    reads: &ReadTracker,
+    reads: &CallReads,
     path: &str,
     before: &Before,
     action: Action,
@@ -237,7 +237,7 @@ pub(crate) fn read_before_write(
 /// Whether the session has read `path` as it is now (contents hashing to `sha256`); the refusal
 /// for the model if not.
 pub(crate) fn check_read(
-    reads: &ReadTracker,
+    reads: &CallReads,
     path: &str,
     sha256: &str,
     action: Action,
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn an_unread_existing_file_is_refused_for_every_action() {
-        let reads = ReadTracker::default();
+        let reads = CallReads::new(std::sync::Arc::default());
         for action in [Action::Write, Action::Edit, Action::Delete, Action::Patch] {
             let refusal =
                 read_before_write(&[Capability::FsWrite], &reads, "a.rs", &file(b"x"), action)
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_stale_read_is_refused_with_the_changed_since_message() {
-        let reads = ReadTracker::default();
+        let reads = CallReads::new(std::sync::Arc::default());
         reads.record("a.rs", &toolexec_core::sha256_hex(b"old"));
         let refusal = read_before_write(
             &[Capability::FsWrite],
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn content_from_source_is_exempt_whatever_the_tool_is_called() {
-        let reads = ReadTracker::default();
+        let reads = CallReads::new(std::sync::Arc::default());
         let exempt = [Capability::FsWrite, Capability::ContentFromSource];
         assert_eq!(
             read_before_write(&exempt, &reads, "a.rs", &file(b"x"), Action::Write),
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn new_files_need_no_read() {
-        let reads = ReadTracker::default();
+        let reads = CallReads::new(std::sync::Arc::default());
         assert_eq!(
             read_before_write(
                 &[Capability::FsWrite],

@@ -539,6 +539,7 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
             origin: Some(origin),
+            truncated: None,
         };
         let empty = history::plan(std::iter::empty(), state);
         let shares = self.workspaces.shares_contents();

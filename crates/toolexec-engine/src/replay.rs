@@ -382,10 +382,13 @@ impl Engine {
                 },
             )
             .await?;
-        let result: CallResult = results
+        let mut result: CallResult = results
             .into_iter()
             .next()
             .ok_or_else(|| EngineError::Internal("a batch of one gave no result".into()))?;
+        if result.status == toolexec_core::CallStatus::PendingApproval {
+            result = self.decided(tenant_id, session, result).await?;
+        }
         ids.insert(recorded.id.to_string(), result.invocation_id.to_string());
         let replayed = self
             .store
@@ -442,6 +445,49 @@ impl Engine {
             },
             Some(result.seq),
         ))
+    }
+}
+
+impl Engine {
+    /// A replayed call the session's policy gates waits for a person again, as any call of the
+    /// session would (docs/design.md, "Approval gates"): its result once it is decided and has
+    /// run (or was denied, or its wait ended). Followed as `GET /v1/invocations/{id}?wait=`
+    /// does; polled every second when the tenant's streams are all in use.
+    async fn decided(
+        &self,
+        tenant_id: Uuid,
+        session: &Session,
+        mut result: CallResult,
+    ) -> Result<CallResult> {
+        let wait_ms = session
+            .policy
+            .approval
+            .as_ref()
+            .map_or(toolexec_core::DEFAULT_APPROVAL_TIMEOUT_MS, |p| {
+                p.timeout_ms()
+            })
+            .min(self.config.limits.max_approval_wait_ms);
+        // The expiry denies it at the end of its wait; the margin covers a late timer.
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(wait_ms)
+            + std::time::Duration::from_secs(60);
+        while result.status == toolexec_core::CallStatus::PendingApproval {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Internal(format!(
+                    "invocation {} still waits for approval past the end of its wait",
+                    result.invocation_id
+                )));
+            }
+            let waited = left.min(std::time::Duration::from_secs(60));
+            let t0 = tokio::time::Instant::now();
+            result = self.after_approval(tenant_id, result, waited).await;
+            if result.status == toolexec_core::CallStatus::PendingApproval && t0.elapsed() < waited
+            {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+        Ok(result)
     }
 }
 

@@ -3,7 +3,8 @@
 //! answered `pending_approval` at once and nothing runs; a person approves (it runs, in the
 //! log after who decided) or denies (recorded `denied`, never run); a retried decision is
 //! harmless, the opposite one a conflict; a wait nobody ends becomes a recorded denial, across a
-//! restart too; the MCP door waits for the decision; a replay re-runs what was approved.
+//! restart too; the MCP door waits for the decision; a replay asks again before it re-runs
+//! what was approved.
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -11,6 +12,7 @@ use toolexec_tests::app::{Backend, TestApp};
 
 toolexec_tests::on_both_stores!(
     a_person_decides_and_the_log_names_them,
+    a_replay_asks_again_before_it_re_runs_an_approved_call,
     waits_end_in_a_recorded_denial,
     what_else_ends_a_wait
 );
@@ -44,6 +46,135 @@ async fn kinds_of(app: &TestApp, sid: &str, invocation: &str) -> Vec<(String, Va
         .filter(|e| e["invocation_id"] == invocation)
         .map(|e| (e["kind"].as_str().unwrap().to_owned(), e["data"].clone()))
         .collect()
+}
+
+/// What `ask` finds, asked every 100 ms, up to 30 s.
+async fn poll<T>(mut ask: impl AsyncFnMut() -> Option<T>, what: &str) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = ask().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "no {what} within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A verify replay does not re-run a call its source's person approved on that approval alone
+/// (issue 23, §8): the approval was for one run, in the source. The replay's call waits for a
+/// person like any gated call of the session — recorded `approval.requested` in the replay's
+/// log, naming the call it re-runs (`replay_of`), nothing written meanwhile — and the replay
+/// goes on when someone decides: approved, the call runs and matches its record; denied, it
+/// never runs and the report shows the status it diverged by.
+async fn a_replay_asks_again_before_it_re_runs_an_approved_call(backend: Backend) {
+    let app = backend.spawn().await;
+    let sid = gated_session(&app, json!({"tools": ["write_file"]})).await;
+    let w = app
+        .call(
+            &sid,
+            "w1",
+            "write_file",
+            json!({"file_path": "made.txt", "content": "made\n"}),
+        )
+        .await;
+    assert_eq!(w["status"], "pending_approval");
+    let inv = w["invocation_id"].as_str().unwrap().to_owned();
+    let (status, _) = decide(&app, &inv, "approve", json!({"by": "alice"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(wait_for(&app, &inv, 30).await["status"], "ok");
+
+    let mut replays_seen = Vec::new();
+    for (verb, by) in [("approve", "carol"), ("deny", "dave")] {
+        let replay = {
+            let url = app.url(&format!("/v1/sessions/{sid}/replay"));
+            let http = app.http.clone();
+            tokio::spawn(async move {
+                let resp = http
+                    .post(url)
+                    .json(&json!({"mode": "verify"}))
+                    .send()
+                    .await
+                    .unwrap();
+                (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+            })
+        };
+        // The replay's session, in the tenant's list.
+        let rsid = poll(
+            async || {
+                let list: Value = app.get("/v1/sessions").await.json().await.unwrap();
+                list["sessions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| {
+                        s["origin"]["kind"] == "replay"
+                            && s["origin"]["session_id"] == sid.as_str()
+                            && !replays_seen.contains(&s["id"])
+                    })
+                    .map(|s| s["id"].as_str().unwrap().to_owned())
+            },
+            "replay session",
+        )
+        .await;
+        replays_seen.push(json!(rsid));
+        // Its re-run of w1 waits for a person, and nothing was written.
+        let requested = poll(
+            async || {
+                app.events(&rsid)
+                    .await
+                    .into_iter()
+                    .find(|e| e["kind"] == "approval.requested")
+            },
+            "approval.requested in the replay",
+        )
+        .await;
+        assert_eq!(requested["data"]["call_id"], "w1", "{requested}");
+        assert_eq!(requested["data"]["replay_of"], inv.as_str(), "{requested}");
+        assert_eq!(requested["data"]["reasons"], json!(["tool:write_file"]));
+        let file = format!("/v1/sessions/{rsid}/files/made.txt");
+        assert_eq!(app.get(&file).await.status(), 404, "nothing ran yet");
+        assert!(!replay.is_finished(), "the replay waits for the decision");
+        let waiting = requested["invocation_id"].as_str().unwrap().to_owned();
+        let (status, decided) = decide(&app, &waiting, verb, json!({"by": by})).await;
+        assert_eq!(status, 200, "{decided}");
+
+        let (status, report) = tokio::time::timeout(Duration::from_secs(60), replay)
+            .await
+            .expect("the replay ends once decided")
+            .unwrap();
+        assert_eq!(status, 200, "{report:#}");
+        assert_eq!(report["status"], "finished", "{report:#}");
+        let call = &report["calls"][0];
+        assert_eq!(call["call_id"], "w1");
+        assert_eq!(call["replayed_invocation_id"], waiting.as_str());
+        let decision = app
+            .events(&rsid)
+            .await
+            .into_iter()
+            .find(|e| e["kind"] == "approval.decided")
+            .unwrap();
+        assert_eq!(decision["data"]["by"]["name"], by);
+        if verb == "approve" {
+            assert_eq!(decision["data"]["decision"], "approved");
+            assert!(
+                call["status_matched"] == true
+                    && call["output_matched"] == true
+                    && call["side_effects_matched"] == true,
+                "approved again, the call replays as it ran: {call}"
+            );
+            assert_eq!(app.get(&file).await.text().await.unwrap(), "made\n");
+        } else {
+            assert_eq!(decision["data"]["decision"], "denied");
+            assert_eq!(call["replayed_status"], "denied", "{call}");
+            assert_eq!(call["status_matched"], false, "{call}");
+            assert_eq!(report["calls_diverged"], 1);
+            assert_eq!(
+                app.get(&file).await.status(),
+                404,
+                "a denied re-run never ran"
+            );
+        }
+    }
 }
 
 async fn a_person_decides_and_the_log_names_them(backend: Backend) {
@@ -249,40 +380,6 @@ async fn a_person_decides_and_the_log_names_them(backend: Backend) {
     assert_eq!(
         (status, problem["code"].as_str()),
         (422, Some("invalid_request"))
-    );
-
-    // A verify replay re-runs what was approved without asking again; the denied call never
-    // started, so it is not replayed.
-    let resp = app
-        .post(
-            &format!("/v1/sessions/{sid}/replay"),
-            &json!({"mode": "verify"}),
-        )
-        .await;
-    assert_eq!(resp.status(), 200);
-    let replay: Value = resp.json().await.unwrap();
-    assert_eq!(replay["status"], "finished", "{replay:#}");
-    let replayed: Vec<&str> = replay["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["call_id"].as_str().unwrap())
-        .collect();
-    assert!(
-        replayed.contains(&"c1") && !replayed.contains(&"w1"),
-        "{replayed:?}"
-    );
-    let c1 = replay["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["call_id"] == "c1")
-        .unwrap();
-    assert!(
-        c1["status_matched"] == true
-            && c1["output_matched"] == true
-            && c1["side_effects_matched"] == true,
-        "the approved call replays as it ran: {c1}"
     );
 
     // Closing the session denies what still waits.

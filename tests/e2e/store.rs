@@ -9,6 +9,7 @@ use toolexec_core::{
     CallStatus, Capability, EventKind, InvocationStatus, Policy, Session, SessionStatus, Tenant,
     Truncation, TruncationMode, new_id, sha256_hex,
 };
+use toolexec_store::pages::{ByteBounds, Listed};
 use toolexec_store::{
     Assigned, Blob, NewEvent, NewInvocation, Outcome, StoreError, Write, WriteError,
 };
@@ -59,6 +60,7 @@ store_suite!(
     the_output_is_the_blob_when_truncated_and_the_content_otherwise,
     interrupting_a_node_finishes_only_its_own_running_calls,
     events_are_paged_by_after_and_limit,
+    pages_are_bounded_in_bytes_and_show_a_large_row_by_its_size,
     lookup_calls_returns_the_session_and_the_calls_it_already_has,
     the_call_ids_of_a_session_are_read_page_by_page,
     the_last_process_number_is_the_highest_process_id_started,
@@ -99,6 +101,7 @@ fn new_session(tenant: &Tenant) -> Session {
         closed_at: None,
         last_seq: 0,
         origin: None,
+        truncated: None,
     }
 }
 
@@ -330,11 +333,15 @@ async fn sessions_are_listed_newest_first_one_page_at_a_time(db: &TestStore) {
     let mut pages = Vec::new();
     let mut before = None;
     loop {
-        let page = db.store.list_sessions(acme.id, before, 2).await.unwrap();
-        pages.push(page.sessions.iter().map(|s| s.id).collect::<Vec<_>>());
+        let page = db
+            .store
+            .list_sessions(acme.id, before, 2, ByteBounds::UNBOUNDED)
+            .await
+            .unwrap();
+        pages.push(page.sessions.iter().map(Listed::id).collect::<Vec<_>>());
         match page.next_before {
             Some(next) => {
-                assert_eq!(Some(next), page.sessions.last().map(|s| s.id));
+                assert_eq!(Some(next), page.sessions.last().map(Listed::id));
                 before = Some(next);
             }
             None => break,
@@ -345,13 +352,21 @@ async fn sessions_are_listed_newest_first_one_page_at_a_time(db: &TestStore) {
         vec![ids[0..2].to_vec(), ids[2..4].to_vec(), ids[4..5].to_vec()]
     );
 
-    let exact = db.store.list_sessions(acme.id, None, 5).await.unwrap();
+    let exact = db
+        .store
+        .list_sessions(acme.id, None, 5, ByteBounds::UNBOUNDED)
+        .await
+        .unwrap();
     assert_eq!(exact.sessions.len(), 5);
     assert_eq!(exact.next_before, None, "a full last page has no next page");
 
-    let other = db.store.list_sessions(globex.id, None, 10).await.unwrap();
+    let other = db
+        .store
+        .list_sessions(globex.id, None, 10, ByteBounds::UNBOUNDED)
+        .await
+        .unwrap();
     assert_eq!(
-        other.sessions.iter().map(|s| s.id).collect::<Vec<_>>(),
+        other.sessions.iter().map(Listed::id).collect::<Vec<_>>(),
         vec![theirs.id]
     );
 }
@@ -395,8 +410,22 @@ async fn another_tenants_session_is_not_found_anywhere(db: &TestStore) {
         st.invocation_output(intruder.id, c.id).await.map(drop),
         "invocation_output",
     );
+    not_found(
+        st.event_texts(intruder.id, s.id, 0, 10, ByteBounds::UNBOUNDED)
+            .await
+            .map(drop),
+        "event_texts",
+    );
+    not_found(
+        st.event_text(intruder.id, s.id, 1, None).await.map(drop),
+        "event_text",
+    );
+    not_found(
+        st.session_excerpt(intruder.id, s.id, 100).await.map(drop),
+        "session_excerpt",
+    );
     assert!(
-        st.list_sessions(intruder.id, None, 10)
+        st.list_sessions(intruder.id, None, 10, ByteBounds::UNBOUNDED)
             .await
             .unwrap()
             .sessions
@@ -1106,6 +1135,136 @@ async fn events_are_paged_by_after_and_limit(db: &TestStore) {
     assert_eq!(page(7, 3).await, Vec::<i64>::new());
     assert_eq!(page(2, 0).await, Vec::<i64>::new());
     assert_eq!(page(0, 100).await, one_to(7));
+}
+
+/// Pages by bytes (issue 23, §4): the walk stops before the event that would take the page
+/// over its bound (the first one always comes), an event over the inline bound comes by its
+/// size only, and its beginning or its whole text is read alone. Sessions the same.
+async fn pages_are_bounded_in_bytes_and_show_a_large_row_by_its_size(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await; // seq 1: session.created
+    let sizes = [1000, 1000, 5000, 1000, 1000]; // seqs 2..=6
+    db.store
+        .append_events(
+            acme.id,
+            s.id,
+            sizes
+                .iter()
+                .map(|n| NewEvent {
+                    kind: EventKind::PlanUpdated,
+                    data: json!({"x": "a".repeat(*n)}),
+                })
+                .collect(),
+            vec![],
+        )
+        .await
+        .unwrap();
+    let bounds = ByteBounds {
+        max_bytes: 3000,
+        inline_bytes: 2500,
+        excerpt_bytes: 100,
+        overhead_bytes: 10,
+    };
+    let page = |after: i64, limit: u32, bounds: ByteBounds| async move {
+        db.store
+            .event_texts(acme.id, s.id, after, limit, bounds)
+            .await
+            .unwrap()
+    };
+    let seqs = |p: &toolexec_store::pages::EventTexts| {
+        p.events
+            .iter()
+            .map(|e| (e.seq, e.data.is_some()))
+            .collect::<Vec<_>>()
+    };
+    // 1, 2 and 3 whole (~2 KB); 4 by its size (an excerpt's 100); 5 would go over.
+    let first = page(0, 100, bounds).await;
+    assert_eq!(seqs(&first), [(1, true), (2, true), (3, true), (4, false)]);
+    assert!(first.more);
+    let big = &first.events[3];
+    assert!(big.data_bytes > 5000 && big.data_bytes < 5100, "{big:?}");
+    assert_eq!(big.kind, EventKind::PlanUpdated);
+    let whole = &first.events[1];
+    assert!(whole.is_whole());
+    assert_eq!(
+        serde_json::from_str::<Value>(whole.data.as_deref().unwrap()).unwrap(),
+        json!({"x": "a".repeat(1000)})
+    );
+    let rest = page(4, 100, bounds).await;
+    assert_eq!(seqs(&rest), [(5, true), (6, true)]);
+    assert!(!rest.more);
+    assert_eq!(page(6, 100, bounds).await.events, vec![]);
+    // The count bound: no more known beyond it.
+    let two = page(0, 2, bounds).await;
+    assert_eq!(seqs(&two), [(1, true), (2, true)]);
+    assert!(!two.more);
+    // A bound smaller than any event: one event a page, whole if it may be.
+    let tiny = ByteBounds {
+        max_bytes: 1,
+        ..bounds
+    };
+    assert_eq!(seqs(&page(1, 100, tiny).await), [(2, true)]);
+    assert_eq!(seqs(&page(3, 100, tiny).await), [(4, false)]);
+    assert_eq!(page(0, 100, ByteBounds::UNBOUNDED).await.events.len(), 6);
+    // The large one alone: its beginning, or whole.
+    let cut = db
+        .store
+        .event_text(acme.id, s.id, 4, Some(50))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cut.data.as_ref().unwrap().chars().count(), 50);
+    assert!(!cut.is_whole());
+    assert_eq!(cut.data_bytes, big.data_bytes);
+    let full = db
+        .store
+        .event_text(acme.id, s.id, 4, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(full.is_whole());
+    assert_eq!(
+        serde_json::from_str::<Value>(full.data.as_deref().unwrap()).unwrap(),
+        json!({"x": "a".repeat(5000)})
+    );
+    assert_eq!(
+        db.store.event_text(acme.id, s.id, 99, None).await.unwrap(),
+        None
+    );
+
+    // Sessions: one with large metadata comes by its id and size, and its excerpt is valid.
+    let mut large = new_session(&acme);
+    large.metadata = json!({"notes": "n".repeat(5000), "owner": "eve"});
+    db.store
+        .create_session(&large, vec![], vec![], u64::MAX)
+        .await
+        .unwrap();
+    let newer = session(db, &acme).await;
+    let listed = db
+        .store
+        .list_sessions(acme.id, None, 10, bounds)
+        .await
+        .unwrap();
+    assert_eq!(listed.sessions.len(), 3, "{listed:?}");
+    assert!(matches!(&listed.sessions[0], Listed::Whole(w) if w.id == newer.id));
+    match &listed.sessions[1] {
+        Listed::Over { id, bytes } => {
+            assert_eq!(*id, large.id);
+            assert!(*bytes > 5000, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(&listed.sessions[2], Listed::Whole(w) if w.id == s.id));
+    assert_eq!(listed.next_before, None);
+    let excerpt = db
+        .store
+        .session_excerpt(acme.id, large.id, 40)
+        .await
+        .unwrap();
+    let notes = excerpt.metadata["notes"].as_str().unwrap();
+    assert!(notes.starts_with("nnn") && notes.ends_with('…'), "{notes}");
+    assert!(notes.len() < 50, "{notes}");
+    assert_eq!(excerpt.policy, large.policy);
 }
 
 async fn lookup_calls_returns_the_session_and_the_calls_it_already_has(db: &TestStore) {

@@ -1017,10 +1017,10 @@ async fn a_stream_reader_that_falls_behind_is_disconnected_with_a_final_event() 
     let got = read_sse(&mut slow, 1, Duration::from_secs(5)).await;
     assert_eq!(got.len(), 1);
     // Big events first, to fill the sockets between (each write_file's invocation.started
-    // carries its 1 MB), then far more than the stream's buffer, while the slow reader reads
-    // nothing.
-    let content = "x".repeat(1 << 20);
-    for k in 0..12 {
+    // carries its 400 KiB, sent whole: under the stream's 512 KiB buffer), then far more than
+    // the stream's buffer, while the slow reader reads nothing.
+    let content = "x".repeat(400 << 10);
+    for k in 0..30 {
         app.call(
             &sid,
             &format!("w{k}"),

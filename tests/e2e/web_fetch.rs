@@ -5,6 +5,7 @@
 //! configuration refusing the same server.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::response::Html;
 use serde_json::json;
@@ -16,6 +17,7 @@ toolexec_tests::on_both_stores!(
     web_observations_are_recorded_and_a_replay_serves_them_without_the_network,
     a_cancelled_fetch_still_records_the_request_it_sent,
     no_client_call_runs_in_a_replay_session_while_the_replay_runs,
+    an_approved_web_call_a_replay_asks_again_for_is_served_from_its_record,
 );
 
 /// A page on 127.0.0.1 and the number of requests it got: `/doc` (HTML), `/old` (a redirect to
@@ -495,4 +497,97 @@ async fn no_client_call_runs_in_a_replay_session_while_the_replay_runs(backend: 
         )
         .await;
     assert_eq!(r["status"], "ok", "{r}");
+}
+
+/// A replay asks again before it re-runs a call its source's person approved (issue 23, §8);
+/// approved again, a call that reaches the outside world is still served from its record like
+/// any replayed call: the page server gets no request, and the call matches.
+async fn an_approved_web_call_a_replay_asks_again_for_is_served_from_its_record(backend: Backend) {
+    let (port, hits) = page_server().await;
+    let app = backend
+        .spawn_with(|c| c.sandbox.egress_allow_cidrs = vec!["127.0.0.1/32".to_owned()])
+        .await;
+    let session = app
+        .session(json!({"policy": {"network": "allow", "approval": {"capabilities": ["network"]}}}))
+        .await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let url = format!("http://127.0.0.1:{port}/visit");
+    let r = app.call(&sid, "v1", "web_fetch", json!({"url": url})).await;
+    assert_eq!(r["status"], "pending_approval", "{r}");
+    let inv = r["invocation_id"].as_str().unwrap().to_owned();
+    let approve = |id: String| {
+        let url = app.url(&format!("/v1/invocations/{id}/approve"));
+        let http = app.http.clone();
+        async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"by": "alice"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+    };
+    approve(inv.clone()).await;
+    let done: serde_json::Value = app
+        .get(&format!("/v1/invocations/{inv}?wait=30"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done["status"], "ok", "{done}");
+    assert!(done["content"].as_str().unwrap().contains("visit number 1"));
+    let before = hits.load(Ordering::SeqCst);
+
+    let replay = {
+        let url = app.url(&format!("/v1/sessions/{sid}/replay"));
+        let http = app.http.clone();
+        tokio::spawn(async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"mode": "verify"}))
+                .send()
+                .await
+                .unwrap();
+            (
+                resp.status().as_u16(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiting = loop {
+        let list: serde_json::Value = app.get("/v1/sessions").await.json().await.unwrap();
+        let rsid = list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["origin"]["kind"] == "replay")
+            .map(|s| s["id"].as_str().unwrap().to_owned());
+        if let Some(rsid) = rsid
+            && let Some(e) = app
+                .events(&rsid)
+                .await
+                .into_iter()
+                .find(|e| e["kind"] == "approval.requested")
+        {
+            assert_eq!(e["data"]["replay_of"], inv.as_str(), "{e}");
+            break e["invocation_id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the replay never asked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    approve(waiting).await;
+    let (status, report) = tokio::time::timeout(Duration::from_secs(60), replay)
+        .await
+        .expect("the replay ends once approved")
+        .unwrap();
+    assert_eq!(status, 200, "{report:#}");
+    assert_eq!(report["calls_diverged"], 0, "{report:#}");
+    assert_eq!(report["calls"][0]["served_from_record"], true, "{report:#}");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before,
+        "the approved re-run made no request"
+    );
 }

@@ -13,7 +13,8 @@ pub struct CountingStore {
     pub inner: Arc<dyn Store>,
     /// Calls of [`Store::process_started`].
     pub process_lookups: AtomicU64,
-    /// Calls of [`Store::events`] (a page of the log each).
+    /// Calls of [`Store::events`], [`Store::event_texts`], [`Store::event_text`] and
+    /// [`Store::events_of_kinds`] (a page of the log each).
     pub event_pages: AtomicU64,
     /// Calls of [`Store::lookup_calls`] (recorded calls looked up by id).
     pub call_lookups: AtomicU64,
@@ -93,8 +94,14 @@ impl Store for CountingStore {
         tenant_id: Uuid,
         before: Option<Uuid>,
         limit: u32,
+        bounds: toolexec_store::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        self.inner.list_sessions(tenant_id, before, limit).await
+        self.inner
+            .list_sessions(tenant_id, before, limit, bounds)
+            .await
+    }
+    async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {
+        self.inner.session_excerpt(tenant_id, id, chars).await
     }
     async fn close_session(
         &self,
@@ -145,6 +152,31 @@ impl Store for CountingStore {
     ) -> Result<Vec<Event>> {
         self.event_pages.fetch_add(1, Ordering::SeqCst);
         self.inner.events(tenant_id, session_id, after, limit).await
+    }
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: toolexec_store::pages::ByteBounds,
+    ) -> Result<toolexec_store::pages::EventTexts> {
+        self.event_pages.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .event_texts(tenant_id, session_id, after, limit, bounds)
+            .await
+    }
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<toolexec_store::pages::EventText>> {
+        self.event_pages.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .event_text(tenant_id, session_id, seq, chars)
+            .await
     }
     async fn process_started(
         &self,

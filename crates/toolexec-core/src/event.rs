@@ -170,10 +170,15 @@ pub struct Event {
     pub seq: i64,
     pub kind: EventKind,
     pub invocation_id: Option<Uuid>,
-    /// Kind-specific payload (see the event kinds in the docs).
+    /// Kind-specific payload (see the event kinds in the docs). In a page or a stream, an
+    /// event larger than its bound shows the beginning of its data only (`truncated`).
     #[schema(value_type = Object)]
     pub data: serde_json::Value,
     pub created_at: DateTime<Utc>,
+    /// Present when `data` is cut short: its size, and the path that serves the event whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub truncated: Option<crate::excerpt::Truncated>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -7,6 +7,7 @@
 
 pub mod call;
 pub mod event;
+pub mod excerpt;
 pub mod hash;
 pub mod history;
 pub mod json;
@@ -23,6 +24,7 @@ pub use event::{
     Event, EventKind, ExchangeError, ExchangeErrorKind, ExchangeRole, FileChange, FileChangeKind,
     FileRead, FilesChanged, Invocation, Rewound, UnstoredReason, WebExchange,
 };
+pub use excerpt::Truncated;
 pub use hash::{Sha256Hex, sha256_hex};
 pub use history::{
     ForkRequest, Forked, RewindRequest, RewindResult, Tree, TreeEntry, TreeEntryKind,

@@ -161,6 +161,12 @@ pub struct Session {
     /// Where the workspace started, for a fork or a replay: another session as it was right
     /// after one of its events. `null` for a session that started empty (or with seed files).
     pub origin: Option<Origin>,
+    /// In a page of `GET /v1/sessions`, present when the session was larger than the page's
+    /// bound: its `tools`, `env` and `metadata` show the beginnings of their values only, and
+    /// `full` (`GET /v1/sessions/{id}`) serves it whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub truncated: Option<crate::excerpt::Truncated>,
 }
 
 /// How a session came from another one.

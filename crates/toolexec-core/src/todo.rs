@@ -159,6 +159,7 @@ mod tests {
             invocation_id: None,
             data,
             created_at: chrono::Utc::now(),
+            truncated: None,
         }
     }
 

@@ -159,6 +159,22 @@ pub struct Limits {
     pub max_concurrent_folds: usize,
     /// Event streams one tenant may follow on this node at once (429 `too_many_concurrent`).
     pub max_streams_per_tenant: usize,
+    // --- reading the record: bounded in bytes (docs/operator.md, "Pages and streams") ---
+    /// Most bytes of one page of `GET /v1/sessions/{id}/events` and of `GET /v1/sessions`
+    /// (the JSON the service sends, and what it holds to send it). A page ends early, with
+    /// its cursor, where the next event would take it over; an event (a session) larger than
+    /// the page alone is shown truncated, with the path that serves it whole. At least 128 KiB
+    /// (smaller values count as 128 KiB).
+    pub page_bytes: u64,
+    /// Most bytes of events one event stream (`GET …/events/stream`) holds for its client,
+    /// and that the node keeps of a streamed session's live log. A client that falls further
+    /// behind is cut off with `stream.overflow` and resumes from its cursor; an event larger
+    /// than this is sent truncated, with the path that serves it whole. At least 128 KiB.
+    pub stream_buffer_bytes: u64,
+    /// Event streams this node serves at once, all tenants together (each holds up to about
+    /// three times `stream_buffer_bytes`); beyond it 503 `unavailable`. A wait for an
+    /// invocation (`GET /v1/invocations/{id}?wait=`) counts as one.
+    pub max_streams_per_node: usize,
     /// Replays one tenant may run on this node at once (429 `too_many_concurrent`).
     pub max_replays_per_tenant: usize,
 }
@@ -227,6 +243,12 @@ impl Default for Limits {
             // Four of the largest states at once: ~200 MB.
             max_concurrent_folds: 4,
             max_streams_per_tenant: 64,
+            // Four pages of 1,000 small events, or eight of a file of 512 KiB recorded whole.
+            page_bytes: 4 * 1024 * 1024,
+            // Hundreds of ordinary events; a file of 500 KB written by a call still whole.
+            stream_buffer_bytes: 512 * 1024,
+            // At 512 KiB buffers, at most ~400 MB for streams whose clients all stall.
+            max_streams_per_node: 256,
             max_replays_per_tenant: 4,
         }
     }

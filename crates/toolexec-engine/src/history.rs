@@ -539,6 +539,7 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
             origin: Some(origin),
+            truncated: None,
         };
         // What its origin had read at its seq (the workspace is that state, so the hashes
         // match): its log has nothing yet, so the fold starts at the origin.

@@ -18,6 +18,7 @@ mod history;
 mod leases;
 mod log;
 pub mod metrics;
+mod pages;
 mod reads;
 pub mod recorder;
 mod replay;
@@ -43,6 +44,7 @@ pub use cluster::Route;
 pub use config::{ClusterConfig, EngineConfig, Limits};
 pub use history::{DEFAULT_TREE_PAGE, FileAt, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
 pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
+pub use pages::{EventsPage, SessionsPage, ShownEvent};
 pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
 pub use sessions::SessionRuntime;
 pub use stream::StreamItem;
@@ -121,6 +123,8 @@ pub struct Engine {
     contents: Arc<scans::ContentPool>,
     /// The live streams of sessions' logs followed on this node.
     streams: Arc<stream::StreamHub>,
+    /// The bounds in bytes of pages and streams, and the excerpts of what is over them.
+    pages: Arc<pages::Pages>,
     /// The sessions whose calls this node runs now (their leases in the store).
     leases: Arc<leases::Leases>,
     /// Where this node's session workspaces live, and who owns them.
@@ -189,7 +193,11 @@ impl Engine {
                 .map_err(|e| EngineError::Internal(format!("limits.session_disk_bytes: {e}")))?;
         }
         let metrics = Arc::new(metrics::Metrics::default());
-        let streams = Arc::new(stream::StreamHub::default());
+        let pages = pages::Pages::new(&config.limits);
+        let streams = Arc::new(stream::StreamHub::new(
+            pages.clone(),
+            config.limits.max_streams_per_node,
+        ));
         let notify = streams.clone();
         let recorder =
             recorder::Recorder::start(store.clone(), config.recorder_writers, metrics.clone())
@@ -248,6 +256,7 @@ impl Engine {
             inotify,
             contents,
             streams,
+            pages,
             leases,
             workspaces,
             folds,

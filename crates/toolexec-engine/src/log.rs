@@ -1,6 +1,6 @@
 //! Reading the record: a session's events, one invocation, and an invocation's full output.
 use serde::Serialize;
-use toolexec_core::{Event, Invocation};
+use toolexec_core::Invocation;
 use uuid::Uuid;
 
 use crate::{Engine, Result};
@@ -29,22 +29,6 @@ pub struct OutputSlice {
 }
 
 impl Engine {
-    pub async fn events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: Option<u32>,
-    ) -> Result<Vec<Event>> {
-        let limit = limit
-            .unwrap_or(DEFAULT_EVENTS_PAGE)
-            .clamp(1, MAX_EVENTS_PAGE);
-        Ok(self
-            .store
-            .events(tenant_id, session_id, after.max(0), limit)
-            .await?)
-    }
-
     /// One invocation with a page of its side effects: those after seq `after`, at most `limit`
     /// (1–1000, default 1000).
     /// An invocation once it has ended — not running, not waiting for approval — or as it is

@@ -324,6 +324,7 @@ mod tests {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            truncated: None,
         };
         store
             .create_session(&session, vec![], vec![], u64::MAX)

@@ -15,6 +15,11 @@
 //! session's log reads like the source's. A call reading the output of an earlier one
 //! (`read_output`) is given the replay's invocation id for it.
 //!
+//! The source is read a page of ids at a time and one call when it is re-run ([`Steps`]), never
+//! whole. A call the session's `policy.approval` gates waits for a person again, as any call of
+//! the replay session would: an approval in the source was for that run only
+//! ([`Engine::decided`], docs/design.md, "Approval gates").
+//!
 //! Observations from outside — the responses of tools that declare the `network` capability
 //! (`web_fetch`, `web_search`: their `web.exchange` events) — are served from the record, never
 //! the network: a call is matched by tool, canonical arguments hash and ordinal among the calls
@@ -55,6 +60,126 @@ enum Step {
     },
 }
 
+/// A step as the source's log names it: what [`Steps`] pages through.
+#[derive(Debug, Clone, Copy)]
+enum StepRef {
+    /// The `invocation.started` of a call.
+    Call(Uuid),
+    Rewind {
+        to_seq: i64,
+        seq: i64,
+    },
+}
+
+/// Events of the source read per page while stepping through it.
+const STEP_PAGE: u32 = 1000;
+
+/// What one page of the source's log may hold: events' data above 16 KiB (a call's arguments)
+/// is not read, only the step's ids are needed.
+const STEP_BOUNDS: toolexec_store::pages::ByteBounds = toolexec_store::pages::ByteBounds {
+    max_bytes: 1024 * 1024,
+    inline_bytes: 16 * 1024,
+    excerpt_bytes: 0,
+    overhead_bytes: 256,
+};
+
+/// The source's calls (every recorded invocation) and rewinds up to its `last_seq`, in log
+/// order, read a page at a time: a replay holds one page of the log's ids and the call it
+/// re-runs, never the log whole.
+struct Steps {
+    tenant_id: Uuid,
+    session_id: Uuid,
+    up_to: i64,
+    after: i64,
+    page: std::collections::VecDeque<StepRef>,
+    done: bool,
+}
+
+impl Steps {
+    fn of(source: &Session) -> Self {
+        Self {
+            tenant_id: source.tenant_id,
+            session_id: source.id,
+            up_to: source.last_seq,
+            after: 0,
+            page: std::collections::VecDeque::new(),
+            done: false,
+        }
+    }
+
+    async fn next(&mut self, engine: &Engine) -> Result<Option<StepRef>> {
+        loop {
+            if let Some(step) = self.page.pop_front() {
+                return Ok(Some(step));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let page = engine
+                .store
+                .event_texts(
+                    self.tenant_id,
+                    self.session_id,
+                    self.after,
+                    STEP_PAGE,
+                    STEP_BOUNDS,
+                )
+                .await?;
+            self.done = !(page.more || page.events.len() == STEP_PAGE as usize);
+            for event in page.events {
+                if event.seq > self.up_to {
+                    self.done = true;
+                    break;
+                }
+                self.after = event.seq;
+                match (event.kind, event.invocation_id) {
+                    (EventKind::InvocationStarted, Some(id)) => {
+                        self.page.push_back(StepRef::Call(id));
+                    }
+                    (EventKind::WorkspaceRewound, _) => {
+                        let data = match event.data {
+                            Some(data) => data,
+                            // A rewind that listed many files: read it alone.
+                            None => engine
+                                .store
+                                .event_text(self.tenant_id, self.session_id, event.seq, None)
+                                .await?
+                                .and_then(|e| e.data)
+                                .unwrap_or_default(),
+                        };
+                        let to_seq = serde_json::from_str::<Value>(&data)
+                            .ok()
+                            .and_then(|d| d["to_seq"].as_i64())
+                            .unwrap_or(1);
+                        self.page.push_back(StepRef::Rewind {
+                            to_seq,
+                            seq: event.seq,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// The next step, its call read from the store.
+    async fn next_step(&mut self, engine: &Engine) -> Result<Option<Step>> {
+        Ok(match self.next(engine).await? {
+            None => None,
+            Some(StepRef::Call(id)) => Some(Step::Call(Box::new(
+                engine
+                    .store
+                    .invocation_page(self.tenant_id, id, 0, toolexec_store::SIDE_EFFECTS_PAGE)
+                    .await?,
+            ))),
+            Some(StepRef::Rewind { to_seq, seq }) => Some(Step::Rewind {
+                to_seq,
+                last_seq: seq,
+            }),
+        })
+    }
+}
+
 impl Engine {
     /// Starts a verify replay of a session of this tenant, waits for it up to the request
     /// limit, and returns its report as it is then (`running` if it goes on).
@@ -66,10 +191,17 @@ impl Engine {
     ) -> Result<Replay> {
         let source = self.store.get_session(tenant_id, source_id).await?;
         let slot = self.replay_slots.take(tenant_id)?;
-        let steps = self.recorded_steps(&source).await?;
-        // The state right before the first step.
-        let initial = steps
-            .first()
+        // How many calls, then the state right before the first step: two passes over the
+        // ids of the source's log, a page at a time.
+        let mut calls_total = 0u64;
+        let mut counting = Steps::of(&source);
+        while let Some(step) = counting.next(self).await? {
+            calls_total += u64::from(matches!(step, StepRef::Call(_)));
+        }
+        let mut steps = Steps::of(&source);
+        let first = steps.next_step(self).await?;
+        let initial = first
+            .as_ref()
             .map_or(source.last_seq, |s| match s {
                 Step::Call(inv) => inv.started_seq - 1,
                 Step::Rewind { last_seq, .. } => last_seq - 1,
@@ -108,7 +240,7 @@ impl Engine {
             status: ReplayStatus::Running,
             source_session_id: source.id,
             session_id: session.id,
-            calls_total: steps.iter().filter(|s| matches!(s, Step::Call(_))).count() as u64,
+            calls_total,
             calls_replayed: 0,
             calls_diverged: 0,
             calls: Vec::new(),
@@ -123,7 +255,7 @@ impl Engine {
             let _slot = slot;
             let _replaying = replaying;
             engine
-                .run_replay(tenant_id, source, session, initial, steps, replay)
+                .run_replay(tenant_id, source, session, initial, (first, steps), replay)
                 .await
         });
         let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
@@ -140,63 +272,13 @@ impl Engine {
         Ok(self.store.replay(tenant_id, id).await?)
     }
 
-    /// The source's calls (every recorded invocation) and rewinds, in log order.
-    async fn recorded_steps(&self, source: &Session) -> Result<Vec<Step>> {
-        let mut steps = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .store
-                .events_of_kinds(
-                    source.tenant_id,
-                    source.id,
-                    &[EventKind::InvocationStarted, EventKind::WorkspaceRewound],
-                    after,
-                    source.last_seq,
-                    1000,
-                )
-                .await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            let full = page.len() == 1000;
-            for event in page {
-                steps.push(self.step_of(source, &event).await?);
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(steps)
-    }
-
-    async fn step_of(&self, source: &Session, event: &Event) -> Result<Step> {
-        match (event.kind, event.invocation_id) {
-            (EventKind::InvocationStarted, Some(id)) => {
-                let inv = self
-                    .store
-                    .invocation_page(source.tenant_id, id, 0, toolexec_store::SIDE_EFFECTS_PAGE)
-                    .await?;
-                Ok(Step::Call(Box::new(inv)))
-            }
-            _ => {
-                let to_seq = event.data["to_seq"].as_i64().unwrap_or(1);
-                // The rewind's own events follow it; the next step (or the end) says where
-                // they stop: its last seq is found when the map is made.
-                Ok(Step::Rewind {
-                    to_seq,
-                    last_seq: event.seq,
-                })
-            }
-        }
-    }
-
     async fn run_replay(
         self: Arc<Self>,
         tenant_id: Uuid,
         source: Session,
         session: Session,
         initial: i64,
-        steps: Vec<Step>,
+        (first, mut steps): (Option<Step>, Steps),
         mut replay: Replay,
     ) -> Replay {
         // Source seq → replay seq at each point both logs agree on.
@@ -204,7 +286,17 @@ impl Engine {
         let mut ids = Ids::default();
         ids.insert(source.id.to_string(), session.id.to_string());
         let mut failure = None;
-        for (i, step) in steps.into_iter().enumerate() {
+        let mut next = Ok(first);
+        let mut i = 0usize;
+        loop {
+            let step = match next {
+                Ok(Some(step)) => step,
+                Ok(None) => break,
+                Err(e) => {
+                    failure = Some(format!("reading the source's log: {e}"));
+                    break;
+                }
+            };
             match step {
                 Step::Call(recorded) => {
                     let entry = self
@@ -255,6 +347,8 @@ impl Engine {
             if i % SAVE_EVERY == SAVE_EVERY - 1 {
                 let _ = self.store.save_replay(tenant_id, &replay).await;
             }
+            i += 1;
+            next = steps.next_step(&self).await;
         }
         replay.status = if failure.is_some() {
             ReplayStatus::Failed
@@ -293,10 +387,13 @@ impl Engine {
                 },
             )
             .await?;
-        let result: CallResult = results
+        let mut result: CallResult = results
             .into_iter()
             .next()
             .ok_or_else(|| EngineError::Internal("a batch of one gave no result".into()))?;
+        if result.status == toolexec_core::CallStatus::PendingApproval {
+            result = self.decided(tenant_id, session, result).await?;
+        }
         ids.insert(recorded.id.to_string(), result.invocation_id.to_string());
         let replayed = self
             .store
@@ -353,6 +450,49 @@ impl Engine {
             },
             Some(result.seq),
         ))
+    }
+}
+
+impl Engine {
+    /// A replayed call the session's policy gates waits for a person again, as any call of the
+    /// session would (docs/design.md, "Approval gates"): its result once it is decided and has
+    /// run (or was denied, or its wait ended). Followed as `GET /v1/invocations/{id}?wait=`
+    /// does; polled every second when the tenant's streams are all in use.
+    async fn decided(
+        &self,
+        tenant_id: Uuid,
+        session: &Session,
+        mut result: CallResult,
+    ) -> Result<CallResult> {
+        let wait_ms = session
+            .policy
+            .approval
+            .as_ref()
+            .map_or(toolexec_core::DEFAULT_APPROVAL_TIMEOUT_MS, |p| {
+                p.timeout_ms()
+            })
+            .min(self.config.limits.max_approval_wait_ms);
+        // The expiry denies it at the end of its wait; the margin covers a late timer.
+        let deadline = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(wait_ms)
+            + std::time::Duration::from_secs(60);
+        while result.status == toolexec_core::CallStatus::PendingApproval {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::Internal(format!(
+                    "invocation {} still waits for approval past the end of its wait",
+                    result.invocation_id
+                )));
+            }
+            let waited = left.min(std::time::Duration::from_secs(60));
+            let t0 = tokio::time::Instant::now();
+            result = self.after_approval(tenant_id, result, waited).await;
+            if result.status == toolexec_core::CallStatus::PendingApproval && t0.elapsed() < waited
+            {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+        Ok(result)
     }
 }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 use toolexec_core::ProblemCode;
 use toolexec_core::{EventKind, NewSession, Policy, Session, SessionStatus, new_id};
 use toolexec_sandbox::{ProcessTable, Sandbox};
-use toolexec_store::{Blob, CallKey, NewEvent, SessionPage};
+use toolexec_store::{Blob, CallKey, NewEvent};
 use toolexec_tools::{OutputSource, ReadTracker, ToolContext, Workspace};
 use toolexec_workspace::scan::{InotifyPool, ScanBudget, Snapshot};
 use uuid::Uuid;
@@ -596,6 +596,7 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            truncated: None,
         };
         let name = id.to_string();
         // Off the async threads: with a disk quota this makes and mounts a filesystem (~50 ms).
@@ -779,18 +780,6 @@ impl Engine {
 
     pub async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
         Ok(self.store.get_session(tenant_id, id).await?)
-    }
-
-    pub async fn list_sessions(
-        &self,
-        tenant_id: Uuid,
-        before: Option<Uuid>,
-        limit: u32,
-    ) -> Result<SessionPage> {
-        Ok(self
-            .store
-            .list_sessions(tenant_id, before, limit.clamp(1, MAX_PAGE))
-            .await?)
     }
 
     /// Closes a session: stops its background processes, records `session.closed` (with how

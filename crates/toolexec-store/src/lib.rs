@@ -25,6 +25,7 @@ use uuid::Uuid;
 pub mod check;
 mod migrations;
 pub mod objects;
+pub mod pages;
 mod plan;
 pub mod postgres;
 pub mod reads;
@@ -326,7 +327,8 @@ pub struct SessionOwner {
 /// A page of sessions, newest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionPage {
-    pub sessions: Vec<Session>,
+    /// Whole, or (over the page's bound) by id and size.
+    pub sessions: Vec<pages::Listed>,
     /// Pass as `before` to get the next (older) page; `None` on the last page.
     pub next_before: Option<Uuid>,
 }
@@ -396,13 +398,21 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Session>;
     /// `NotFound` for a missing session or another tenant's.
     async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session>;
-    /// Newest first; `before` is the `next_before` of the previous page.
+    /// Newest first; `before` is the `next_before` of the previous page. At most `limit`
+    /// sessions, within `bounds` (the JSON text of their `tools`, `policy`, `env` and
+    /// `metadata`, see [`pages`]): a session over `bounds.inline_bytes` comes by id and size
+    /// (read what a page shows of it with [`Store::session_excerpt`]).
     async fn list_sessions(
         &self,
         tenant_id: Uuid,
         before: Option<Uuid>,
         limit: u32,
+        bounds: pages::ByteBounds,
     ) -> Result<SessionPage>;
+    /// A session of this tenant with its `tools`, `env` and `metadata` read from the first
+    /// `chars` characters of their JSON texts (closed: [`toolexec_core::excerpt::close_prefix`]);
+    /// `NotFound` otherwise.
+    async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session>;
     /// Marks the session closed and appends `session.closed` with `data`. Closing a closed session
     /// changes nothing and returns it as it is.
     async fn close_session(
@@ -482,6 +492,28 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>>;
+    /// Events with `seq > after`, in order, at most `limit`, within `bounds` (the JSON text of
+    /// their data, see [`pages`]): an event over `bounds.inline_bytes` comes without its data
+    /// (read its beginning with [`Store::event_text`]). `NotFound` for a session that is not
+    /// this tenant's.
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: pages::ByteBounds,
+    ) -> Result<pages::EventTexts>;
+    /// One event of a session of this tenant, its data whole or (`chars`) the first characters
+    /// of its JSON text; `None` when the session has no such seq, `NotFound` for a session that
+    /// is not this tenant's.
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<pages::EventText>>;
     /// One invocation with a page of its side-effect events: those with `seq > after`, in log
     /// order, at most `limit` (0: none), with `side_effects_total` and, when more follow,
     /// `side_effects_next_after`. A call can have hundreds of thousands of side effects; one

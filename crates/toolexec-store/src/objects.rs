@@ -405,8 +405,14 @@ impl Store for ObjectBlobs {
         tenant_id: Uuid,
         before: Option<Uuid>,
         limit: u32,
+        bounds: crate::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        self.inner.list_sessions(tenant_id, before, limit).await
+        self.inner
+            .list_sessions(tenant_id, before, limit, bounds)
+            .await
+    }
+    async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {
+        self.inner.session_excerpt(tenant_id, id, chars).await
     }
     async fn close_session(
         &self,
@@ -492,6 +498,29 @@ impl Store for ObjectBlobs {
         limit: u32,
     ) -> Result<Vec<Event>> {
         self.inner.events(tenant_id, session_id, after, limit).await
+    }
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: crate::pages::ByteBounds,
+    ) -> Result<crate::pages::EventTexts> {
+        self.inner
+            .event_texts(tenant_id, session_id, after, limit, bounds)
+            .await
+    }
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<crate::pages::EventText>> {
+        self.inner
+            .event_text(tenant_id, session_id, seq, chars)
+            .await
     }
     async fn invocation_page(
         &self,

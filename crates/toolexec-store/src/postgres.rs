@@ -631,21 +631,18 @@ impl Store for PgStore {
         tenant_id: Uuid,
         before: Option<Uuid>,
         limit: u32,
+        bounds: crate::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        let found = sqlx::query(concat!(
-            "SELECT ",
-            session_columns!(),
-            " FROM sessions s WHERE s.tenant_id = $1 AND s.id < $2 ORDER BY s.id DESC LIMIT $3"
-        ))
-        .bind(tenant_id)
-        .bind(before.unwrap_or(Uuid::max()))
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(rows::session)
-        .collect::<Result<Vec<_>>>()?;
-        Ok(rows::page(found, limit))
+        let (sessions, next_before) =
+            crate::pages::pg::list_sessions(&self.pool, tenant_id, before, limit, bounds).await?;
+        Ok(SessionPage {
+            sessions,
+            next_before,
+        })
+    }
+
+    async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {
+        crate::pages::pg::session_excerpt(&self.pool, tenant_id, id, chars).await
     }
 
     async fn close_session(
@@ -888,6 +885,27 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         joined_events(&found)
+    }
+
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: crate::pages::ByteBounds,
+    ) -> Result<crate::pages::EventTexts> {
+        crate::pages::pg::event_texts(&self.pool, tenant_id, session_id, after, limit, bounds).await
+    }
+
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<crate::pages::EventText>> {
+        crate::pages::pg::event_text(&self.pool, tenant_id, session_id, seq, chars).await
     }
 
     async fn process_started(

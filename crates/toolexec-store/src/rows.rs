@@ -15,7 +15,7 @@ use toolexec_core::{
 use uuid::Uuid;
 
 use crate::plan::{Existing, LockedSession, Waiting};
-use crate::{Result, SessionPage, StoreError};
+use crate::{Result, StoreError};
 
 /// The session columns, for `FROM sessions s`.
 macro_rules! session_columns {
@@ -163,14 +163,32 @@ pub(crate) fn tenant(row: &impl Columns) -> Result<Tenant> {
 }
 
 pub(crate) fn session(row: &impl Columns) -> Result<Session> {
+    session_with(
+        row,
+        row.opt_json("s_tools")?,
+        row.json("s_policy")?,
+        row.json("s_env")?,
+        row.json("s_metadata")?,
+    )
+}
+
+/// A session from `row`'s columns but for its JSON ones, given (read whole, or from the
+/// beginnings of their texts: [`crate::pages`]).
+pub(crate) fn session_with(
+    row: &impl Columns,
+    tools: Option<Vec<String>>,
+    policy: toolexec_core::Policy,
+    env: std::collections::BTreeMap<String, String>,
+    metadata: serde_json::Value,
+) -> Result<Session> {
     Ok(Session {
         id: row.uuid("s_id")?,
         tenant_id: row.uuid("s_tenant_id")?,
         status: session_status(&row.text("s_status")?)?,
-        tools: row.opt_json("s_tools")?,
-        policy: row.json("s_policy")?,
-        env: row.json("s_env")?,
-        metadata: row.json("s_metadata")?,
+        tools,
+        policy,
+        env,
+        metadata,
         created_at: row.time("s_created_at")?,
         closed_at: row.opt_time("s_closed_at")?,
         last_seq: row.int("s_last_seq")?,
@@ -186,6 +204,7 @@ pub(crate) fn session(row: &impl Columns) -> Result<Session> {
             }),
             _ => None,
         },
+        truncated: None,
     })
 }
 
@@ -283,6 +302,7 @@ pub(crate) fn event(row: &impl Columns) -> Result<Event> {
         invocation_id: row.opt_uuid("e_invocation_id")?,
         data: row.json("e_data")?,
         created_at: row.time("e_created_at")?,
+        truncated: None,
     })
 }
 
@@ -321,20 +341,5 @@ pub(crate) fn not_found_on_fk(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Database(db) if db.is_foreign_key_violation() => StoreError::NotFound,
         _ => e.into(),
-    }
-}
-
-/// A page of `limit` sessions out of `found` (fetched with one extra row to know if more exist).
-pub(crate) fn page(mut found: Vec<Session>, limit: u32) -> SessionPage {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let more = found.len() > limit;
-    found.truncate(limit);
-    SessionPage {
-        next_before: if more {
-            found.last().map(|s| s.id)
-        } else {
-            None
-        },
-        sessions: found,
     }
 }

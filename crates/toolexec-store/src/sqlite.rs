@@ -38,11 +38,22 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Readers: enough for concurrent API reads on a small machine; SQLite reads are cheap.
 const READERS: u32 = 4;
 
+/// How long a read of the log by bytes waits for the one connection that makes them: they
+/// queue behind each other (each a few milliseconds), so longer than a pooled read.
+const LOG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     /// Exactly one connection: every write, in order.
     writer: SqlitePool,
     reader: SqlitePool,
+    /// One read-only connection for reading the log by bytes ([`Store::event_texts`],
+    /// [`Store::event_text`], [`Store::session_excerpt`]). The events table is keyed by
+    /// `(session_id, seq)` without a rowid, so SQLite reads a row whole whenever a search steps
+    /// onto it (to compare its key), whatever columns are asked for; a row may be as large as a
+    /// request body. On one connection those reads take turns, and the node holds one such
+    /// row at a time instead of one per reader.
+    log: SqlitePool,
     /// Most bytes of blob contents in one transaction: SQLite has no message limit, but the one
     /// writer is held for as long as a transaction takes, so big contents go in bounded steps.
     blob_statement_bytes: usize,
@@ -79,11 +90,17 @@ impl SqliteStore {
         let reader = SqlitePoolOptions::new()
             .max_connections(READERS)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(base.clone().pragma("query_only", "ON"))
+            .await?;
+        let log = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(LOG_ACQUIRE_TIMEOUT)
             .connect_with(base.pragma("query_only", "ON"))
             .await?;
         Ok(Self {
             writer,
             reader,
+            log,
             blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
         })
     }
@@ -108,7 +125,8 @@ impl SqliteStore {
             .await?;
         Ok(Self {
             writer: pool.clone(),
-            reader: pool,
+            reader: pool.clone(),
+            log: pool,
             blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
         })
     }
@@ -472,21 +490,19 @@ impl Store for SqliteStore {
         tenant_id: Uuid,
         before: Option<Uuid>,
         limit: u32,
+        bounds: crate::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        let found = sqlx::query(concat!(
-            "SELECT ",
-            session_columns!(),
-            " FROM sessions s WHERE s.tenant_id = $1 AND s.id < $2 ORDER BY s.id DESC LIMIT $3"
-        ))
-        .bind(tenant_id)
-        .bind(before.unwrap_or(Uuid::max()))
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.reader)
-        .await?
-        .iter()
-        .map(rows::session)
-        .collect::<Result<Vec<_>>>()?;
-        Ok(rows::page(found, limit))
+        let (sessions, next_before) =
+            crate::pages::sqlite::list_sessions(&self.reader, tenant_id, before, limit, bounds)
+                .await?;
+        Ok(SessionPage {
+            sessions,
+            next_before,
+        })
+    }
+
+    async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {
+        crate::pages::sqlite::session_excerpt(&self.log, tenant_id, id, chars).await
     }
 
     async fn close_session(
@@ -688,6 +704,28 @@ impl Store for SqliteStore {
         .collect::<Result<Vec<_>>>()?;
         tx.commit().await?;
         Ok(events)
+    }
+
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: crate::pages::ByteBounds,
+    ) -> Result<crate::pages::EventTexts> {
+        crate::pages::sqlite::event_texts(&self.log, tenant_id, session_id, after, limit, bounds)
+            .await
+    }
+
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<crate::pages::EventText>> {
+        crate::pages::sqlite::event_text(&self.log, tenant_id, session_id, seq, chars).await
     }
 
     async fn process_started(
@@ -1412,6 +1450,7 @@ mod tests {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            truncated: None,
         };
         store
             .create_session(&session, vec![], vec![], u64::MAX)

@@ -354,10 +354,13 @@ pub struct StreamQuery {
 /// The log, live, as Server-Sent Events: each event as `id: <seq>`, `event: <kind>`,
 /// `data: <the event as JSON>`, in order, then new ones as they are recorded (on any replica).
 /// Reconnect with `Last-Event-ID` (or `?after=`) to resume: no event is lost or sent twice.
-/// Heartbeats (`: ping` comments) every 15 s. A reader that falls more than 1,024 events
-/// behind gets a final `stream.overflow` event (`{"resume_after": seq}`) and is disconnected;
-/// a store failure ends it with `stream.error` the same way. The stream ends after
-/// `session.closed`.
+/// Heartbeats (`: ping` comments) every 15 s. A reader that falls more than the service's
+/// `limits.stream_buffer_bytes` (512 KiB by default) or 1,024 events behind gets a final
+/// `stream.overflow` event (`{"resume_after": seq}`) and is disconnected; a store failure ends
+/// it with `stream.error` the same way. An event larger than that buffer is sent truncated,
+/// as a page shows it (`truncated.full` serves it whole). The stream ends after
+/// `session.closed`. A node serves at most `limits.max_streams_per_node` streams (503
+/// `unavailable` beyond).
 #[utoipa::path(get, path = "/v1/sessions/{id}/events/stream", tag = "log", security(("bearer" = [])),
     params(
         ("id" = Uuid, Path, description = "Session id"),
@@ -368,6 +371,8 @@ pub struct StreamQuery {
         (status = 200, description = "An event stream: one `StreamEvent` per log event (and `stream.overflow` or `stream.error` last, when a reader is cut off)", content_type = "text/event-stream", body = StreamEvent),
         (status = 400, description = "`Last-Event-ID` is not a seq (`invalid_query`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session for this tenant (`not_found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant follows `limits.max_streams_per_tenant` streams on this node already (`too_many_concurrent`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The node serves `limits.max_streams_per_node` streams already (`unavailable`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn stream_events(
     State(state): State<SharedState>,
@@ -416,7 +421,7 @@ fn sse_event(item: toolexec_engine::StreamItem) -> SseEvent {
         StreamItem::Event(event) => SseEvent::default()
             .id(event.seq.to_string())
             .event(event.kind.as_str())
-            .data(serde_json::to_string(&*event).unwrap_or_default()),
+            .data(&event.json),
         StreamItem::Overflow { last_seq } => SseEvent::default().event("stream.overflow").data(
             serde_json::json!({
                 "reason": "this reader fell too far behind the log and was disconnected",

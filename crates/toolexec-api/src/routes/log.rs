@@ -1,8 +1,13 @@
 //! The recorded log: a session's events, one invocation with its side effects, its full output.
+use std::convert::Infallible;
+
 use axum::Json;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use toolexec_core::{Event, Invocation};
+use toolexec_core::{Event, Invocation, ProblemCode};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -16,6 +21,7 @@ use crate::problem::{ApiError, Problem, or_not_found};
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
         .routes(routes!(list_events))
+        .routes(routes!(get_event))
         .routes(routes!(get_invocation))
         .routes(routes!(get_output))
 }
@@ -33,9 +39,12 @@ pub struct EventsQuery {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
-    /// In `seq` order.
+    /// In `seq` order. An event larger than the page's bound alone shows the beginning of its
+    /// data, with `truncated`.
     pub events: Vec<Event>,
-    /// Pass as `after` for the next page; `null` when this page reached the end of the log so far.
+    /// Pass as `after` for the next page; `null` when this page reached the end of the log so
+    /// far. A page ends early, with this cursor, where the next event would take it over the
+    /// service's `limits.page_bytes`.
     pub next_after: Option<i64>,
 }
 
@@ -46,6 +55,12 @@ pub struct EventPage {
 /// `files.changed` (a call's file changes beyond `limits.max_file_events_per_call`, summed up,
 /// each listed in the manifest blob it names), `plan.updated`, `process.started`,
 /// `process.exited`.
+///
+/// A page holds at most `limit` events and at most the service's `limits.page_bytes` (4 MiB by
+/// default) of JSON: it ends early where the next event would not fit, and `next_after` says
+/// where to go on. An event larger than that alone comes with the beginning of its data only
+/// (cut to valid JSON, a string cut short ending with `…`) and `truncated`: its size and the
+/// path that serves it whole (`GET /v1/sessions/{id}/events/{seq}`).
 #[utoipa::path(get, path = "/v1/sessions/{id}/events", tag = "log", security(("bearer" = [])),
     params(("id" = Uuid, Path, description = "Session id"), EventsQuery),
     responses(
@@ -57,21 +72,71 @@ async fn list_events(
     AuthTenant(tenant): AuthTenant,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<EventsQuery>,
-) -> Result<Json<EventPage>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
-    let limit = q
-        .limit
-        .unwrap_or(toolexec_engine::DEFAULT_EVENTS_PAGE)
-        .clamp(1, toolexec_engine::MAX_EVENTS_PAGE);
-    let events = state
+    let page = state
         .engine
-        .events(tenant.id, id, q.after.unwrap_or(0), Some(limit))
+        .event_page(tenant.id, id, q.after.unwrap_or(0), q.limit)
         .await
         .map_err(or_not_found("session"))?;
-    let next_after = (events.len() == limit as usize)
-        .then(|| events.last().map(|e| e.seq))
-        .flatten();
-    Ok(Json(EventPage { events, next_after }))
+    let next = match page.next_after {
+        Some(seq) => seq.to_string(),
+        None => "null".into(),
+    };
+    // Each event is rendered as the body is sent, and dropped once it is.
+    let events = page.events.into_iter().enumerate().map(|(i, e)| {
+        let mut json = if i == 0 { String::new() } else { ",".into() };
+        json.push_str(&e.to_json());
+        json
+    });
+    Ok(json_body(
+        std::iter::once("{\"events\":[".to_owned())
+            .chain(events)
+            .chain(std::iter::once(format!("],\"next_after\":{next}}}"))),
+    ))
+}
+
+/// A JSON answer sent piece by piece, each made when the connection takes it.
+pub(crate) fn json_body(pieces: impl Iterator<Item = String> + Send + 'static) -> Response {
+    let stream = futures::stream::iter(pieces.map(|p| Ok::<_, Infallible>(Bytes::from(p))));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// One event of a session, whole: what the `truncated.full` of an event in a page or a
+/// stream points at (its data can be as large as a request body).
+#[utoipa::path(get, path = "/v1/sessions/{id}/events/{seq}", tag = "log", security(("bearer" = [])),
+    params(
+        ("id" = Uuid, Path, description = "Session id"),
+        ("seq" = i64, Path, description = "The event's `seq`", minimum = 1),
+    ),
+    responses(
+        (status = 200, description = "The event, its data whole", body = Event),
+        (status = 404, description = "No such session for this tenant, or no such event in it (`not_found`)", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn get_event(
+    State(state): State<SharedState>,
+    AuthTenant(tenant): AuthTenant,
+    Path((id, seq)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id, "session")?;
+    let seq: i64 = seq.parse().map_err(|_| {
+        ApiError::new(
+            ProblemCode::NotFound,
+            format!(
+                "no event '{seq}' in this session: an event is named by its seq, a whole number"
+            ),
+        )
+    })?;
+    let event = state
+        .engine
+        .event(tenant.id, id, seq)
+        .await
+        .map_err(or_not_found("session"))?;
+    Ok(json_body(event.into_json_parts().into_iter()))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -56,15 +56,20 @@ pub struct ListQuery {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionList {
-    /// Newest first.
+    /// Newest first. A session larger than the page's bound alone shows the beginnings of its
+    /// `tools`, `env` and `metadata` only, with `truncated`.
     pub sessions: Vec<Session>,
-    /// Pass as `cursor` for the next page; `null` on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page. A page ends early, with
+    /// this cursor, where the next session would take it over the service's
+    /// `limits.page_bytes`.
     pub next_cursor: Option<String>,
 }
 
 /// List sessions.
 ///
-/// The caller's sessions, newest first, cursor-paginated.
+/// The caller's sessions, newest first, cursor-paginated: at most `limit` of them and at most
+/// the service's `limits.page_bytes` of JSON (a session larger than that alone is shown
+/// truncated, and `GET /v1/sessions/{id}` serves it whole).
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
     params(ListQuery),
     responses((status = 200, description = "A page of sessions", body = SessionList)))]
@@ -72,7 +77,7 @@ async fn list_sessions(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<SessionList>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let before = match q.cursor.as_deref() {
         None | Some("") => None,
         Some(c) => Some(Uuid::parse_str(c).map_err(|_| {
@@ -86,10 +91,21 @@ async fn list_sessions(
         .engine
         .list_sessions(tenant.id, before, q.limit.unwrap_or(DEFAULT_PAGE))
         .await?;
-    Ok(Json(SessionList {
-        sessions: page.sessions,
-        next_cursor: page.next_before.map(|id| id.to_string()),
-    }))
+    let next = match page.next_before {
+        Some(id) => format!("\"{id}\""),
+        None => "null".into(),
+    };
+    // Each session is serialized as the body is sent, and dropped once it is.
+    let sessions = page.sessions.into_iter().enumerate().map(|(i, s)| {
+        let mut json = if i == 0 { String::new() } else { ",".into() };
+        json.push_str(&serde_json::to_string(&s).unwrap_or_else(|_| "null".into()));
+        json
+    });
+    Ok(super::log::json_body(
+        std::iter::once("{\"sessions\":[".to_owned())
+            .chain(sessions)
+            .chain(std::iter::once(format!("],\"next_cursor\":{next}}}"))),
+    ))
 }
 
 /// One session.

@@ -68,6 +68,16 @@ pub(super) fn pending_result(inv: &Invocation) -> CallResult {
     }
 }
 
+/// Why a call waits for a person.
+pub(super) struct Gate<'a> {
+    pub(super) policy: &'a ApprovalPolicy,
+    /// What of the policy gates it (`tool:shell`, `capability:process`).
+    pub(super) reasons: Vec<String>,
+    /// The recorded invocation a verify replay re-runs with this call: the request names it,
+    /// and an approval serves the call's web observations from its record.
+    pub(super) replay_of: Option<Uuid>,
+}
+
 impl Engine {
     /// Records a call the policy gates as waiting, and answers so. A session where
     /// `limits.max_waiting_approvals_per_session` calls wait already gets the call recorded
@@ -77,21 +87,24 @@ impl Engine {
         session: &Session,
         rt: &Arc<SessionRuntime>,
         pending: Pending<'_>,
-        policy: &ApprovalPolicy,
-        reasons: Vec<String>,
+        gate: Gate<'_>,
         args_hash: &str,
     ) -> Result<CallResult> {
         // The default wait, when the policy gives none, within the operator's ceiling too.
-        let timeout_ms = policy
+        let timeout_ms = gate
+            .policy
             .timeout_ms()
             .min(self.config.limits.max_approval_wait_ms);
         let expires_at = Utc::now()
             + chrono::Duration::milliseconds(i64::try_from(timeout_ms).unwrap_or(i64::MAX / 2));
-        let data = json!({
-            "reasons": reasons,
+        let mut data = json!({
+            "reasons": gate.reasons,
             "timeout_ms": timeout_ms,
             "expires_at": expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         });
+        if let Some(recorded) = gate.replay_of {
+            data["replay_of"] = json!(recorded);
+        }
         let key = key_of(&pending.invocation);
         let id = pending.invocation.id;
         let max = self.config.limits.max_waiting_approvals_per_session;
@@ -323,6 +336,7 @@ impl Engine {
                 inv.name
             )));
         };
+        let observed = self.replayed_observations(&session, inv, &tool).await?;
         let (lease, previous) = self.leases.hold(session.id).await?;
         if previous.is_some() {
             self.forget_runtime(session.id);
@@ -339,12 +353,57 @@ impl Engine {
             session,
             rt,
             tool,
+            observed,
             control,
             cancel,
             _lease: lease,
             _registration: registration,
             _cancellable: cancellable,
         })
+    }
+
+    /// For a call of a replay session that reaches the outside world, the observations of
+    /// the recorded call its `approval.requested` says it re-runs (`replay_of`): a replayed
+    /// call approved again is served from the record like any replayed call.
+    async fn replayed_observations(
+        &self,
+        session: &Session,
+        inv: &Invocation,
+        tool: &Resolved,
+    ) -> Result<toolexec_tools::observe::Observed> {
+        let live = toolexec_tools::observe::Observed::Live;
+        let replay = session
+            .origin
+            .is_some_and(|o| o.kind == toolexec_core::OriginKind::Replay);
+        if !replay || !tool.spec().has(toolexec_core::Capability::Network) {
+            return Ok(live);
+        }
+        let requested = self
+            .store
+            .events_of_kinds(
+                session.tenant_id,
+                session.id,
+                &[EventKind::ApprovalRequested],
+                inv.started_seq - 1,
+                inv.started_seq,
+                1,
+            )
+            .await?;
+        let Some(recorded) = requested
+            .iter()
+            .find(|e| e.invocation_id == Some(inv.id))
+            .and_then(|e| e.data["replay_of"].as_str())
+            .and_then(|id| Uuid::parse_str(id).ok())
+        else {
+            return Ok(live);
+        };
+        let call = Call {
+            id: inv.call_id.clone(),
+            name: inv.name.clone(),
+            arguments: serde_json::Value::Null,
+        };
+        self.observed_for(session, recorded, &call, &inv.arguments_sha256)
+            .await
     }
 
     /// Runs an approved call in a task of its own: the decision is recorded whatever happens to
@@ -414,7 +473,8 @@ impl Engine {
             guard,
             t0: Instant::now(),
         };
-        let ctx = self.tool_context(&a.session, &a.rt);
+        let mut ctx = self.tool_context(&a.session, &a.rt);
+        ctx.observed = a.observed.clone();
         self.run_started(
             &a.session,
             &a.rt,
@@ -569,6 +629,9 @@ struct Approved {
     session: Session,
     rt: Arc<SessionRuntime>,
     tool: Resolved,
+    /// Where its observations of the outside world come from: the record, for a call a
+    /// verify replay re-runs.
+    observed: toolexec_tools::observe::Observed,
     control: Arc<BatchControl>,
     cancel: tokio_util::sync::CancellationToken,
     _lease: crate::leases::LeaseGuard,

@@ -75,15 +75,19 @@ impl Engine {
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
         // A call the session's policy makes wait for a person is recorded waiting, and answered
-        // so at once. A replay re-runs what was approved in its source without asking again
-        // (what was denied never started there, so it is not replayed).
-        if control.replay_of().is_none()
-            && let Some(policy) = &session.policy.approval
-        {
+        // so at once. A replay's too: an approval was given for one run of a call, so its
+        // re-run waits for a person again (what was denied never started in the source, so it
+        // is not replayed).
+        if let Some(policy) = &session.policy.approval {
             let reasons = policy.reasons(&call.name, &tool.spec().capabilities);
             if !reasons.is_empty() {
+                let gate = super::approval::Gate {
+                    policy,
+                    reasons,
+                    replay_of: control.replay_of(),
+                };
                 return self
-                    .request_approval(session, rt, pending, policy, reasons, args_hash)
+                    .request_approval(session, rt, pending, gate, args_hash)
                     .await;
             }
         }

@@ -106,6 +106,8 @@ pub(crate) fn json_body(pieces: impl Iterator<Item = String> + Send + 'static) -
         .into_response()
 }
 
+/// Get one event whole.
+///
 /// One event of a session, whole: what the `truncated.full` of an event in a page or a
 /// stream points at (its data can be as large as a request body).
 #[utoipa::path(get, path = "/v1/sessions/{id}/events/{seq}", tag = "log", security(("bearer" = [])),

@@ -135,6 +135,11 @@ page = log.list_events(sid, limit=1000)
 kinds = [e.kind.value for e in page.events]
 assert "session.created" in kinds and "file.created" in kinds, kinds
 op("list_events")
+created = next(e for e in page.events if e.kind.value == "file.created")
+whole = log.get_event(sid, created.seq)
+assert whole.seq == created.seq and whole.kind.value == "file.created", whole
+assert whole.data == created.data, (whole.data, created.data)
+op("get_event")
 
 # The workspace at a step: tree, files (text and binary, with their headers), tar.
 tree = history.get_tree(sid)

@@ -2,7 +2,7 @@
 //! whether for the shell's egress proxy or for the web tools. One classifier, one operator
 //! allow-list, one set of tests.
 //!
-//! - [`classify`]: which addresses are not the public internet, and why (our own tables, not
+//! - [`classify()`]: which addresses are not the public internet, and why (our own tables, not
 //!   `std`'s unstable `is_global`);
 //! - [`NetPolicy`]: the public internet plus the operator's allow-list; an answer with one
 //!   refused address is refused whole;

@@ -58,7 +58,7 @@ pub struct EgressRecord {
 }
 
 /// The connections of one session's proxy that ended and are not recorded yet: at most
-/// [`MAX_RECORDS`], then counted only.
+/// `MAX_RECORDS`, then counted only.
 #[derive(Debug, Default)]
 pub struct EgressLog {
     inner: std::sync::Mutex<(std::collections::VecDeque<EgressRecord>, u64)>,

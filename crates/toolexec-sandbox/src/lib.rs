@@ -226,7 +226,7 @@ pub struct Launch {
 /// What a command runs, and with which environment.
 #[derive(Debug, Clone)]
 pub enum Program {
-    /// A session's own command: `/bin/bash -c COMMAND`, with [`BASE_ENV`], the operator's
+    /// A session's own command: `/bin/bash -c COMMAND`, with `BASE_ENV`, the operator's
     /// `sandbox.env_passthrough`, the egress proxy's variables and the session's `env` over
     /// them.
     Shell {

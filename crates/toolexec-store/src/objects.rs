@@ -240,7 +240,7 @@ impl ObjectBlobs {
         }
     }
 
-    /// Fails unless the object store answered within [`HEALTHY_FOR`] or answers a probe now.
+    /// Fails unless the object store answered within `HEALTHY_FOR` or answers a probe now.
     pub async fn ensure_reachable(&self) -> Result<()> {
         let fresh = self
             .healthy_at

@@ -2,12 +2,12 @@
 //!
 //! A commit is usually one round trip: a batch planned from this store's cached session state,
 //! written by one statement that first checks the cache under `FOR UPDATE`
-//! ([`WRITE_PLAN_IF_CURRENT`]). When the cache is stale (another writer moved on), the batch
+//! (`WRITE_PLAN_IF_CURRENT`). When the cache is stale (another writer moved on), the batch
 //! takes the locked path, five round trips whatever its size: `BEGIN`; lock the sessions of the
 //! batch (`FOR UPDATE`, in id order so that concurrent batches cannot deadlock); read the
 //! invocations the batch refers to; one statement that writes everything (data-modifying CTEs
 //! over `UNNEST`ed arrays: blobs, invocations, finishes, events, `last_seq`); `COMMIT`.
-//! Per-write failures are decided before the write (see [`crate::plan`]), never by a constraint
+//! Per-write failures are decided before the write (see the `plan` module), never by a constraint
 //! violation, which would abort the transaction and every other write of the batch.
 //!
 //! Blobs ride in that one statement only while they are small: a batch carrying more than

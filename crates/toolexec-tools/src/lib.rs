@@ -3,10 +3,10 @@
 //! session's workspace jail and read-state) and returns a [`ToolOutput`]: what the model reads
 //! plus the file changes it made, which the engine records.
 //!
-//! Tools never touch the filesystem except through [`workspace::Workspace`], which resolves every
+//! Tools never touch the filesystem except through [`Workspace`], which resolves every
 //! path in the kernel beneath the workspace directory (`openat2` with `RESOLVE_BENEATH`).
 //!
-//! [`scan`] finds what a process (a sandboxed shell command) changed in the workspace, recorded
+//! [`toolexec_workspace::scan`] finds what a process (a sandboxed shell command) changed in the workspace, recorded
 //! like the file tools' changes.
 //!
 //! Shared by several tools: [`patch`] (the apply_patch format, parsing and applying to text),

@@ -106,7 +106,7 @@ impl Journal {
         self.with(|e| e.body(at, sha, body, truncated));
     }
 
-    /// See [`Entries::body_withheld`].
+    /// See `Entries::body_withheld`.
     pub fn body_withheld(&self, at: usize, bytes: usize, truncated: bool) {
         self.with(|e| e.body_withheld(at, bytes, truncated));
     }
@@ -116,7 +116,7 @@ impl Journal {
         self.with(|e| e.role_of(at))
     }
 
-    /// See [`Entries::fail_last`].
+    /// See `Entries::fail_last`.
     pub fn fail_last(&self, role: ExchangeRole, kind: ExchangeErrorKind, message: String) {
         self.with(|e| e.fail_last(role, kind, message));
     }

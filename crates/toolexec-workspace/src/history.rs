@@ -282,7 +282,7 @@ pub fn write(
     missing
 }
 
-/// [`plan`], [`remove`] and [`write`] in one step, with every content at hand; fails on the
+/// [`plan`], [`remove`] and [`write()`] in one step, with every content at hand; fails on the
 /// first entry it cannot change.
 pub fn apply<'a>(
     ws: &Workspace,

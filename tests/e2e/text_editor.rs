@@ -231,3 +231,77 @@ async fn the_text_editor_views_creates_replaces_and_inserts_like_anthropics() {
             .any(|t| t["name"] == TOOL)
     );
 }
+
+#[tokio::test]
+async fn the_text_editor_refuses_stale_files_keeps_crlf_and_replays_without_divergence() {
+    let app = spawn_app().await;
+    let s = app
+        .session(json!({"files": {"win.txt": "one\r\ntwo\r\n", "app.py": "x = 1\n"}}))
+        .await;
+    let sid = s["id"].as_str().unwrap().to_owned();
+    let steps = [
+        ("s0", TOOL, json!({"command": "view", "path": "app.py"})),
+        // A command changes the file after the view: the view no longer counts.
+        ("s1", "shell", json!({"command": "echo 'y = 2' >> app.py"})),
+        (
+            "s2",
+            TOOL,
+            json!({"command": "str_replace", "path": "app.py", "old_str": "x = 1", "new_str": "x = 3"}),
+        ),
+        ("s3", TOOL, json!({"command": "view", "path": "app.py"})),
+        (
+            "s4",
+            TOOL,
+            json!({"command": "str_replace", "path": "app.py", "old_str": "x = 1", "new_str": "x = 3"}),
+        ),
+        ("s5", TOOL, json!({"command": "view", "path": "win.txt"})),
+        (
+            "s6",
+            TOOL,
+            json!({"command": "insert", "path": "win.txt", "insert_line": 1, "new_str": "one and a half\nnearly two"}),
+        ),
+        (
+            "s7",
+            TOOL,
+            json!({"command": "str_replace", "path": "win.txt", "old_str": "nearly two\ntwo", "new_str": "2"}),
+        ),
+    ];
+    let mut results = Vec::new();
+    for (id, name, args) in steps {
+        results.push(app.call(&sid, id, name, args).await);
+    }
+    assert_eq!(results[2]["status"], "denied", "{}", results[2]);
+    assert!(
+        text(&results[2]).contains("changed since you read it"),
+        "{}",
+        results[2]
+    );
+    assert_eq!(results[4]["status"], "ok", "{}", results[4]);
+    assert_eq!(results[6]["status"], "ok", "{}", results[6]);
+    assert_eq!(results[7]["status"], "ok", "{}", results[7]);
+    // Line endings kept: the inserted lines and the replacement are written with \r\n.
+    let events = app.events(&sid).await;
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "file.modified" && e["data"]["path"] == "win.txt")
+        .unwrap();
+    assert_eq!(
+        last["data"]["after_sha256"],
+        toolexec_core::sha256_hex(b"one\r\none and a half\r\n2\r\n"),
+        "{last}"
+    );
+
+    // Re-run in a fresh workspace, the calls give what they gave.
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/replay"),
+            &json!({"mode": "verify"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let replay: Value = resp.json().await.unwrap();
+    assert_eq!(replay["status"], "finished", "{replay}");
+    assert_eq!(replay["calls_replayed"], 8, "{replay:#}");
+    assert_eq!(replay["calls_diverged"], 0, "{replay:#}");
+}

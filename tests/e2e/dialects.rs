@@ -388,8 +388,8 @@ async fn a_sessions_tools_are_its_allow_list_in_any_format() {
     assert_eq!(missing.status(), 404);
 }
 
-/// A catalog with a tool named `bash` (an operator's command tool here): Anthropic's own tool
-/// types are keyed on the name.
+/// A catalog with a tool named `bash`: Anthropic's own tool types are keyed on the name. Where
+/// the built-in `bash` is not there, an operator's command tool of that name stands in for it.
 async fn app_with_a_bash_tool() -> (toolexec_tests::app::TestApp, tempfile::TempDir) {
     use std::os::unix::fs::PermissionsExt;
     use toolexec_tools::custom::{CommandToolConfig, CustomToolsConfig};
@@ -401,6 +401,13 @@ async fn app_with_a_bash_tool() -> (toolexec_tests::app::TestApp, tempfile::Temp
     let script = dir.path().join("bash.sh");
     std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let builtin = toolexec_tools::Registry::builtin()
+        .unwrap()
+        .get("bash")
+        .is_some();
+    if builtin {
+        return (toolexec_tests::app::spawn_app().await, dir);
+    }
     let tools = CustomToolsConfig {
         dir: Some(dir.path().to_owned()),
         command: vec![CommandToolConfig {

@@ -305,3 +305,42 @@ async fn the_text_editor_refuses_stale_files_keeps_crlf_and_replays_without_dive
     assert_eq!(replay["calls_replayed"], 8, "{replay:#}");
     assert_eq!(replay["calls_diverged"], 0, "{replay:#}");
 }
+
+#[tokio::test]
+async fn a_view_stops_at_the_read_budget_with_the_line_to_go_on_from() {
+    let app =
+        toolexec_tests::app::spawn_app_with(|c| c.limits.max_read_bytes_per_call = 1000).await;
+    let lines: String = (1..=500).map(|n| format!("line {n:03}\n")).collect();
+    let s = app.session(json!({"files": {"long.txt": lines}})).await;
+    let sid = s["id"].as_str().unwrap();
+    let v = app
+        .call(
+            sid,
+            "v",
+            TOOL,
+            json!({"command": "view", "path": "long.txt"}),
+        )
+        .await;
+    assert_eq!(v["status"], "ok", "{v}");
+    // Each numbered line is 6 + 1 + 8 + 1 = 16 bytes: 62 fit in 1000.
+    assert!(text(&v).contains("    62\tline 062\n"), "{v}");
+    assert!(!text(&v).contains("line 063"), "{v}");
+    assert!(
+        text(&v).ends_with(
+            "… stopped before line 63: this call's read budget (1000 bytes) reached. View from there with view_range [63, -1].\n"
+        ),
+        "{v}"
+    );
+    let next = app
+        .call(
+            sid,
+            "v2",
+            TOOL,
+            json!({"command": "view", "path": "long.txt", "view_range": [63, 64]}),
+        )
+        .await;
+    assert!(
+        text(&next).ends_with("    63\tline 063\n    64\tline 064\n"),
+        "{next}"
+    );
+}

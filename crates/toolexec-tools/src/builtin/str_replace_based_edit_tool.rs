@@ -210,37 +210,33 @@ fn view(ctx: &ToolContext, args: &Args) -> ToolOutput {
         },
     };
     let shown = &lines[(first - 1).min(total)..last.min(total)];
-    let mut body = numbered(shown, first);
-    let mut notes = Vec::new();
-    // The read budget, then the call's max_characters: whole lines, and a note saying where
-    // to go on from.
+    // Whole numbered lines while they fit the call's read budget and its max_characters, so
+    // that even a 10 MiB file of one-character lines costs no more than the budget; a note
+    // says where to go on from.
     let budget = ctx.max_read_bytes;
     let max_chars = args
         .max_characters
         .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-    if body.len() > budget || body.chars().count() > max_chars {
-        let (mut bytes_used, mut chars_used, mut kept_lines) = (0usize, 0usize, 0usize);
-        let mut limit = String::new();
-        for line in body.split_inclusive('\n') {
-            let chars = line.chars().count();
-            if chars_used + chars > max_chars {
-                limit = format!("max_characters ({max_chars})");
-                break;
-            }
-            if bytes_used + line.len() > budget {
-                limit = format!("this call's read budget ({})", human_bytes(budget as u64));
-                break;
-            }
-            bytes_used += line.len();
+    let (mut body, mut chars_used) = (String::new(), 0usize);
+    let mut notes = Vec::new();
+    for (i, line) in shown.iter().enumerate() {
+        let numbered_line = numbered(&[line], first + i);
+        let chars = numbered_line.chars().count();
+        let limit = if chars_used + chars > max_chars {
+            format!("max_characters ({max_chars})")
+        } else if body.len() + numbered_line.len() > budget {
+            format!("this call's read budget ({})", human_bytes(budget as u64))
+        } else {
+            body.push_str(&numbered_line);
             chars_used += chars;
-            kept_lines += 1;
-        }
-        body.truncate(bytes_used);
-        let next = first + kept_lines;
+            continue;
+        };
+        let next = first + i;
         notes.push(format!(
             "… stopped before line {next}: {limit} reached. View from there with view_range \
              [{next}, -1]."
         ));
+        break;
     }
     if std::str::from_utf8(bytes).is_err() {
         notes.push("(The file is not valid UTF-8; invalid bytes are shown as \u{FFFD}.)".into());

@@ -217,6 +217,11 @@ async fn every_tool_passes_openai_and_anthropic_strict_mode_rules() {
                         &d["function"]["parameters"],
                     )
                 }
+                _ if d.get("type").is_some() => {
+                    // Anthropic's own tool types carry no schema (see below).
+                    assert!(d["type"].as_str().unwrap().contains("_20"), "{d}");
+                    continue;
+                }
                 _ => {
                     assert_eq!(d["strict"], true);
                     (d["name"].as_str().unwrap(), &d["input_schema"])
@@ -381,4 +386,319 @@ async fn a_sessions_tools_are_its_allow_list_in_any_format() {
         .get(&format!("/v1/sessions/{}/tools", uuid::Uuid::now_v7()))
         .await;
     assert_eq!(missing.status(), 404);
+}
+
+/// A catalog with a tool named `bash`: Anthropic's own tool types are keyed on the name. Where
+/// the built-in `bash` is not there, an operator's command tool of that name stands in for it.
+async fn app_with_a_bash_tool() -> (toolexec_tests::app::TestApp, tempfile::TempDir) {
+    use std::os::unix::fs::PermissionsExt;
+    use toolexec_tools::custom::{CommandToolConfig, CustomToolsConfig};
+    let dir = tempfile::Builder::new()
+        .prefix("toolexec-bash-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.path().join("bash.sh");
+    std::fs::write(&script, "#!/bin/sh\ncat\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let builtin = toolexec_tools::Registry::builtin()
+        .unwrap()
+        .get("bash")
+        .is_some();
+    if builtin {
+        return (toolexec_tests::app::spawn_app().await, dir);
+    }
+    let tools = CustomToolsConfig {
+        dir: Some(dir.path().to_owned()),
+        command: vec![CommandToolConfig {
+            name: "bash".into(),
+            description: "A bash tool. Example: {\"command\": \"ls\"}".into(),
+            entrypoint: "bash.sh".into(),
+            input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}, "restart": {"type": "boolean"}}, "additionalProperties": false}),
+            read_only: false,
+            timeout_ms: Some(10_000),
+            env: Default::default(),
+            env_passthrough: vec![],
+            max_output_chars: None,
+        }],
+        ..Default::default()
+    };
+    let app = toolexec_tests::app::spawn_app_with(|c| c.tools = tools).await;
+    (app, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_catalog_lists_anthropics_own_tools_as_their_native_types() {
+    let (app, _dir) = app_with_a_bash_tool().await;
+    let get = |path: String| {
+        let app = &app;
+        async move {
+            let resp = app.get(&path).await;
+            assert_eq!(resp.status(), 200, "{path}");
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let named = |v: &Value, name: &str| -> Value {
+        v["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {v}"))
+    };
+    let native = get("/v1/tools?format=anthropic".into()).await;
+    assert_eq!(
+        named(&native, "bash"),
+        json!({"type": "bash_20250124", "name": "bash"})
+    );
+    assert_eq!(
+        named(&native, "str_replace_based_edit_tool"),
+        json!({"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"})
+    );
+    // Every other tool is still a function tool.
+    assert_eq!(named(&native, "read_file")["strict"], true);
+    assert!(named(&native, "read_file").get("type").is_none());
+    // The opt-out: function tools with their schemas, like the rest.
+    let functions = get("/v1/tools?format=anthropic&native=false".into()).await;
+    for name in ["bash", "str_replace_based_edit_tool"] {
+        let t = named(&functions, name);
+        assert!(t.get("type").is_none(), "{t}");
+        assert_eq!(t["strict"], true, "{t}");
+        assert_eq!(t["input_schema"]["type"], "object", "{t}");
+    }
+    // Only Anthropic's dialect has them.
+    let openai = get("/v1/tools?format=openai".into()).await;
+    assert_eq!(
+        named(&openai, "str_replace_based_edit_tool")["type"],
+        "function"
+    );
+    let one = get("/v1/tools/str_replace_based_edit_tool?format=anthropic".into()).await;
+    assert_eq!(one["type"], "text_editor_20250728");
+
+    // A session's tools: its allow-list, the same way.
+    let sid = app
+        .session(json!({"tools": ["str_replace_based_edit_tool", "bash", "read_file"]}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mine = get(format!("/v1/sessions/{sid}/tools?format=anthropic")).await;
+    assert_eq!(mine["tools"].as_array().unwrap().len(), 3, "{mine}");
+    assert_eq!(
+        named(&mine, "str_replace_based_edit_tool"),
+        json!({"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"})
+    );
+    assert_eq!(
+        named(&mine, "bash"),
+        json!({"type": "bash_20250124", "name": "bash"})
+    );
+    assert_eq!(named(&mine, "read_file"), named(&native, "read_file"));
+    let mine = get(format!(
+        "/v1/sessions/{sid}/tools?format=anthropic&native=false"
+    ))
+    .await;
+    assert!(
+        mine["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["strict"] == true)
+    );
+    let bad = app.get("/v1/tools?format=anthropic&native=maybe").await;
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_shell_call_and_apply_patch_call_items_run_here_and_are_answered_as_output_items() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let post = |body: Value, format: &'static str| {
+        let app = &app;
+        let sid = sid.clone();
+        async move {
+            let resp = app
+                .post(&format!("/v1/sessions/{sid}/calls{format}"), &body)
+                .await;
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let create = json!({"type": "apply_patch_call", "id": "apc_1", "call_id": "call_create", "status": "completed",
+        "operation": {"type": "create_file", "path": "notes/a.txt", "diff": "+hello\n+world\n"}});
+    let shell = json!({"type": "shell_call", "id": "sh_1", "call_id": "call_sh", "status": "completed",
+        "environment": {"type": "local"},
+        "action": {"commands": ["cat notes/a.txt", "echo oops >&2; exit 3", "sleep 5"], "timeout_ms": 1500, "max_output_length": 8}});
+    let plain =
+        json!({"id": "call_read", "name": "read_file", "arguments": {"file_path": "notes/a.txt"}});
+
+    // Not without format=openai: the answer would not be in OpenAI's shape.
+    let (status, problem) = post(json!({"calls": [shell.clone()]}), "").await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("format=openai"),
+        "{problem}"
+    );
+
+    let (status, body) = post(json!({"calls": [create, shell, plain]}), "?format=openai").await;
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "{body}");
+
+    let created = &results[0];
+    assert_eq!(created["type"], "apply_patch_call");
+    assert_eq!(
+        created["rendered"]["type"], "apply_patch_call_output",
+        "{created}"
+    );
+    assert_eq!(created["rendered"]["call_id"], "call_create");
+    assert_eq!(created["rendered"]["status"], "completed", "{created}");
+    assert_eq!(created["calls"][0]["name"], "apply_patch");
+    assert_eq!(created["calls"][0]["call_id"], "call_create");
+
+    let ran = &results[1];
+    assert_eq!(ran["type"], "shell_call");
+    let out = &ran["rendered"];
+    assert_eq!(out["type"], "shell_call_output", "{out}");
+    assert_eq!(out["call_id"], "call_sh");
+    assert_eq!(out["max_output_length"], 8);
+    let output = out["output"].as_array().unwrap();
+    assert_eq!(output.len(), 3, "{out}");
+    assert_eq!(output[0]["stdout"], "hello\nwo", "{out}");
+    assert_eq!(output[0]["stderr"], "");
+    assert_eq!(
+        output[0]["outcome"],
+        json!({"type": "exit", "exit_code": 0})
+    );
+    assert_eq!(output[1]["stdout"], "");
+    assert_eq!(output[1]["stderr"], "oops\n");
+    assert_eq!(
+        output[1]["outcome"],
+        json!({"type": "exit", "exit_code": 3})
+    );
+    assert_eq!(output[2]["outcome"], json!({"type": "timeout"}), "{out}");
+    // Each command is a recorded shell call of its own.
+    let ids: Vec<&str> = ran["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["call_sh#1", "call_sh#2", "call_sh#3"]);
+    assert!(
+        ran["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] == "shell")
+    );
+    assert_eq!(ran["calls"][2]["status"], "timed_out");
+
+    let read = &results[2];
+    assert_eq!(read["rendered"]["type"], "function_call_output", "{read}");
+    assert!(
+        read["content"].as_str().unwrap().contains("     2\tworld"),
+        "{read}"
+    );
+
+    // An update in V4A form, then a delete; a hunk that does not apply fails and says why.
+    let (status, body) = post(
+        json!({"calls": [
+            {"type": "apply_patch_call", "call_id": "call_up", "operation": {"type": "update_file", "path": "notes/a.txt", "diff": "@@\n hello\n-world\n+there\n"}},
+            {"type": "apply_patch_call", "call_id": "call_bad", "operation": {"type": "update_file", "path": "notes/a.txt", "diff": "@@\n-not in the file\n+x\n"}},
+            {"type": "apply_patch_call", "call_id": "call_sneak", "operation": {"type": "update_file", "path": "notes/a.txt", "diff": "@@\n+x\n*** Add File: elsewhere.txt\n+y\n"}},
+            {"type": "shell_call", "call_id": "call_cat", "action": {"commands": ["cat notes/a.txt"]}},
+            {"type": "apply_patch_call", "call_id": "call_rm", "operation": {"type": "delete_file", "path": "notes/a.txt"}},
+            {"type": "shell_call", "call_id": "call_ls", "action": {"commands": ["ls notes elsewhere.txt"]}}
+        ]}),
+        "?format=openai",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let r = body["results"].as_array().unwrap();
+    assert_eq!(r[0]["rendered"]["status"], "completed", "{body}");
+    assert_eq!(r[1]["rendered"]["status"], "failed", "{body}");
+    assert!(
+        r[1]["rendered"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("not in the file"),
+        "{body}"
+    );
+    assert_eq!(r[2]["rendered"]["status"], "failed", "{body}");
+    assert!(
+        r[2]["rendered"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("header line"),
+        "{body}"
+    );
+    assert_eq!(r[2]["calls"], json!([]), "{body}");
+    assert_eq!(
+        r[3]["rendered"]["output"][0]["stdout"], "hello\nthere\n",
+        "{body}"
+    );
+    assert_eq!(r[4]["rendered"]["status"], "completed", "{body}");
+    let ls = &r[5]["rendered"]["output"][0];
+    assert_ne!(ls["outcome"]["exit_code"], 0, "{ls}");
+    assert!(
+        ls["stderr"].as_str().unwrap().contains("elsewhere.txt"),
+        "{ls}"
+    );
+
+    // The files changed by the items are recorded like any call's.
+    let events = app.events(&sid).await;
+    let changes: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["kind"].as_str().is_some_and(|k| k.starts_with("file.")))
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["data"]["path"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("file.created", "notes/a.txt"),
+            ("file.modified", "notes/a.txt"),
+            ("file.deleted", "notes/a.txt"),
+        ]
+    );
+
+    // A hosted container's call is OpenAI's to run, not this service's.
+    let (status, problem) = post(
+        json!({"calls": [{"type": "shell_call", "call_id": "call_hosted", "environment": {"type": "container_reference", "container_id": "cntr_1"}, "action": {"commands": ["ls"]}}]}),
+        "?format=openai",
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("/calls/0/environment"),
+        "{problem}"
+    );
+    // A wrong item points at its wrong field.
+    let (status, problem) = post(
+        json!({"calls": [{"type": "shell_call", "call_id": "c", "action": {"commands": []}}]}),
+        "?format=openai",
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("/calls/0/action/commands"),
+        "{problem}"
+    );
 }

@@ -237,3 +237,386 @@ fn flagged(result: &CallResult) -> String {
         result.content.clone()
     }
 }
+
+/// An Anthropic Messages `tools` entry for a tool Anthropic defines itself: its type and name,
+/// no schema (the model knows the tool's arguments).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnthropicNativeTool {
+    /// `bash_20250124` or `text_editor_20250728`.
+    #[schema(value_type = String, example = "text_editor_20250728")]
+    pub r#type: &'static str,
+    /// `bash` or `str_replace_based_edit_tool`.
+    pub name: String,
+}
+
+/// The Anthropic-defined tool type of a catalog tool, by its name: the tools that take
+/// exactly Anthropic's arguments under Anthropic's name (SPEC §4).
+pub fn anthropic_native_type(name: &str) -> Option<&'static str> {
+    match name {
+        "bash" => Some("bash_20250124"),
+        "str_replace_based_edit_tool" => Some("text_editor_20250728"),
+        _ => None,
+    }
+}
+
+/// `spec` as Anthropic's own tool type, when it is one of them.
+pub fn anthropic_native(spec: &ToolSpec) -> Option<AnthropicNativeTool> {
+    anthropic_native_type(&spec.name).map(|r#type| AnthropicNativeTool {
+        r#type,
+        name: spec.name.clone(),
+    })
+}
+
+/// An OpenAI Responses API `shell_call` output item, as the model emitted it: commands for the
+/// client to run (here, in the session's sandbox with the `shell` tool). Other fields of the
+/// item (`id`, `status`, `caller`, `created_by`) are accepted and ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ShellCallItem {
+    /// Always `shell_call`.
+    #[schema(value_type = String, pattern = "^shell_call$")]
+    pub r#type: String,
+    /// The model's id for the call; the commands are recorded as `shell` calls with ids
+    /// `{call_id}#1`, `{call_id}#2`, ….
+    #[schema(min_length = 1, max_length = 250)]
+    pub call_id: String,
+    pub action: ShellAction,
+    /// Where the model meant the commands to run: absent or `{"type": "local"}` (the client's
+    /// own environment, this service). A hosted container is OpenAI's to run, and refused.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub environment: Option<Value>,
+}
+
+/// What a `shell_call` asks to run.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ShellAction {
+    /// Each a bash command line, run one after another in order (as `shell` calls); at most
+    /// as many as a batch may hold.
+    #[schema(min_items = 1)]
+    pub commands: Vec<String>,
+    /// Each command's time limit (the `shell` tool's `timeout_ms`; above the service's ceiling,
+    /// the ceiling). Default: the session's default timeout.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+    /// Characters of each command's stdout and of its stderr handed back (the beginning);
+    /// echoed in the output item. Default: all the `shell` result holds.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub max_output_length: Option<u64>,
+}
+
+/// An OpenAI Responses API `apply_patch_call` output item: one file operation, run here as an
+/// `apply_patch` call with the same id. Other fields (`id`, `status`, `caller`, `created_by`)
+/// are accepted and ignored.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ApplyPatchCallItem {
+    /// Always `apply_patch_call`.
+    #[schema(value_type = String, pattern = "^apply_patch_call$")]
+    pub r#type: String,
+    #[schema(min_length = 1, max_length = 256)]
+    pub call_id: String,
+    pub operation: PatchOperation,
+}
+
+/// The file operation of an `apply_patch_call`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct PatchOperation {
+    /// `create_file`, `update_file` or `delete_file`.
+    #[schema(value_type = String, pattern = "^(create_file|update_file|delete_file)$")]
+    pub r#type: String,
+    /// The file, relative to /workspace or absolute under it.
+    #[schema(min_length = 1)]
+    pub path: String,
+    /// In OpenAI's V4A form: for `create_file` every line starts with `+`; for `update_file`
+    /// `@@` hunks of ` ` context, `-` removed and `+` added lines. Not given for `delete_file`.
+    #[serde(default)]
+    pub diff: Option<String>,
+}
+
+/// `operation` as an `apply_patch` patch, or why it cannot be one (the model's text for a
+/// `failed` output). The path and the diff must stay inside the one operation: no line break
+/// in the path, no `***` header line in the diff but `*** End of File`.
+pub fn operation_patch(op: &PatchOperation) -> Result<String, String> {
+    if op.path.contains(['\n', '\r']) {
+        return Err("The path contains a line break; give the file's path on one line.".into());
+    }
+    let diff = op.diff.as_deref().unwrap_or("");
+    if let Some(line) = diff
+        .lines()
+        .find(|l| l.starts_with("***") && l.trim_end() != "*** End of File")
+    {
+        return Err(format!(
+            "The diff has a header line ({:?}); an apply_patch_call changes one file: give \
+             only its hunks.",
+            toolexec_core::names::shown_line(line)
+        ));
+    }
+    let body = diff.strip_suffix('\n').unwrap_or(diff);
+    let header = match op.r#type.as_str() {
+        "create_file" => "Add File",
+        "update_file" => "Update File",
+        "delete_file" => {
+            return Ok(format!(
+                "*** Begin Patch\n*** Delete File: {}\n*** End Patch\n",
+                op.path
+            ));
+        }
+        other => return Err(format!("Unknown operation type {other:?}.")),
+    };
+    if op.diff.is_none() {
+        return Err(format!("{} needs a diff.", op.r#type));
+    }
+    Ok(format!(
+        "*** Begin Patch\n*** {header}: {}\n{body}\n*** End Patch\n",
+        op.path
+    ))
+}
+
+/// The `apply_patch_call_output` item answering `call_id` with the `apply_patch` call's result
+/// (`None`: the operation was refused before anything ran, `refusal` says why).
+pub fn apply_patch_output(call_id: &str, result: Result<&CallResult, &str>) -> Value {
+    let (status, output) = match result {
+        Ok(r) if !r.is_error => ("completed", r.content.as_str()),
+        Ok(r) => ("failed", r.content.as_str()),
+        Err(refusal) => ("failed", refusal),
+    };
+    json!({
+        "type": "apply_patch_call_output",
+        "call_id": call_id,
+        "status": status,
+        "output": output,
+    })
+}
+
+/// The `shell_call_output` item answering `call_id`: one entry per command, from the `shell`
+/// calls' results. stdout and stderr are the sections of the `shell` result; a command that did
+/// not run (refused, waiting for approval) has its result as stderr and exit code 1.
+pub fn shell_output(
+    call_id: &str,
+    max_output_length: Option<u64>,
+    results: &[CallResult],
+) -> Value {
+    let cut = |s: String| match max_output_length.and_then(|n| usize::try_from(n).ok()) {
+        Some(n) => s.chars().take(n).collect(),
+        None => s,
+    };
+    let output: Vec<Value> = results
+        .iter()
+        .map(|r| {
+            let run = ShellRun::of(r);
+            let outcome = if run.timed_out {
+                json!({"type": "timeout"})
+            } else {
+                json!({"type": "exit", "exit_code": run.exit_code})
+            };
+            json!({"stdout": cut(run.stdout), "stderr": cut(run.stderr), "outcome": outcome})
+        })
+        .collect();
+    let mut item = json!({
+        "type": "shell_call_output",
+        "call_id": call_id,
+        "output": output,
+    });
+    if let Some(n) = max_output_length {
+        item["max_output_length"] = json!(n);
+    }
+    item
+}
+
+/// A `shell` result taken apart: its status line, then `--- stdout ---` and `--- stderr ---`
+/// sections (see the `shell` tool). A stdout that itself prints a line `--- stderr ---` is
+/// split there: the text is all the result records.
+#[derive(Debug, Default, PartialEq)]
+struct ShellRun {
+    stdout: String,
+    stderr: String,
+    exit_code: i64,
+    timed_out: bool,
+}
+
+impl ShellRun {
+    fn of(r: &CallResult) -> Self {
+        let timed_out = r.status == toolexec_core::CallStatus::TimedOut;
+        let mut text = r.content.as_str();
+        let mut notes = String::new();
+        // The note of an unsandboxed service comes first.
+        if text.starts_with("[UNSANDBOXED")
+            && let Some((note, rest)) = text.split_once('\n')
+        {
+            notes.push_str(note);
+            notes.push('\n');
+            text = rest;
+        }
+        let Some((status, body)) = text
+            .split_once('\n')
+            .filter(|(status, _)| Self::is_status(status))
+        else {
+            // Not a command's result: the call did not run.
+            return Self {
+                stderr: r.content.clone(),
+                exit_code: 1,
+                timed_out,
+                ..Self::default()
+            };
+        };
+        let exit_code = Self::number_after(status, "[exit code ")
+            .or_else(|| Self::number_after(status, "killed by signal ").map(|s| 128 + s))
+            .unwrap_or(if r.is_error { 1 } else { 0 });
+        let body = body.strip_prefix("(no output)\n").unwrap_or(body);
+        const STDERR: &str = "\n--- stderr ---\n";
+        let (stdout, stderr) = match body.strip_prefix("--- stdout ---\n") {
+            Some(rest) => match rest.find(STDERR) {
+                Some(at) => (&rest[..=at], &rest[at + STDERR.len()..]),
+                None => (rest, ""),
+            },
+            None => ("", body.strip_prefix(&STDERR[1..]).unwrap_or(body)),
+        };
+        // Why the command stopped, when it did not simply exit (a time limit, the memory
+        // limit, a signal): the model should see it with the output.
+        let mut stderr_all = notes;
+        if !status.starts_with("[exit code ") || status.contains(':') {
+            stderr_all.push_str(status);
+            stderr_all.push('\n');
+        }
+        stderr_all.push_str(stderr);
+        Self {
+            stdout: stdout.to_owned(),
+            stderr: stderr_all,
+            exit_code,
+            timed_out,
+        }
+    }
+
+    fn is_status(line: &str) -> bool {
+        [
+            "[exit code ",
+            "[timed out ",
+            "[stopped",
+            "[cancelled ",
+            "[killed by signal ",
+            "[ended ",
+        ]
+        .iter()
+        .any(|p| line.starts_with(p))
+    }
+
+    fn number_after(line: &str, marker: &str) -> Option<i64> {
+        let at = line.find(marker)? + marker.len();
+        let digits: String = line[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-')
+            .collect();
+        digits.parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolexec_core::CallStatus;
+
+    fn shell(status: CallStatus, content: &str) -> CallResult {
+        CallResult {
+            call_id: "c#1".into(),
+            invocation_id: uuid::Uuid::nil(),
+            name: "shell".into(),
+            status,
+            is_error: status.is_error(),
+            content: content.into(),
+            truncated: None,
+            duration_ms: 1.0,
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn a_shell_result_comes_apart_into_its_streams_and_outcome() {
+        let run = ShellRun::of(&shell(
+            CallStatus::Error,
+            "[exit code 2 after 0.01 s]\n--- stdout ---\nout\n--- stderr ---\nerr\n",
+        ));
+        assert_eq!(
+            (run.stdout.as_str(), run.stderr.as_str()),
+            ("out\n", "err\n")
+        );
+        assert_eq!((run.exit_code, run.timed_out), (2, false));
+        let quiet = ShellRun::of(&shell(
+            CallStatus::Ok,
+            "[exit code 0 after 0.01 s]\n(no output)\n",
+        ));
+        assert_eq!(quiet, ShellRun::default());
+        let only_err = ShellRun::of(&shell(
+            CallStatus::Error,
+            "[exit code 1 after 0.01 s]\n--- stderr ---\nboom\n",
+        ));
+        assert_eq!(
+            (only_err.stdout.as_str(), only_err.stderr.as_str()),
+            ("", "boom\n")
+        );
+    }
+
+    #[test]
+    fn a_timeout_a_signal_and_a_refusal_each_say_so() {
+        let slow = ShellRun::of(&shell(
+            CallStatus::TimedOut,
+            "[timed out after 1000 ms: killed]\n--- stdout ---\npartial\n",
+        ));
+        assert!(slow.timed_out);
+        assert_eq!(slow.stdout, "partial\n");
+        assert!(slow.stderr.starts_with("[timed out"), "{}", slow.stderr);
+        let killed = ShellRun::of(&shell(
+            CallStatus::Error,
+            "[killed by signal 9 after 1.00 s]\n(no output)\n",
+        ));
+        assert_eq!(killed.exit_code, 137);
+        let refused = ShellRun::of(&shell(CallStatus::Denied, "Tool 'shell' is not allowed."));
+        assert_eq!(
+            (refused.exit_code, refused.stderr.as_str()),
+            (1, "Tool 'shell' is not allowed.")
+        );
+        let out = shell_output(
+            "c",
+            Some(3),
+            &[shell(
+                CallStatus::Ok,
+                "[exit code 0 after 0.01 s]\n--- stdout ---\nabcdef\n",
+            )],
+        );
+        assert_eq!(out["output"][0]["stdout"], "abc");
+        assert_eq!(out["max_output_length"], 3);
+    }
+
+    #[test]
+    fn an_operation_becomes_a_patch_of_that_one_file() {
+        let op = |t: &str, path: &str, diff: Option<&str>| PatchOperation {
+            r#type: t.into(),
+            path: path.into(),
+            diff: diff.map(Into::into),
+        };
+        assert_eq!(
+            operation_patch(&op("create_file", "a.txt", Some("+x\n"))).unwrap(),
+            "*** Begin Patch\n*** Add File: a.txt\n+x\n*** End Patch\n"
+        );
+        assert_eq!(
+            operation_patch(&op("delete_file", "a.txt", None)).unwrap(),
+            "*** Begin Patch\n*** Delete File: a.txt\n*** End Patch\n"
+        );
+        assert!(
+            operation_patch(&op("update_file", "a\n*** Delete File: b", Some("@@\n"))).is_err()
+        );
+        assert!(
+            operation_patch(&op("update_file", "a", Some("@@\n+x\n*** Add File: b\n+y"))).is_err()
+        );
+        assert!(
+            operation_patch(&op(
+                "update_file",
+                "a",
+                Some("@@\n x\n+y\n*** End of File\n")
+            ))
+            .is_ok()
+        );
+        assert!(operation_patch(&op("update_file", "a", None)).is_err());
+    }
+}

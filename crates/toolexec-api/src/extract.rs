@@ -64,6 +64,7 @@ impl BodySchemas {
         match v.iter_errors(value).next() {
             None => Ok(()),
             Some(err) => {
+                let err = innermost(&err);
                 let at = err.instance_path().to_string();
                 let at = if at.is_empty() { "/".to_owned() } else { at };
                 Err(ApiError::new(
@@ -74,6 +75,23 @@ impl BodySchemas {
                 ))
             }
         }
+    }
+}
+
+/// The error to report for a value that matched none of a `oneOf`'s or `anyOf`'s schemas (a
+/// batch's item that is a call or an OpenAI item): the error of the schema that got furthest
+/// into the value, when one got further than the value itself — the pointer names the field
+/// that is wrong (`/calls/0/id`), not only the item.
+fn innermost<'e>(err: &'e jsonschema::ValidationError<'e>) -> &'e jsonschema::ValidationError<'e> {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    let depth =
+        |e: &jsonschema::ValidationError<'_>| e.instance_path().as_str().matches('/').count();
+    let (Kind::AnyOf { context } | Kind::OneOfNotValid { context }) = err.kind() else {
+        return err;
+    };
+    match context.iter().flatten().max_by_key(|e| depth(e)) {
+        Some(best) if depth(best) > depth(err) => innermost(best),
+        _ => err,
     }
 }
 

@@ -60,12 +60,19 @@ fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
     use Capability::{ContentFromSource, FsRead, FsWrite, Network, Process};
     use TruncationMode::{Head, HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 22] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 23] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
         ("edit_file", false, &[FsRead, FsWrite], 10_000, Tail),
         ("apply_patch", false, &[FsRead, FsWrite], 10_000, Tail),
+        (
+            "str_replace_based_edit_tool",
+            false,
+            &[FsRead, FsWrite],
+            50_000,
+            HeadTail,
+        ),
         ("grep", true, &[FsRead], 30_000, Tail),
         ("glob", true, &[FsRead], 20_000, Tail),
         ("list_dir", true, &[FsRead], 50_000, HeadTail),

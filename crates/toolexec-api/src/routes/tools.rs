@@ -32,7 +32,8 @@ pub enum CatalogFormat {
     /// OpenAI Chat Completions `tools`: `{"type":"function","function":{name, description, parameters, "strict":true}}`.
     OpenaiChat,
     /// Anthropic Messages `tools`: `{name, description, input_schema, "strict":true}`, the schema
-    /// in Anthropic's strict form.
+    /// in Anthropic's strict form; the tools Anthropic defines itself (`bash`,
+    /// `str_replace_based_edit_tool`) as their native types unless `native=false`.
     Anthropic,
     /// MCP `tools/list` entries: `{name, description, inputSchema, annotations}`.
     Mcp,
@@ -45,6 +46,17 @@ pub struct CatalogQuery {
     #[serde(default)]
     #[param(inline)]
     pub format: CatalogFormat,
+    /// With `format=anthropic`: list the tools Anthropic defines itself as their native types,
+    /// `{"type": "bash_20250124", "name": "bash"}` and `{"type": "text_editor_20250728",
+    /// "name": "str_replace_based_edit_tool"}`, which the model is trained on (default `true`).
+    /// `false` lists them as function tools with their schemas like every other tool.
+    #[serde(default = "yes")]
+    #[param(default = true)]
+    pub native: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A tool as toolexec's catalog shows it: its spec, and whether this service can run it.
@@ -76,6 +88,7 @@ pub enum ToolDefinition {
     Openai(dialects::OpenAiTool),
     OpenaiChat(dialects::OpenAiChatTool),
     Anthropic(dialects::AnthropicTool),
+    AnthropicNative(dialects::AnthropicNativeTool),
     Mcp(dialects::McpTool),
 }
 
@@ -101,8 +114,8 @@ impl Deployment {
     }
 }
 
-fn render(spec: &ToolSpec, here: Deployment, format: CatalogFormat) -> ToolDefinition {
-    match format {
+fn render(spec: &ToolSpec, here: Deployment, q: &CatalogQuery) -> ToolDefinition {
+    match q.format {
         CatalogFormat::Toolexec => ToolDefinition::Toolexec(CatalogEntry {
             spec: spec.clone(),
             available: here.unavailable.is_none(),
@@ -113,7 +126,10 @@ fn render(spec: &ToolSpec, here: Deployment, format: CatalogFormat) -> ToolDefin
         }),
         CatalogFormat::Openai => ToolDefinition::Openai(dialects::openai(spec)),
         CatalogFormat::OpenaiChat => ToolDefinition::OpenaiChat(dialects::openai_chat(spec)),
-        CatalogFormat::Anthropic => ToolDefinition::Anthropic(dialects::anthropic(spec)),
+        CatalogFormat::Anthropic => match dialects::anthropic_native(spec).filter(|_| q.native) {
+            Some(native) => ToolDefinition::AnthropicNative(native),
+            None => ToolDefinition::Anthropic(dialects::anthropic(spec)),
+        },
         CatalogFormat::Mcp => ToolDefinition::Mcp(dialects::mcp(spec)),
     }
 }
@@ -129,12 +145,12 @@ async fn list_tools(
     _tenant: AuthTenant,
     ApiQuery(q): ApiQuery<CatalogQuery>,
 ) -> Json<Catalog> {
-    Json(catalog(&state, q.format, |_| true))
+    Json(catalog(&state, &q, |_| true))
 }
 
 /// One tool.
 /// The catalog's tools that `include` names, in `format`.
-fn catalog(state: &SharedState, format: CatalogFormat, include: impl Fn(&str) -> bool) -> Catalog {
+fn catalog(state: &SharedState, q: &CatalogQuery, include: impl Fn(&str) -> bool) -> Catalog {
     let tools = state
         .engine
         .registry()
@@ -143,8 +159,8 @@ fn catalog(state: &SharedState, format: CatalogFormat, include: impl Fn(&str) ->
         .filter_map(|s| {
             let here = Deployment::of(state, &s.name);
             // A definition handed to a model is a tool it may call: not one that can only fail.
-            (here.unavailable.is_none() || matches!(format, CatalogFormat::Toolexec))
-                .then(|| render(s, here, format))
+            (here.unavailable.is_none() || matches!(q.format, CatalogFormat::Toolexec))
+                .then(|| render(s, here, q))
         })
         .collect();
     Catalog { tools }
@@ -172,9 +188,7 @@ async fn session_tools(
         .get_session(tenant.id, id)
         .await
         .map_err(crate::problem::or_not_found("session"))?;
-    Ok(Json(catalog(&state, q.format, |name| {
-        session.allows_tool(name)
-    })))
+    Ok(Json(catalog(&state, &q, |name| session.allows_tool(name))))
 }
 
 /// One tool of the catalog.
@@ -198,9 +212,5 @@ async fn get_tool(
         .registry()
         .get(&name)
         .ok_or_else(|| ApiError::not_found(&format!("tool '{name}'")))?;
-    Ok(Json(render(
-        tool.spec(),
-        Deployment::of(&state, &name),
-        q.format,
-    )))
+    Ok(Json(render(tool.spec(), Deployment::of(&state, &name), &q)))
 }

@@ -8,17 +8,15 @@ use std::borrow::Cow;
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use toolexec_core::{
-    Capability, FileChange, FileChangeKind, OutputLimit, ToolSpec, TruncationMode, sha256_hex,
-};
+use toolexec_core::{Capability, OutputLimit, ToolSpec, TruncationMode};
 
-use super::{Action, blocking, check_read, jail_failure, too_late};
+use super::{Action, blocking, check_read, jail_failure, write_edit};
 use crate::text::plural;
 use crate::text::{
     closest_window, decode_for_edit, describe_difference, has_line_number_prefixes, line_of,
     numbered_range, shown_name, to_crlf, uses_crlf, view_lines,
 };
-use crate::{CallReads, Deadline, RecordedChange, Tool, ToolContext, ToolOutput, parse_args};
+use crate::{CallReads, Deadline, Tool, ToolContext, ToolOutput, parse_args};
 use toolexec_workspace::jail::{JailError, Workspace};
 
 /// Lines of unchanged context shown around an edited region.
@@ -171,60 +169,25 @@ fn edit(workspace: &Workspace, reads: &CallReads, args: &Args, deadline: &Deadli
     }
     edited.push_str(&text[copied_up_to..]);
 
-    if !deadline.commit_change() {
-        return too_late(
-            deadline,
-            &format!("writing the edit to '{}'", shown_name(path)),
-        );
-    }
-    let expected = file.sha256.clone();
-    let written = match workspace.write_if(path, edited.as_bytes(), |path, before| {
-        if before.sha256() == Some(expected.as_str()) {
-            Ok(())
-        } else {
-            let path = shown_name(path);
-            Err(format!(
-                "Cannot edit '{path}': the file has changed since you read it (it changed while \
-                 the edit was being made). Use read_file to read its current contents, then call \
-                 edit_file again."
-            ))
-        }
-    }) {
-        Err(jail) => return jail_failure(&jail),
-        Ok(Err(refusal)) => return ToolOutput::denied(refusal),
-        Ok(Ok(written)) => written,
-    };
-    // The session wrote these bytes, so it knows the file as it is now.
-    reads.record(&written.path, &written.sha256);
-
+    let content = snippets(&edited, &regions);
+    let (written, change) =
+        match write_edit(workspace, reads, deadline, &file, edited, Action::Edit) {
+            Ok(done) => done,
+            Err(output) => return output,
+        };
     let summary = summary(&written.path, text, &starts);
-    let content = format!("{summary}\n{}", snippets(&edited, &regions));
-    let change = FileChange {
-        kind: FileChangeKind::Modified,
-        path: written.path.clone(),
-        path_b64: None,
-        before_sha256: Some(file.sha256.clone()),
-        after_sha256: Some(sha256_hex(edited.as_bytes())),
-        before_size: Some(file.bytes.len() as u64),
-        after_size: Some(written.size),
-        after_stored: true,
-        after_unstored: None,
-        after_mode: Some(written.mode),
-        capability: Capability::FsWrite,
-        symlink_target: None,
-        symlink_target_b64: None,
-    };
-    ToolOutput::ok(content).with_change(RecordedChange {
-        change,
-        after: Some(edited.into_bytes()),
-    })
+    let output = ToolOutput::ok(format!("{summary}\n{content}"));
+    match change {
+        Some(change) => output.with_change(change),
+        None => output,
+    }
 }
 
 /// Where old_string occurs, with the strings as they will be matched and written. In a CRLF
 /// file, strings written with plain `\n` are matched and written as `\r\n` (the LF-normalised
 /// view of the file, without converting the lines the edit does not touch); if that finds
 /// nothing, the strings are tried exactly as given.
-fn find<'a>(
+pub(crate) fn find<'a>(
     text: &str,
     old_string: &'a str,
     new_string: &'a str,
@@ -246,13 +209,35 @@ fn not_found(path: &str, text: &str, args: &Args) -> String {
         "old_string was not found in {}; nothing was changed.",
         shown_name(path)
     );
-    let wanted = view_lines(&args.old_string);
+    out.push_str(&near_match_help(
+        text,
+        &args.old_string,
+        &args.new_string,
+        "old_string",
+        ("read_file", "edit_file"),
+    ));
+    out
+}
+
+/// What follows "not found" in an exact-replace tool's error: the file's text most like
+/// `old` (named `field` in the tool's arguments) with how it differs, or that nothing is close;
+/// a note when `new` is already there. `tools` names the tool that shows the file and the one
+/// to call again.
+pub(crate) fn near_match_help(
+    text: &str,
+    old: &str,
+    new: &str,
+    field: &str,
+    (reader, again): (&str, &str),
+) -> String {
+    let mut out = String::new();
+    let wanted = view_lines(old);
     let file_lines = view_lines(text);
     if has_line_number_prefixes(&wanted) {
-        out.push_str(
-            "\nold_string seems to include read_file's line-number prefixes (`    12\\t`). \
-             Leave them out: give only the file's text.",
-        );
+        out.push_str(&format!(
+            "\n{field} seems to include {reader}'s line-number prefixes (`    12\\t`). \
+             Leave them out: give only the file's text."
+        ));
     }
     match closest_window(&file_lines, &wanted) {
         Some(near) if near.ratio >= MIN_NEAR_MATCH_RATIO => {
@@ -271,25 +256,27 @@ fn not_found(path: &str, text: &str, args: &Args) -> String {
             let window = &file_lines[near.start..near.start + near.len];
             let difference = describe_difference(&wanted, window, first);
             if !difference.is_empty() {
-                out.push_str(&format!("It differs from old_string here:\n{difference}\n"));
+                out.push_str(&format!("It differs from {field} here:\n{difference}\n"));
             }
-            out.push_str(
-                "Copy the exact text from the file into old_string (read_file shows it) and call \
-                 edit_file again.",
-            );
+            out.push_str(&format!(
+                "Copy the exact text from the file into {field} ({reader} shows it) and call \
+                 {again} again."
+            ));
         }
-        _ => out.push_str(
-            "\nNothing in the file is close to it. Read the file again with read_file (it may \
-             not contain what you expect) and copy the exact text into old_string.",
-        ),
+        _ => out.push_str(&format!(
+            "\nNothing in the file is close to it. Read the file again with {reader} (it may \
+             not contain what you expect) and copy the exact text into {field}."
+        )),
     }
-    if let Some(at) = (!args.new_string.is_empty())
-        .then(|| text.find(args.new_string.as_str()))
-        .flatten()
-    {
+    if let Some(at) = (!new.is_empty()).then(|| text.find(new)).flatten() {
         out.push_str(&format!(
-            "\nNote: new_string already appears in the file (at line {}); the change may \
+            "\nNote: {} already appears in the file (at line {}); the change may \
              already have been made.",
+            if field == "old_string" {
+                "new_string"
+            } else {
+                "new_str"
+            },
             line_of(text, at)
         ));
     }

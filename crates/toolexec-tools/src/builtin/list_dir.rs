@@ -106,7 +106,7 @@ fn list(workspace: &Workspace, path: &str, depth: usize) -> Result<String, JailE
 }
 
 /// The listing, and where it stopped early if a bound (entries read, the deadline) cut it.
-fn list_within(
+pub(crate) fn list_within(
     workspace: &Workspace,
     path: &str,
     depth: usize,

@@ -8,7 +8,9 @@ use crate::Tool;
 use crate::ToolOutput;
 use crate::reads::{CallReads, WriteCheck};
 use toolexec_core::{FileChange, FileChangeKind, UnstoredReason};
-use toolexec_workspace::jail::{Before, JailError, UnreadReason, Written, human_bytes};
+use toolexec_workspace::jail::{
+    Before, FileContents, JailError, UnreadReason, Workspace, Written, human_bytes,
+};
 
 pub mod apply_patch;
 pub mod edit_file;
@@ -24,6 +26,7 @@ pub mod read_file;
 pub mod read_many_files;
 pub mod read_output;
 pub mod shell;
+pub mod str_replace_based_edit_tool;
 pub mod tasks;
 pub mod update_plan;
 pub mod web_fetch;
@@ -38,6 +41,7 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(write_file::WriteFile::new()),
         Arc::new(edit_file::EditFile::new()),
         Arc::new(apply_patch::ApplyPatch::new()),
+        Arc::new(str_replace_based_edit_tool::TextEditor::new()),
         Arc::new(grep::Grep::new()),
         Arc::new(glob::Glob::new()),
         Arc::new(list_dir::ListDir::new()),
@@ -94,6 +98,72 @@ pub(crate) fn written_change(
         symlink_target_b64: None,
     };
     (RecordedChange { change, after }, how)
+}
+
+/// Writes `edited` over `file` (what it was computed from, as read through the jail) if the file
+/// still holds exactly those bytes, within the call's deadline; the session then counts as having
+/// read the new contents. The change to record comes back with the write (`None` when `edited`
+/// is what the file already held). Shared by the tools that edit a file in place (edit_file,
+/// the text editor), so that they check, write and record an edit the same way.
+pub(crate) fn write_edit(
+    workspace: &Workspace,
+    reads: &CallReads,
+    deadline: &crate::Deadline,
+    file: &FileContents,
+    edited: String,
+    action: Action,
+) -> Result<(Written, Option<RecordedChange>), ToolOutput> {
+    let shown = crate::text::shown_name(&file.path);
+    if !deadline.commit_change() {
+        return Err(too_late(
+            deadline,
+            &format!("writing the edit to '{shown}'"),
+        ));
+    }
+    let expected = file.sha256.as_str();
+    let written = match workspace.write_if(&file.path, edited.as_bytes(), |_, before| {
+        if before.sha256() == Some(expected) {
+            Ok(())
+        } else {
+            Err(format!(
+                "Cannot {verb} '{shown}': the file has changed since you read it (it changed \
+                 while the edit was being made). Use {read} to read its current contents, then \
+                 {retry}.",
+                verb = action.verb(),
+                read = action.read_with(),
+                retry = action.retry()
+            ))
+        }
+    }) {
+        Err(jail) => return Err(jail_failure(&jail)),
+        Ok(Err(refusal)) => return Err(ToolOutput::denied(refusal)),
+        Ok(Ok(written)) => written,
+    };
+    // The session wrote these bytes, so it knows the file as it is now.
+    reads.record(&written.path, &written.sha256);
+    if !written.changed {
+        return Ok((written, None));
+    }
+    let change = FileChange {
+        kind: FileChangeKind::Modified,
+        path: written.path.clone(),
+        path_b64: None,
+        before_sha256: Some(file.sha256.clone()),
+        after_sha256: Some(written.sha256.clone()),
+        before_size: Some(file.bytes.len() as u64),
+        after_size: Some(written.size),
+        after_stored: true,
+        after_unstored: None,
+        after_mode: Some(written.mode),
+        capability: Capability::FsWrite,
+        symlink_target: None,
+        symlink_target_b64: None,
+    };
+    let change = RecordedChange {
+        change,
+        after: Some(edited.into_bytes()),
+    };
+    Ok((written, Some(change)))
 }
 
 /// A jail refusal as the model sees it: `denied` for guardrails, `error` otherwise.
@@ -168,6 +238,8 @@ pub(crate) enum Action {
     Edit,
     Delete,
     Patch,
+    /// An edit by Anthropic's text editor (`str_replace_based_edit_tool`).
+    EditorEdit,
 }
 
 impl Action {
@@ -175,7 +247,7 @@ impl Action {
     fn verb(self) -> &'static str {
         match self {
             Action::Write => "write to",
-            Action::Edit => "edit",
+            Action::Edit | Action::EditorEdit => "edit",
             Action::Delete => "delete",
             Action::Patch => "patch",
         }
@@ -188,6 +260,15 @@ impl Action {
             Action::Edit => "call edit_file again",
             Action::Delete => "delete it again",
             Action::Patch => "apply the patch again",
+            Action::EditorEdit => "call str_replace_based_edit_tool again",
+        }
+    }
+
+    /// How the tool's model reads a file: the text editor's own `view`, else read_file.
+    fn read_with(self) -> &'static str {
+        match self {
+            Action::EditorEdit => "the `view` command (or read_file)",
+            _ => "read_file",
         }
     }
 }
@@ -252,13 +333,15 @@ pub(crate) fn check_read(
                  read it first, then write it again (or use a new path to create a new file)."
             ),
             _ => format!(
-                "Cannot {verb} '{shown}': file exists but has not been read. Use read_file to \
-                 read it first, then {retry}."
+                "Cannot {verb} '{shown}': file exists but has not been read. Use {read} to \
+                 read it first, then {retry}.",
+                read = action.read_with()
             ),
         }),
         WriteCheck::Stale => Err(format!(
             "Cannot {verb} '{shown}': the file has changed since you read it (something else \
-             modified it). Use read_file to read its current contents, then {retry}."
+             modified it). Use {read} to read its current contents, then {retry}.",
+            read = action.read_with()
         )),
     }
 }

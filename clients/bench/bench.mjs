@@ -50,7 +50,9 @@ await Promise.all(sessions.map((s) => clientLoop(s, 20, [])));
 await Promise.all(sessions.map((s) => rawLoop(s.id, 20, [])));
 const rows = { "raw fetch": [], "toolexec client": [] };
 for (let round = 0; round < rounds; round++) {
-  for (const name of Object.keys(rows)) {
+  // Each round runs both, in alternating order (the machine's load drifts).
+  const names = Object.keys(rows);
+  for (const name of round % 2 === 0 ? names : names.reverse()) {
     const lat = [];
     const w0 = performance.now();
     const c0 = cpuUsage();
@@ -65,6 +67,34 @@ for (let round = 0; round < rounds; round++) {
     });
   }
 }
+// The client's own CPU, without the network and the service: the same calls answered in-process
+// (a fetch double) with a real answer of this run, one at a time.
+const sample = await (await fetch(`${url}/v1/sessions/${sessions[0].id}/calls`, {
+  method: "POST", headers,
+  body: JSON.stringify({ calls: [{ id: "sample", name: "read_file", arguments: { file_path: "a.txt", limit: 5 } }] }),
+})).text();
+const info = JSON.stringify(sessions[0].info);
+const double = async (input, init) => {
+  const u = typeof input === "string" ? input : input.url;
+  if (typeof input !== "string") await input.text();
+  return new Response(u.endsWith("/calls") ? sample : info, { status: 200, headers: { "content-type": "application/json" } });
+};
+const realFetch = globalThis.fetch;
+globalThis.fetch = double;
+const offlineClient = await new Client({ url: "http://bench", apiKey: "key", fetch: double }).attach(sessions[0].id);
+const offline = { "raw fetch": [], "toolexec client": [] };
+const N = 5000;
+for (let i = 0; i < 3; i++) {
+  let c0 = cpuUsage();
+  await rawLoop(sessions[0].id, N, []);
+  let c = cpuUsage(c0);
+  offline["raw fetch"].push((c.user + c.system) / N);
+  c0 = cpuUsage();
+  await clientLoop(offlineClient, N, []);
+  c = cpuUsage(c0);
+  offline["toolexec client"].push((c.user + c.system) / N);
+}
+globalThis.fetch = realFetch;
 for (const s of sessions) await s.close();
 const med = Object.fromEntries(Object.entries(rows).map(([n, rs]) => [n, Object.fromEntries(["calls_s", "p50", "p99", "cpu_us"].map((k) => [k, median(rs.map((r) => r[k]))]))]));
 console.log(`typescript, read_file, ${SESSIONS} concurrent sessions, ${rounds} rounds x ${calls * SESSIONS} calls each (medians)`);
@@ -72,6 +102,9 @@ console.log(`${"".padEnd(18)} ${"calls/s".padStart(9)} ${"p50 ms".padStart(8)} $
 for (const [n, m] of Object.entries(med)) {
   console.log(`${n.padEnd(18)} ${m.calls_s.toFixed(0).padStart(9)} ${m.p50.toFixed(2).padStart(8)} ${m.p99.toFixed(2).padStart(8)} ${m.cpu_us.toFixed(0).padStart(12)}`);
 }
+const ratios = rows["raw fetch"].map((r, i) => r.calls_s / rows["toolexec client"][i].calls_s).sort((a, b) => a - b);
+console.log(`per round, raw calls/s over client calls/s: ${ratios.map((x) => x.toFixed(2)).join(" ")}`);
+console.log(`in-process (no network, no service), CPU per call: ${Object.entries(offline).map(([k, v]) => `${k} ${Math.min(...v).toFixed(0)} us`).join(", ")}`);
 const raw = med["raw fetch"];
 const cli = med["toolexec client"];
 const pct = (a, b) => `${(100 * (a / b - 1)).toFixed(1)} %`;

@@ -1,6 +1,8 @@
-//! The examples a newcomer reads work: `examples/agent_loop.py` drives a real session with the
-//! official Anthropic SDK, against a fake model on loopback (tests/python/agent_loop_example.py);
-//! and three ecosystems drive one session (tests/python/three_doors.py).
+//! The examples a newcomer reads work: `examples/agent_loop.py`, written on the Python client
+//! (clients/python, imported from the source tree), drives a real session with the official
+//! Anthropic SDK, against a fake model on loopback (tests/python/agent_loop_example.py); and
+//! three ecosystems drive one session (tests/python/three_doors.py). The TypeScript twin,
+//! examples/agent_loop.mjs, runs in the TypeScript client's suite (`.ci/clients`).
 use toolexec_tests::app::spawn_app;
 
 /// Runs `tests/python/{script}` against a fresh service; it must print "ok" within 2 minutes.

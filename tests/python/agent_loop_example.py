@@ -1,6 +1,8 @@
-"""Runs examples/agent_loop.py against a real toolexec (argv[1]) and a fake model: an Anthropic
-Messages API served on loopback that plays a scripted conversation — write a file, run it, then
-answer with what the run printed. Prints "ok" when the loop went through and the log has it.
+"""Runs examples/agent_loop.py (on the Python client, clients/python) against a real toolexec
+(argv[1]) and a fake model: an Anthropic Messages API served on loopback that plays a scripted
+conversation — write a file, run it, then answer with what the run printed. Prints "ok" when the
+loop went through and the log has it. The client is imported from the repository's source
+(its dependencies, httpx2 and pydantic, come with the anthropic SDK).
 """
 import json
 import os
@@ -11,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 base = sys.argv[1]
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python", "src"))
 
 SCRIPT = [
     [{"type": "tool_use", "id": "toolu_01", "name": "write_file",

@@ -1,0 +1,366 @@
+/**
+ * Every problem code of docs/problems.md as an error class, under five bases.
+ *
+ *     ToolexecError
+ *     ├── ApiError              the service answered a problem (code, detail, status, requestId)
+ *     │   ├── InvalidRequestError   400, 408, 413, 415, 422: fix the request
+ *     │   ├── AuthError             401, 403
+ *     │   ├── NotFoundError         404, 405
+ *     │   ├── ConflictError         409: the state forbids it; never retried
+ *     │   └── UnavailableError      429, 500, 503: retried where safe
+ *     ├── ConnectionFailed      no answer (refused, reset) after the retries
+ *     └── DeadlineExceeded      the retries' total deadline passed
+ *
+ * A tool that fails is not an error: it is a CallResult with `is_error` set.
+ */
+import type { ProblemCode } from "./schema.js";
+
+/** Anything this client throws. */
+export class ToolexecError extends Error {
+  override name = "ToolexecError";
+}
+
+/** The service could not be reached, or the connection broke, and retrying did not help. */
+export class ConnectionFailed extends ToolexecError {
+  override name = "ConnectionFailed";
+}
+
+/** The total deadline of a request (with its retries) passed. */
+export class DeadlineExceeded extends ToolexecError {
+  override name = "DeadlineExceeded";
+}
+
+export interface ProblemInit {
+  code: string;
+  detail: string;
+  status: number;
+  requestId?: string | null;
+  title?: string;
+  retryAfter?: number | null;
+  problem?: Record<string, unknown>;
+}
+
+/** The service answered `application/problem+json`. */
+export class ApiError extends ToolexecError {
+  static readonly code: string = "";
+  readonly code: string;
+  readonly detail: string;
+  readonly status: number;
+  readonly requestId: string | null;
+  readonly title: string;
+  readonly retryAfter: number | null;
+  readonly problem: Record<string, unknown>;
+
+  constructor(init: ProblemInit) {
+    super(`${init.status} ${init.code}: ${init.detail}${init.requestId ? ` (request ${init.requestId})` : ""}`);
+    this.name = new.target.name;
+    this.code = init.code;
+    this.detail = init.detail;
+    this.status = init.status;
+    this.requestId = init.requestId ?? null;
+    this.title = init.title ?? "";
+    this.retryAfter = init.retryAfter ?? null;
+    this.problem = init.problem ?? {};
+  }
+}
+
+/** The request is malformed or refused as it is (400, 408, 413, 415, 422). */
+export class InvalidRequestError extends ApiError {}
+/** No valid API key, or a request from somewhere the service does not admit (401, 403). */
+export class AuthError extends ApiError {}
+/** No such session, invocation, tool or endpoint for this tenant (404, 405). */
+export class NotFoundError extends ApiError {}
+/** The state forbids it (409). Never retried. */
+export class ConflictError extends ApiError {}
+/** The service cannot serve it now (429, 500, 503); `retryAfter` says when to try again. */
+export class UnavailableError extends ApiError {}
+
+/** `malformed_json` (400): Malformed JSON. */
+export class MalformedJson extends InvalidRequestError {
+  static override readonly code = "malformed_json";
+}
+
+/** `invalid_query` (400): Invalid query parameter. */
+export class InvalidQuery extends InvalidRequestError {
+  static override readonly code = "invalid_query";
+}
+
+/** `unreadable_body` (400): Unreadable body. */
+export class UnreadableBody extends InvalidRequestError {
+  static override readonly code = "unreadable_body";
+}
+
+/** `unauthorized` (401): Unauthorized. */
+export class Unauthorized extends AuthError {
+  static override readonly code = "unauthorized";
+}
+
+/** `forbidden` (403): Forbidden. */
+export class Forbidden extends AuthError {
+  static override readonly code = "forbidden";
+}
+
+/** `not_found` (404): Not found. */
+export class NotFound extends NotFoundError {
+  static override readonly code = "not_found";
+}
+
+/** `no_route` (404): No such endpoint. */
+export class NoRoute extends NotFoundError {
+  static override readonly code = "no_route";
+}
+
+/** `method_not_allowed` (405): Method not allowed. */
+export class MethodNotAllowed extends NotFoundError {
+  static override readonly code = "method_not_allowed";
+}
+
+/** `request_timeout` (408): Request timeout. */
+export class RequestTimeout extends InvalidRequestError {
+  static override readonly code = "request_timeout";
+}
+
+/** `call_id_reused` (409): Call id reused. */
+export class CallIdReused extends ConflictError {
+  static override readonly code = "call_id_reused";
+}
+
+/** `session_closed` (409): Session closed. */
+export class SessionClosed extends ConflictError {
+  static override readonly code = "session_closed";
+}
+
+/** `not_running_here` (409): Not running on this node. */
+export class NotRunningHere extends ConflictError {
+  static override readonly code = "not_running_here";
+}
+
+/** `unrestorable` (409): Not restorable from the log. */
+export class Unrestorable extends ConflictError {
+  static override readonly code = "unrestorable";
+}
+
+/** `content_not_recorded` (409): Content not recorded. */
+export class ContentNotRecorded extends ConflictError {
+  static override readonly code = "content_not_recorded";
+}
+
+/** `state_too_large` (409): State too large to rebuild. */
+export class StateTooLarge extends ConflictError {
+  static override readonly code = "state_too_large";
+}
+
+/** `replay_running` (409): A replay is running in this session. */
+export class ReplayRunning extends ConflictError {
+  static override readonly code = "replay_running";
+}
+
+/** `already_decided` (409): Already decided. */
+export class AlreadyDecided extends ConflictError {
+  static override readonly code = "already_decided";
+}
+
+/** `too_many_open_sessions` (409): Too many open sessions. */
+export class TooManyOpenSessions extends ConflictError {
+  static override readonly code = "too_many_open_sessions";
+}
+
+/** `archive_not_applied` (409): Archive not applied. */
+export class ArchiveNotApplied extends ConflictError {
+  static override readonly code = "archive_not_applied";
+}
+
+/** `archive_too_large` (413): Archive too large. */
+export class ArchiveTooLarge extends InvalidRequestError {
+  static override readonly code = "archive_too_large";
+}
+
+/** `body_too_large` (413): Body too large. */
+export class BodyTooLarge extends InvalidRequestError {
+  static override readonly code = "body_too_large";
+}
+
+/** `unsupported_media_type` (415): Unsupported media type. */
+export class UnsupportedMediaType extends InvalidRequestError {
+  static override readonly code = "unsupported_media_type";
+}
+
+/** `invalid_request` (422): Invalid request. */
+export class InvalidRequest extends InvalidRequestError {
+  static override readonly code = "invalid_request";
+}
+
+/** `empty_batch` (422): Empty batch. */
+export class EmptyBatch extends InvalidRequestError {
+  static override readonly code = "empty_batch";
+}
+
+/** `batch_too_large` (422): Batch too large. */
+export class BatchTooLarge extends InvalidRequestError {
+  static override readonly code = "batch_too_large";
+}
+
+/** `invalid_call_id` (422): Invalid call id. */
+export class InvalidCallId extends InvalidRequestError {
+  static override readonly code = "invalid_call_id";
+}
+
+/** `invalid_tool_name` (422): Invalid tool name. */
+export class InvalidToolName extends InvalidRequestError {
+  static override readonly code = "invalid_tool_name";
+}
+
+/** `invalid_metadata` (422): Invalid metadata. */
+export class InvalidMetadata extends InvalidRequestError {
+  static override readonly code = "invalid_metadata";
+}
+
+/** `invalid_env` (422): Invalid environment. */
+export class InvalidEnv extends InvalidRequestError {
+  static override readonly code = "invalid_env";
+}
+
+/** `unknown_tool` (422): Unknown tool. */
+export class UnknownTool extends InvalidRequestError {
+  static override readonly code = "unknown_tool";
+}
+
+/** `policy_above_ceiling` (422): Policy above the operator's ceiling. */
+export class PolicyAboveCeiling extends InvalidRequestError {
+  static override readonly code = "policy_above_ceiling";
+}
+
+/** `seq_out_of_range` (422): Seq out of range. */
+export class SeqOutOfRange extends InvalidRequestError {
+  static override readonly code = "seq_out_of_range";
+}
+
+/** `policy_not_tighter` (422): Policy not tighter. */
+export class PolicyNotTighter extends InvalidRequestError {
+  static override readonly code = "policy_not_tighter";
+}
+
+/** `too_many_files` (422): Too many seed files. */
+export class TooManyFiles extends InvalidRequestError {
+  static override readonly code = "too_many_files";
+}
+
+/** `invalid_seed_file` (422): Invalid seed file. */
+export class InvalidSeedFile extends InvalidRequestError {
+  static override readonly code = "invalid_seed_file";
+}
+
+/** `invalid_archive` (422): Invalid archive. */
+export class InvalidArchive extends InvalidRequestError {
+  static override readonly code = "invalid_archive";
+}
+
+/** `rate_limited` (429): Rate limited. */
+export class RateLimited extends UnavailableError {
+  static override readonly code = "rate_limited";
+}
+
+/** `too_many_auth_failures` (429): Too many failed authentications. */
+export class TooManyAuthFailures extends UnavailableError {
+  static override readonly code = "too_many_auth_failures";
+}
+
+/** `too_many_concurrent` (429): Too many at once. */
+export class TooManyConcurrent extends UnavailableError {
+  static override readonly code = "too_many_concurrent";
+}
+
+/** `internal` (500): Internal error. */
+export class Internal extends UnavailableError {
+  static override readonly code = "internal";
+}
+
+/** `unavailable` (503): Unavailable. */
+export class Unavailable extends UnavailableError {
+  static override readonly code = "unavailable";
+}
+
+/** `still_running` (503): Still running. */
+export class StillRunning extends UnavailableError {
+  static override readonly code = "still_running";
+}
+
+/** `overloaded` (503): Overloaded. */
+export class Overloaded extends UnavailableError {
+  static override readonly code = "overloaded";
+}
+
+/** Each problem code's class. */
+export const BY_CODE: Record<ProblemCode, typeof ApiError> = {
+  malformed_json: MalformedJson,
+  invalid_query: InvalidQuery,
+  unreadable_body: UnreadableBody,
+  unauthorized: Unauthorized,
+  forbidden: Forbidden,
+  not_found: NotFound,
+  no_route: NoRoute,
+  method_not_allowed: MethodNotAllowed,
+  request_timeout: RequestTimeout,
+  call_id_reused: CallIdReused,
+  session_closed: SessionClosed,
+  not_running_here: NotRunningHere,
+  unrestorable: Unrestorable,
+  content_not_recorded: ContentNotRecorded,
+  state_too_large: StateTooLarge,
+  replay_running: ReplayRunning,
+  already_decided: AlreadyDecided,
+  too_many_open_sessions: TooManyOpenSessions,
+  archive_not_applied: ArchiveNotApplied,
+  archive_too_large: ArchiveTooLarge,
+  body_too_large: BodyTooLarge,
+  unsupported_media_type: UnsupportedMediaType,
+  invalid_request: InvalidRequest,
+  empty_batch: EmptyBatch,
+  batch_too_large: BatchTooLarge,
+  invalid_call_id: InvalidCallId,
+  invalid_tool_name: InvalidToolName,
+  invalid_metadata: InvalidMetadata,
+  invalid_env: InvalidEnv,
+  unknown_tool: UnknownTool,
+  policy_above_ceiling: PolicyAboveCeiling,
+  seq_out_of_range: SeqOutOfRange,
+  policy_not_tighter: PolicyNotTighter,
+  too_many_files: TooManyFiles,
+  invalid_seed_file: InvalidSeedFile,
+  invalid_archive: InvalidArchive,
+  rate_limited: RateLimited,
+  too_many_auth_failures: TooManyAuthFailures,
+  too_many_concurrent: TooManyConcurrent,
+  internal: Internal,
+  unavailable: Unavailable,
+  still_running: StillRunning,
+  overloaded: Overloaded,};
+
+const BY_STATUS: Record<number, typeof ApiError> = {
+  401: AuthError,
+  403: AuthError,
+  404: NotFoundError,
+  405: NotFoundError,
+  409: ConflictError,
+  429: UnavailableError,
+};
+
+/** The error for a problem answer (or any other non-2xx answer). */
+export function fromProblem(status: number, body: unknown, requestId: string | null, retryAfter: number | null): ApiError {
+  const problem = (body && typeof body === "object" ? body : {}) as Record<string, unknown>;
+  const code = typeof problem.code === "string" ? problem.code : "";
+  const cls =
+    (BY_CODE as Record<string, typeof ApiError>)[code] ??
+    BY_STATUS[status] ??
+    (status >= 500 ? UnavailableError : InvalidRequestError);
+  const detail = typeof problem.detail === "string" ? problem.detail : typeof body === "string" ? body : "";
+  return new cls({
+    code: code || `http_${status}`,
+    detail,
+    status,
+    requestId,
+    title: typeof problem.title === "string" ? problem.title : "",
+    retryAfter,
+    problem,
+  });
+}

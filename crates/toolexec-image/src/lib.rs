@@ -20,10 +20,12 @@ use std::sync::{Arc, Mutex};
 use rustix::fs::{Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
+mod config;
 pub mod reference;
 mod registry;
 mod unpack;
 
+pub use config::{EnvironmentsConfig, NamedImage};
 pub use reference::Reference;
 use registry::Registry;
 

@@ -8,7 +8,7 @@
 //!   at all.
 //! - `tmp/` — downloads and unpackings under way, removed when they end and at start-up.
 //!
-//! What is not built yet: registry credentials and anonymous bearer tokens, zstd layers (refused
+//! What is not built yet: registry credentials (anonymous bearer tokens work), zstd layers (refused
 //! with a clear error), the egress classification of the registry (the caller's client decides
 //! what may be dialled), a bound on the cache and its eviction, and running sessions in an image.
 use std::collections::HashMap;

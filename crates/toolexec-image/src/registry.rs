@@ -8,7 +8,9 @@
 //! cores our builders share, for three GET requests. What matters for safety here — bounding
 //! every body before it is read, hashing the blob as it is streamed to disk, and refusing it
 //! past its declared size — is what we need our own control of anyway. Anonymous bearer
-//! tokens and per-registry credentials are not built yet.
+//! tokens are supported; per-registry credentials are not built yet.
+use std::collections::HashMap;
+
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -24,11 +26,15 @@ pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.
 /// Largest manifest or index (containerd's limit).
 pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 
-/// A registry reached with one client.
-#[derive(Debug, Clone)]
+/// Largest token response.
+const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+
+/// A registry reached with one client, and the anonymous bearer token it gave this pull.
+#[derive(Debug)]
 pub(crate) struct Registry {
     pub client: reqwest::Client,
     pub base: String,
+    token: std::sync::Mutex<Option<String>>,
 }
 
 impl Registry {
@@ -42,7 +48,90 @@ impl Registry {
         Self {
             client,
             base: format!("{scheme}://{host}"),
+            token: std::sync::Mutex::new(None),
         }
+    }
+
+    /// GETs `url` with `accept`, with the pull's bearer token; on a 401 that asks for one
+    /// (`WWW-Authenticate: Bearer realm=…`), gets an anonymous token from the realm and tries
+    /// once more. (Credentials are not supported yet: what a registry refuses anonymously is
+    /// `unauthorized`.)
+    async fn get(&self, url: &str, accept: Option<&str>) -> Result<reqwest::Response, ImageError> {
+        let mut retried = false;
+        loop {
+            let mut req = self.client.get(url);
+            if let Some(accept) = accept {
+                req = req.header(reqwest::header::ACCEPT, accept);
+            }
+            let token = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
+            }
+            let resp = req.send().await.map_err(|e| self.send_error(e))?;
+            if resp.status() != reqwest::StatusCode::UNAUTHORIZED || retried {
+                return Ok(resp);
+            }
+            let Some(challenge) = resp
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(bearer_challenge)
+            else {
+                return Ok(resp);
+            };
+            let token = self.anonymous_token(&challenge).await?;
+            *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+            retried = true;
+        }
+    }
+
+    async fn anonymous_token(
+        &self,
+        challenge: &HashMap<String, String>,
+    ) -> Result<String, ImageError> {
+        let realm = challenge.get("realm").ok_or_else(|| {
+            ImageError::Unauthorized(format!("{} asks for a token but names no realm", self.base))
+        })?;
+        let mut url = reqwest::Url::parse(realm).map_err(|e| {
+            ImageError::Unauthorized(format!("{}: token realm '{realm}': {e}", self.base))
+        })?;
+        if !matches!(url.scheme(), "https" | "http") {
+            return Err(ImageError::Unauthorized(format!(
+                "{}: token realm '{realm}' is not HTTP(S)",
+                self.base
+            )));
+        }
+        for key in ["service", "scope"] {
+            if let Some(v) = challenge.get(key) {
+                url.query_pairs_mut().append_pair(key, v);
+            }
+        }
+        let what = format!("a token from {}", url.origin().ascii_serialization());
+        let resp = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| ImageError::Unreachable(format!("{what}: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ImageError::Unauthorized(format!(
+                "{} refused {what} ({}); registry credentials are not supported yet",
+                self.base,
+                resp.status()
+            )));
+        }
+        let body = read_capped(resp, MAX_TOKEN_BYTES, &what).await?;
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let t: Token = serde_json::from_slice(&body)
+            .map_err(|e| ImageError::Unauthorized(format!("{what}: not a token response: {e}")))?;
+        t.token
+            .or(t.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ImageError::Unauthorized(format!("{what}: the response has no token")))
     }
 
     fn status_error(&self, what: &str, status: reqwest::StatusCode) -> ImageError {
@@ -69,16 +158,8 @@ impl Registry {
     ) -> Result<(Vec<u8>, String, String), ImageError> {
         let url = format!("{}/v2/{repository}/manifests/{reference}", self.base);
         let what = format!("manifest {repository}:{reference}");
-        let resp = self
-            .client
-            .get(&url)
-            .header(
-                reqwest::header::ACCEPT,
-                format!("{OCI_INDEX}, {OCI_MANIFEST}, {DOCKER_LIST}, {DOCKER_MANIFEST}"),
-            )
-            .send()
-            .await
-            .map_err(|e| self.send_error(e))?;
+        let accept = format!("{OCI_INDEX}, {OCI_MANIFEST}, {DOCKER_LIST}, {DOCKER_MANIFEST}");
+        let resp = self.get(&url, Some(&accept)).await?;
         if !resp.status().is_success() {
             return Err(self.status_error(&what, resp.status()));
         }
@@ -129,12 +210,7 @@ impl Registry {
         digest: &str,
     ) -> Result<reqwest::Response, ImageError> {
         let url = format!("{}/v2/{repository}/blobs/{digest}", self.base);
-        let resp = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| self.send_error(e))?;
+        let resp = self.get(&url, None).await?;
         if !resp.status().is_success() {
             return Err(self.status_error(&format!("blob {digest}"), resp.status()));
         }
@@ -193,6 +269,31 @@ impl Registry {
     }
 }
 
+/// The parameters of a `Bearer` challenge (`realm`, `service`, `scope`), values unquoted.
+fn bearer_challenge(header: &str) -> Option<HashMap<String, String>> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut out = HashMap::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim().to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+            let end = quoted.find('"')?;
+            (&quoted[..end], &quoted[end + 1..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        out.insert(key, value.to_string());
+        rest = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(out)
+}
+
 /// A response body, refused past `cap` bytes (before it is all read).
 async fn read_capped(
     mut resp: reqwest::Response,
@@ -218,4 +319,21 @@ async fn read_capped(
         out.extend_from_slice(&chunk);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_challenges_are_read_as_registries_send_them() {
+        let c = bearer_challenge(
+            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/python:pull""#,
+        )
+        .unwrap();
+        assert_eq!(c["realm"], "https://auth.docker.io/token");
+        assert_eq!(c["service"], "registry.docker.io");
+        assert_eq!(c["scope"], "repository:library/python:pull");
+        assert!(bearer_challenge(r#"Basic realm="x""#).is_none());
+    }
 }

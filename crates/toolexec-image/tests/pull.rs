@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Response, StatusCode, Uri};
+use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use sha2::{Digest, Sha256};
 use toolexec_image::{ImageError, ImageStore, Limits};
 
@@ -31,6 +31,11 @@ struct State {
     blobs: HashMap<String, Vec<u8>>,
     blob_gets: HashMap<String, usize>,
     blob_delay: Duration,
+    /// When set, every `/v2/` request needs `Authorization: Bearer <it>`, got from `/token`.
+    token: Option<String>,
+    /// The query strings `/token` was asked with.
+    token_queries: Vec<String>,
+    host: String,
 }
 
 #[derive(Clone)]
@@ -39,8 +44,31 @@ struct Registry {
     host: String,
 }
 
-async fn serve(state: Arc<Mutex<State>>, uri: Uri) -> Response<Body> {
+async fn serve(state: Arc<Mutex<State>>, uri: Uri, headers: HeaderMap) -> Response<Body> {
     let path = uri.path().to_string();
+    {
+        let mut s = state.lock().unwrap();
+        if let Some(token) = s.token.clone() {
+            if path == "/token" {
+                s.token_queries.push(uri.query().unwrap_or("").to_string());
+                return Response::new(Body::from(format!(r#"{{"token":"{token}"}}"#)));
+            }
+            let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+            if sent != Some(format!("Bearer {token}").as_str()) {
+                let realm = format!("http://{}/token", s.host);
+                return Response::builder()
+                    .status(StatusCode::UNAUTHORIZED)
+                    .header(
+                        "www-authenticate",
+                        format!(
+                            r#"Bearer realm="{realm}",service="test-registry",scope="repository:tok/x:pull""#
+                        ),
+                    )
+                    .body(Body::empty())
+                    .unwrap();
+            }
+        }
+    }
     let not_found = || {
         Response::builder()
             .status(StatusCode::NOT_FOUND)
@@ -92,8 +120,10 @@ impl Registry {
         let state = Arc::new(Mutex::new(State::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let host = listener.local_addr().unwrap().to_string();
+        state.lock().unwrap().host = host.clone();
         let s = state.clone();
-        let app = axum::Router::new().fallback(move |uri: Uri| serve(s.clone(), uri));
+        let app = axum::Router::new()
+            .fallback(move |uri: Uri, headers: HeaderMap| serve(s.clone(), uri, headers));
         tokio::spawn(async move { axum::serve(listener, app).await });
         Self { state, host }
     }
@@ -683,4 +713,21 @@ async fn concurrent_pulls_of_one_digest_download_it_once() {
         assert_eq!(reg.gets(d), 1, "{d}");
     }
     assert_eq!(store.list().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_registry_that_asks_for_an_anonymous_bearer_token_gets_one() {
+    let reg = Registry::start().await;
+    let digest = reg.push("tok/x", "t", &[Tar::new().file("a", "a").done()]);
+    reg.state.lock().unwrap().token = Some("t0k3n".into());
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let image = store.pull(&reg.reference("tok/x", "t")).await.unwrap();
+    assert_eq!(image.digest, digest);
+    let queries = reg.state.lock().unwrap().token_queries.clone();
+    // One token for the whole pull (manifest, config, layer).
+    assert_eq!(
+        queries,
+        ["service=test-registry&scope=repository%3Atok%2Fx%3Apull"]
+    );
 }

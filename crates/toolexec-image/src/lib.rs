@@ -8,9 +8,9 @@
 //!   at all.
 //! - `tmp/` — downloads and unpackings under way, removed when they end and at start-up.
 //!
-//! What is not built yet: registry credentials (anonymous bearer tokens work), zstd layers (refused
-//! with a clear error), the egress classification of the registry (the caller's client decides
-//! what may be dialled), a bound on the cache and its eviction, and running sessions in an image.
+//! What is not built yet: registry credentials (anonymous bearer tokens work), the egress
+//! classification of the registry (the caller's client decides what may be dialled), a bound on
+//! the cache and its eviction, and running sessions in an image.
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::os::fd::OwnedFd;
@@ -419,6 +419,9 @@ impl ImageStore {
                     Compression::Gzip => {
                         unpack::apply_layer(&root, flate2::read::GzDecoder::new(reader), &mut b)
                     }
+                    Compression::Zstd => {
+                        unpack::apply_layer(&root, ZstdFrames::new(reader), &mut b)
+                    }
                     Compression::None => unpack::apply_layer(&root, reader, &mut b),
                 }?;
                 Ok::<_, ImageError>((stats, b))
@@ -437,6 +440,73 @@ impl ImageStore {
 enum Compression {
     None,
     Gzip,
+    Zstd,
+}
+
+/// A zstd stream of one or more frames (skippable frames skipped, as `zstd:chunked` layers
+/// have), decoded as it is read. Each frame's window is at most ruzstd's 128 MiB default: a
+/// frame asking for more is refused, which bounds the memory one layer's decoding takes.
+struct ZstdFrames<R: io::BufRead> {
+    source: R,
+    decoder: ruzstd::decoding::FrameDecoder,
+    in_frame: bool,
+}
+
+impl<R: io::BufRead> ZstdFrames<R> {
+    fn new(source: R) -> Self {
+        Self {
+            source,
+            decoder: ruzstd::decoding::FrameDecoder::new(),
+            in_frame: false,
+        }
+    }
+}
+
+impl<R: io::BufRead> io::Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if !self.in_frame {
+                if self.source.fill_buf()?.is_empty() {
+                    return Ok(0);
+                }
+                match self.decoder.reset(&mut self.source) {
+                    Ok(()) => self.in_frame = true,
+                    Err(FrameDecoderError::ReadFrameHeaderError(
+                        ReadFrameHeaderError::SkipFrame { length, .. },
+                    )) => {
+                        let skipped = io::copy(
+                            &mut (&mut self.source).take(u64::from(length)),
+                            &mut io::sink(),
+                        )?;
+                        if skipped != u64::from(length) {
+                            return Err(io::Error::other("a zstd skippable frame is cut short"));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(io::Error::other(format!("zstd: {e}"))),
+                }
+            }
+            let d = &mut self.decoder;
+            while d.can_collect() == 0 && !d.is_finished() {
+                d.decode_blocks(
+                    &mut self.source,
+                    ruzstd::decoding::BlockDecodingStrategy::UptoBlocks(1),
+                )
+                .map_err(|e| io::Error::other(format!("zstd: {e}")))?;
+            }
+            let n = d.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if d.is_finished() && d.can_collect() == 0 {
+                self.in_frame = false;
+            }
+        }
+    }
 }
 
 fn compression(media_type: &str) -> Result<Compression, String> {
@@ -445,9 +515,7 @@ fn compression(media_type: &str) -> Result<Compression, String> {
         | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Compression::None),
         "application/vnd.oci.image.layer.v1.tar+gzip"
         | "application/vnd.docker.image.rootfs.diff.tar.gzip" => Ok(Compression::Gzip),
-        "application/vnd.oci.image.layer.v1.tar+zstd" => {
-            Err("zstd layers are not supported yet (rebuild the image with gzip layers)".into())
-        }
+        "application/vnd.oci.image.layer.v1.tar+zstd" => Ok(Compression::Zstd),
         other => Err(format!("a layer of media type '{other}' is not supported")),
     }
 }

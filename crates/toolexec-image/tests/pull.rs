@@ -153,6 +153,21 @@ impl Registry {
     }
 
     fn push_for(&self, repo: &str, tag: &str, layers: &[Vec<u8>], arch: &str) -> String {
+        let layers: Vec<(String, Vec<u8>)> = layers
+            .iter()
+            .map(|tar| (GZIP_LAYER.to_string(), gzip(tar)))
+            .collect();
+        self.push_blobs(repo, tag, &layers, arch)
+    }
+
+    /// Pushes an image of layers given as (media type, blob).
+    fn push_blobs(
+        &self,
+        repo: &str,
+        tag: &str,
+        layers: &[(String, Vec<u8>)],
+        arch: &str,
+    ) -> String {
         let config = serde_json::to_vec(&serde_json::json!({
             "architecture": arch, "os": "linux",
             "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/srv"},
@@ -163,11 +178,10 @@ impl Registry {
         let config_digest = self.blob(config);
         let layers: Vec<serde_json::Value> = layers
             .iter()
-            .map(|tar| {
-                let gz = gzip(tar);
-                let size = gz.len();
-                let d = self.blob(gz);
-                serde_json::json!({"mediaType": GZIP_LAYER, "digest": d, "size": size})
+            .map(|(media_type, blob)| {
+                let size = blob.len();
+                let d = self.blob(blob.clone());
+                serde_json::json!({"mediaType": media_type, "digest": d, "size": size})
             })
             .collect();
         let manifest = serde_json::to_vec(&serde_json::json!({
@@ -730,4 +744,54 @@ async fn a_registry_that_asks_for_an_anonymous_bearer_token_gets_one() {
         queries,
         ["service=test-registry&scope=repository%3Atok%2Fx%3Apull"]
     );
+}
+
+const ZSTD_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+
+fn zstd(bytes: &[u8]) -> Vec<u8> {
+    ruzstd::encoding::compress_to_vec(bytes, ruzstd::encoding::CompressionLevel::Fastest)
+}
+
+#[tokio::test]
+async fn zstd_layers_of_several_frames_and_skippable_frames_are_applied() {
+    let reg = Registry::start().await;
+    // One tar stream split across two frames, with a skippable frame between them (as
+    // zstd:chunked layers are made), then a plain one-frame zstd layer over it.
+    let tar = Tar::new().file("a", "from zstd").file("b", "second").done();
+    let (head, tail) = tar.split_at(1024);
+    let mut multi = zstd(head);
+    multi.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+    multi.extend_from_slice(&5u32.to_le_bytes());
+    multi.extend_from_slice(b"skip!");
+    multi.extend_from_slice(&zstd(tail));
+    let over = zstd(&Tar::new().file("b", "replaced").file(".wh.a", "").done());
+    let layers = [
+        (ZSTD_LAYER.to_string(), multi),
+        (ZSTD_LAYER.to_string(), over),
+    ];
+    let digest = reg.push_blobs("z/x", "t", &layers, "amd64");
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let image = store.pull(&reg.reference("z/x", "t")).await.unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(walk(&image.rootfs), ["b"]);
+    assert_eq!(read(&image.rootfs.join("b")), "replaced");
+}
+
+#[tokio::test]
+async fn a_zstd_frame_asking_for_a_huge_window_is_refused() {
+    let h = Hostile::new().await;
+    // Frame magic, no flags, a window of 2^30 bytes, one empty last raw block.
+    let mut frame = 0xFD2F_B528u32.to_le_bytes().to_vec();
+    frame.extend_from_slice(&[0x00, 20 << 3, 0x01, 0x00, 0x00]);
+    let layers = [(ZSTD_LAYER.to_string(), frame)];
+    h.reg.push_blobs("hostile/x", "t", &layers, "amd64");
+    let err = h
+        .store(Limits::default())
+        .pull(&h.reg.reference("hostile/x", "t"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::InvalidLayer(_)), "{err}");
+    assert!(err.to_string().to_lowercase().contains("window"), "{err}");
+    h.check_outside();
 }

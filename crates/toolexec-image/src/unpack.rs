@@ -23,7 +23,7 @@
 //!   read only when at most 64 KiB. Names and link targets are within `NAME_MAX`/`PATH_MAX`.
 //! - **Whiteouts** (`.wh.name`) remove `name` beneath the resolved parent; an opaque marker
 //!   (`.wh..wh..opq`) removes what the directory held from lower layers (what this layer wrote
-//!   there is kept, whichever comes first in the stream).
+//!   there, by the directory's inode and the name, is kept, whichever comes first in the stream).
 //!
 //! The tar handling (raw headers, bounded extension records) follows
 //! `toolexec-engine`'s archive reader; its path rules differ (a workspace upload refuses what
@@ -260,8 +260,9 @@ pub(crate) fn apply_layer(
         .raw(true);
     let mut stats = LayerStats::default();
     let mut pending = Pending::default();
-    // Paths this layer made, for opaque directories found later in it.
-    let mut written: HashSet<Vec<u8>> = HashSet::new();
+    // What this layer made, as (inode of the directory it is in, name): an opaque marker keeps
+    // these, wherever links led the names (containerd compares resolved paths likewise).
+    let mut written: HashSet<(u64, Vec<u8>)> = HashSet::new();
     let mut written_bytes = 0usize;
     let mut opaque: Vec<Vec<Vec<u8>>> = Vec::new();
     let mut n = 0u64;
@@ -477,14 +478,16 @@ pub(crate) fn apply_layer(
             }
             other => return Err(at(&format!("an entry of type {other:?}"))),
         }
-        let path = parts.join(&b'/');
-        written_bytes += path.len();
+        written_bytes += name.len() + 16;
         if written_bytes > MAX_WRITTEN_NAME_BYTES {
             return Err(refused(format!(
                 "the layer's names add up to more than {MAX_WRITTEN_NAME_BYTES} bytes"
             )));
         }
-        written.insert(path);
+        let ino = rustix::fs::fstat(&dir)
+            .map_err(|e| at(&e.to_string()))?
+            .st_ino;
+        written.insert((ino, name.clone()));
     }
     // Opaque directories: what lower layers left there goes; what this layer wrote stays.
     for dir_parts in opaque {
@@ -504,16 +507,11 @@ pub(crate) fn apply_layer(
             Err(Errno::NOENT | Errno::NOTDIR) => continue,
             Err(e) => return Err(io_err("opaque directory", e)),
         };
-        let prefix = dir_parts.join(&b'/');
-        empty_dir(&dir, |child| {
-            let mut p = prefix.clone();
-            if !p.is_empty() {
-                p.push(b'/');
-            }
-            p.extend_from_slice(child);
-            !written.contains(&p)
-        })
-        .map_err(|e| io_err("opaque directory", e))?;
+        let ino = rustix::fs::fstat(&dir)
+            .map_err(|e| io_err("opaque directory", e))?
+            .st_ino;
+        empty_dir(&dir, |child| !written.contains(&(ino, child.to_vec())))
+            .map_err(|e| io_err("opaque directory", e))?;
     }
     if pending.long_name.is_some() || pending.long_link.is_some() || pending.pax.is_some() {
         return Err(refused("extension headers with no entry after them".into()));

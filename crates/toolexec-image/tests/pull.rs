@@ -795,3 +795,96 @@ async fn a_zstd_frame_asking_for_a_huge_window_is_refused() {
     assert!(err.to_string().to_lowercase().contains("window"), "{err}");
     h.check_outside();
 }
+
+#[tokio::test]
+async fn whiteouts_and_opaque_markers_beneath_links_aimed_outside_stay_inside() {
+    let h = Hostile::new().await;
+    let outside = h.tmp.path().display().to_string();
+    let l1 = Tar::new()
+        .symlink("abs", &outside)
+        .symlink("up", "../../../../../../../../..")
+        .done();
+    let l2 = Tar::new()
+        .file("abs/.wh.canary", "")
+        .file(&format!("up{outside}/.wh.canary"), "")
+        .file("abs/.wh..wh..opq", "")
+        .file(&format!("up{outside}/.wh..wh..opq"), "")
+        .file("up/.wh..wh..opq", "")
+        .file("kept", "k")
+        .done();
+    let image = h.pull(&[l1, l2], Limits::default()).await.unwrap();
+    // `up/` is the image's root: opaque there, what the layer below left goes, `kept` stays.
+    assert_eq!(walk(&image.rootfs), ["kept"]);
+    h.check_outside();
+}
+
+#[tokio::test]
+async fn a_file_over_a_hard_link_does_not_write_into_the_linked_file() {
+    let h = Hostile::new().await;
+    let l1 = Tar::new()
+        .file("etc/shadow", "original")
+        .hardlink("h", "etc/shadow")
+        .done();
+    let l2 = Tar::new().file("h", "rewritten").done();
+    let image = h.pull(&[l1, l2], Limits::default()).await.unwrap();
+    assert_eq!(read(&image.rootfs.join("etc/shadow")), "original");
+    assert_eq!(read(&image.rootfs.join("h")), "rewritten");
+    h.check_outside();
+}
+
+#[tokio::test]
+async fn extension_headers_are_bounded_and_their_names_resolved_inside() {
+    let h = Hostile::new().await;
+    // A GNU long name declaring 10 MiB: refused at its header.
+    let mut t = Tar::new();
+    t.raw(
+        tar::EntryType::GNULongName,
+        "././@LongLink",
+        "",
+        0o644,
+        b"x",
+        10 << 20,
+    );
+    let err = h.pull(&[t.done()], Limits::default()).await.unwrap_err();
+    assert!(matches!(err, ImageError::InvalidLayer(_)), "{err}");
+    assert!(err.to_string().contains("extension header"), "{err}");
+    // A pax path climbing out: cleaned inside the root.
+    let record = b"path=../../../../../../pax-escape\n";
+    let pax = format!("{} {}", record.len() + 3, String::from_utf8_lossy(record));
+    assert_eq!(pax.len(), record.len() + 3);
+    let mut t = Tar::new();
+    t.raw(
+        tar::EntryType::XHeader,
+        "pax",
+        "",
+        0o644,
+        pax.as_bytes(),
+        pax.len() as u64,
+    );
+    t.raw(tar::EntryType::Regular, "short", "", 0o644, b"p", 1);
+    let image = h.pull(&[t.done()], Limits::default()).await.unwrap();
+    assert_eq!(read(&image.rootfs.join("pax-escape")), "p");
+    assert!(!h.tmp.path().join("pax-escape").exists());
+    h.check_outside();
+}
+
+#[tokio::test]
+async fn an_opaque_directory_keeps_what_its_layer_wrote_through_a_link() {
+    let reg = Registry::start().await;
+    let l1 = Tar::new()
+        .file("usr/bin/old", "o")
+        .symlink("bin", "usr/bin")
+        .done();
+    let l2 = Tar::new()
+        .file("bin/new", "n")
+        .file("usr/bin/.wh..wh..opq", "")
+        .done();
+    reg.push("o/x", "t", &[l1, l2]);
+    let tmp = tempfile::tempdir().unwrap();
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&reg.reference("o/x", "t"))
+        .await
+        .unwrap();
+    assert_eq!(walk(&image.rootfs.join("usr/bin")), ["new"]);
+}

@@ -183,6 +183,8 @@ pub struct Limits {
     pub max_image_bytes: u64,
     /// Tar entries one image's layers may hold in all: bounds its inodes and unpacking time.
     pub max_image_entries: u64,
+    /// Longest one image pull may take, download and unpacking, in milliseconds.
+    pub image_pull_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -217,6 +219,7 @@ impl Default for Limits {
             max_archive_files: 200_000,
             max_image_bytes: 8 * 1024 * 1024 * 1024,
             max_image_entries: 1_000_000,
+            image_pull_timeout_ms: 30 * 60 * 1000,
             max_archive_unpacked_bytes: 4 * 1024 * 1024 * 1024,
             max_archive_transfers_per_tenant: 4,
             // Twice the cores of a small node: uploads are CPU-bound while they inflate.

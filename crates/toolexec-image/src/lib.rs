@@ -64,6 +64,9 @@ pub struct Limits {
     pub max_image_bytes: u64,
     /// Tar headers across its layers (`limits.max_image_entries`): bounds inodes and time.
     pub max_image_entries: u64,
+    /// Longest one pull may take, from its first request to the image in place
+    /// (`limits.image_pull_timeout_ms`): a registry that trickles bytes cannot hold it forever.
+    pub pull_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -71,6 +74,7 @@ impl Default for Limits {
         Self {
             max_image_bytes: 8 * 1024 * 1024 * 1024,
             max_image_entries: 1_000_000,
+            pull_timeout: std::time::Duration::from_secs(30 * 60),
         }
     }
 }
@@ -257,6 +261,19 @@ impl ImageStore {
     /// Pulls `reference` (unless its manifest's digest is cached) and returns the image.
     /// Concurrent pulls that resolve to one digest share one download and unpacking.
     pub async fn pull(&self, reference: &str) -> Result<Image, ImageError> {
+        let timeout = self.inner.limits.pull_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        match tokio::time::timeout_at(deadline, self.pull_by(reference, deadline)).await {
+            Ok(result) => result,
+            Err(_) => Err(too_slow(reference, timeout)),
+        }
+    }
+
+    async fn pull_by(
+        &self,
+        reference: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Image, ImageError> {
         let r = reference::parse(reference)?;
         if r.is_digest()
             && let Some(image) = self.get(&r.reference)?
@@ -278,7 +295,7 @@ impl ImageStore {
             map.entry(digest.clone()).or_default().clone()
         };
         let result = cell
-            .get_or_init(|| self.fetch(&registry, &r, manifest, &digest))
+            .get_or_init(|| self.fetch(&registry, &r, manifest, &digest, deadline))
             .await
             .clone();
         {
@@ -301,6 +318,7 @@ impl ImageStore {
         r: &Reference,
         manifest: Manifest,
         digest: &str,
+        deadline: tokio::time::Instant,
     ) -> Result<Image, ImageError> {
         if let Some(image) = self.get(digest)? {
             return Ok(image);
@@ -345,34 +363,39 @@ impl ImageStore {
         }
         let work = self.inner.dir.join("tmp").join(unique());
         std::fs::create_dir(&work).map_err(|e| io(&work, e))?;
-        let result = self
-            .fetch_into(registry, r, &layers, &work, limits)
-            .await
-            .and_then(|(unpacked, skipped)| {
-                let run = parsed.config.unwrap_or_default();
-                let image = Image {
-                    reference: r.to_string(),
-                    digest: digest.to_string(),
-                    config_digest: config.digest.clone(),
-                    env: run.env.unwrap_or_default(),
-                    working_dir: run.working_dir.unwrap_or_default(),
-                    unpacked_bytes: unpacked,
-                    download_bytes: total,
-                    skipped_devices: skipped,
-                    rootfs: PathBuf::new(),
-                };
-                let meta = work.join("image.json");
-                let json = serde_json::to_vec_pretty(&image).map_err(|e| io(&meta, e))?;
-                std::fs::write(&meta, json).map_err(|e| io(&meta, e))?;
-                let dest = self.image_dir(digest)?;
-                match std::fs::rename(&work, &dest) {
-                    Ok(()) => {}
-                    // Another process finished it meanwhile.
-                    Err(_) if dest.join("image.json").exists() => {}
-                    Err(e) => return Err(io(&dest, e)),
-                }
-                Ok(())
-            });
+        // Within the deadline, or cut there (the unpacking checks it too, so that nothing goes
+        // on writing once the pull has given up); either way `work` is removed below.
+        let fetched = tokio::time::timeout_at(
+            deadline,
+            self.fetch_into(registry, r, &layers, &work, limits, deadline.into_std()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(too_slow(&r.to_string(), limits.pull_timeout)));
+        let result = fetched.and_then(|(unpacked, skipped)| {
+            let run = parsed.config.unwrap_or_default();
+            let image = Image {
+                reference: r.to_string(),
+                digest: digest.to_string(),
+                config_digest: config.digest.clone(),
+                env: run.env.unwrap_or_default(),
+                working_dir: run.working_dir.unwrap_or_default(),
+                unpacked_bytes: unpacked,
+                download_bytes: total,
+                skipped_devices: skipped,
+                rootfs: PathBuf::new(),
+            };
+            let meta = work.join("image.json");
+            let json = serde_json::to_vec_pretty(&image).map_err(|e| io(&meta, e))?;
+            std::fs::write(&meta, json).map_err(|e| io(&meta, e))?;
+            let dest = self.image_dir(digest)?;
+            match std::fs::rename(&work, &dest) {
+                Ok(()) => {}
+                // Another process finished it meanwhile.
+                Err(_) if dest.join("image.json").exists() => {}
+                Err(e) => return Err(io(&dest, e)),
+            }
+            Ok(())
+        });
         if work.exists() {
             let _ = remove_tree(&work);
         }
@@ -389,6 +412,7 @@ impl ImageStore {
         layers: &[Descriptor],
         work: &Path,
         limits: Limits,
+        deadline: std::time::Instant,
     ) -> Result<(u64, u64), ImageError> {
         let rootfs = work.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(|e| io(&rootfs, e))?;
@@ -397,6 +421,8 @@ impl ImageStore {
             entries_left: limits.max_image_entries,
             max_bytes: limits.max_image_bytes,
             max_entries: limits.max_image_entries,
+            deadline,
+            timeout: limits.pull_timeout,
         };
         let mut skipped = 0;
         for layer in layers {
@@ -518,6 +544,14 @@ fn compression(media_type: &str) -> Result<Compression, String> {
         "application/vnd.oci.image.layer.v1.tar+zstd" => Ok(Compression::Zstd),
         other => Err(format!("a layer of media type '{other}' is not supported")),
     }
+}
+
+fn too_slow(reference: &str, timeout: std::time::Duration) -> ImageError {
+    ImageError::Unreachable(format!(
+        "pulling {reference} took longer than {} ms (limits.image_pull_timeout_ms); nothing was \
+         kept",
+        timeout.as_millis()
+    ))
 }
 
 /// The manifest for this host's platform of what `r` names, and its digest.

@@ -53,6 +53,9 @@ pub(crate) struct Budget {
     pub entries_left: u64,
     pub max_bytes: u64,
     pub max_entries: u64,
+    /// When the pull gives up: checked at every entry.
+    pub deadline: std::time::Instant,
+    pub timeout: std::time::Duration,
 }
 
 /// What one layer held.
@@ -279,6 +282,12 @@ pub(crate) fn apply_layer(
         }
         budget.entries_left -= 1;
         stats.entries += 1;
+        if std::time::Instant::now() > budget.deadline {
+            return Err(ImageError::Unreachable(format!(
+                "unpacking took longer than the pull may, {} ms (limits.image_pull_timeout_ms)",
+                budget.timeout.as_millis()
+            )));
+        }
         let kind = entry.header().entry_type();
         let size = entry.size();
         // Counted before a byte of it is read or inflated: where a bomb stops.

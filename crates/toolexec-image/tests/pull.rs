@@ -888,3 +888,31 @@ async fn an_opaque_directory_keeps_what_its_layer_wrote_through_a_link() {
         .unwrap();
     assert_eq!(walk(&image.rootfs.join("usr/bin")), ["new"]);
 }
+
+#[tokio::test]
+async fn a_registry_that_is_too_slow_fails_the_pull_at_its_deadline() {
+    let h = Hostile::new().await;
+    h.reg
+        .push("hostile/x", "t", &[Tar::new().file("a", "a").done()]);
+    h.reg.state.lock().unwrap().blob_delay = Duration::from_secs(30);
+    let limits = Limits {
+        pull_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let started = Instant::now();
+    let err = h
+        .store(limits)
+        .pull(&h.reg.reference("hostile/x", "t"))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string().contains("limits.image_pull_timeout_ms"),
+        "{err}"
+    );
+    h.check_outside();
+}

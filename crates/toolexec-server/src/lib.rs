@@ -327,6 +327,7 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
     let limits = toolexec_image::Limits {
         max_image_bytes: config.limits.max_image_bytes,
         max_image_entries: config.limits.max_image_entries,
+        pull_timeout: std::time::Duration::from_millis(config.limits.image_pull_timeout_ms),
     };
     toolexec_image::ImageStore::open(
         &config.data_dir,

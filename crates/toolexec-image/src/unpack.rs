@@ -145,6 +145,41 @@ fn ensure_dir(root: &OwnedFd, parts: &[Vec<u8>]) -> Result<OwnedFd, ImageError> 
     'restart: loop {
         let mut cur = open_in_root(root, &[]).map_err(|e| dir_error(&[], e))?;
         for i in 0..comps.len() {
+            let comp = comps[i].clone();
+            // `..` climbs as the kernel does inside the root (never above it).
+            if comp == b".." {
+                cur = open_in_root(root, &comps[..=i]).map_err(|e| dir_error(&comps[..=i], e))?;
+                continue;
+            }
+            // A real directory is walked from the last one (linear in the depth); only a link
+            // is resolved from the root.
+            match rustix::fs::openat(
+                &cur,
+                comp.as_slice(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => {
+                    cur = fd;
+                    continue;
+                }
+                Err(Errno::NOENT) => {
+                    match rustix::fs::mkdirat(&cur, comp.as_slice(), Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(dir_error(&comps[..=i], e)),
+                    }
+                    cur = rustix::fs::openat(
+                        &cur,
+                        comp.as_slice(),
+                        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| dir_error(&comps[..=i], e))?;
+                    continue;
+                }
+                Err(Errno::NOTDIR | Errno::LOOP) => {}
+                Err(e) => return Err(dir_error(&comps[..=i], e)),
+            }
             match open_in_root(root, &comps[..=i]) {
                 Ok(fd) => {
                     cur = fd;
@@ -153,7 +188,7 @@ fn ensure_dir(root: &OwnedFd, parts: &[Vec<u8>]) -> Result<OwnedFd, ImageError> 
                 Err(Errno::NOENT) => {}
                 Err(e) => return Err(dir_error(&comps[..=i], e)),
             }
-            let comp = comps[i].clone();
+            // A dangling link: followed by hand, its target made inside the root.
             match rustix::fs::statat(&cur, comp.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink() => {
                     hops += 1;
@@ -182,14 +217,6 @@ fn ensure_dir(root: &OwnedFd, parts: &[Vec<u8>]) -> Result<OwnedFd, ImageError> 
                     continue 'restart;
                 }
                 Ok(_) => return Err(dir_error(&comps[..=i], Errno::NOTDIR)),
-                Err(Errno::NOENT) => {
-                    match rustix::fs::mkdirat(&cur, comp.as_slice(), Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => return Err(dir_error(&comps[..=i], e)),
-                    }
-                    cur =
-                        open_in_root(root, &comps[..=i]).map_err(|e| dir_error(&comps[..=i], e))?;
-                }
                 Err(e) => return Err(dir_error(&comps[..=i], e)),
             }
         }
@@ -205,24 +232,87 @@ fn dir_error(parts: &[Vec<u8>], e: Errno) -> ImageError {
 }
 
 /// Removes `name` in `dir` whatever it is, a directory with everything in it, following no
-/// link.
+/// link. Iterative, holding one directory open at a time (it climbs back with `..`, in the
+/// cache's own directories, which nothing else renames): links let a layer build trees far
+/// deeper than `PATH_MAX`, which recursion would overflow the stack on and holding every level
+/// open would run out of descriptors on.
 pub(crate) fn remove_all(dir: &impl AsFd, name: &[u8]) -> Result<(), Errno> {
     match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => return Ok(()),
         Err(Errno::ISDIR | Errno::PERM) => {}
         Err(e) => return Err(e),
     }
-    let sub = rustix::fs::openat(
+    let mut cur = open_for_removal(dir, name)?;
+    // Each level down: the directory's name in its parent, and its subdirectories still to go.
+    let mut levels: Vec<(Vec<u8>, Vec<Vec<u8>>)> = vec![(name.to_vec(), clear_files(&cur)?)];
+    loop {
+        let Some((_, pending)) = levels.last_mut() else {
+            return Ok(());
+        };
+        if let Some(child) = pending.pop() {
+            match open_for_removal(&cur, &child) {
+                Ok(sub) => {
+                    cur = sub;
+                    let subdirs = clear_files(&cur)?;
+                    levels.push((child, subdirs));
+                }
+                Err(Errno::NOENT) => {}
+                // Not a directory after all (a link): removed as it is.
+                Err(Errno::NOTDIR | Errno::LOOP) => {
+                    rustix::fs::unlinkat(&cur, child.as_slice(), AtFlags::empty())?;
+                }
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        let Some((emptied, _)) = levels.pop() else {
+            return Ok(());
+        };
+        if levels.is_empty() {
+            drop(cur);
+            return rustix::fs::unlinkat(dir, emptied.as_slice(), AtFlags::REMOVEDIR);
+        }
+        cur = rustix::fs::openat(
+            &cur,
+            "..",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        rustix::fs::unlinkat(&cur, emptied.as_slice(), AtFlags::REMOVEDIR)?;
+    }
+}
+
+fn open_for_removal(dir: &impl AsFd, name: &[u8]) -> Result<OwnedFd, Errno> {
+    let fd = rustix::fs::openat(
         dir,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     // Make sure its entries can be removed.
-    let _ = rustix::fs::fchmod(&sub, Mode::from_raw_mode(0o700));
-    empty_dir(&sub, |_| true)?;
-    drop(sub);
-    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+    let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700));
+    Ok(fd)
+}
+
+/// Removes what is not a directory in `dir`; the names of its subdirectories.
+fn clear_files(dir: &OwnedFd) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    let mut subdirs = Vec::new();
+    for name in names {
+        match rustix::fs::unlinkat(dir, name.as_slice(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(Errno::ISDIR | Errno::PERM) => subdirs.push(name),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(subdirs)
 }
 
 /// Removes the entries of the open directory `dir` for which `keep_not` says true.

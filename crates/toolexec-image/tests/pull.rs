@@ -916,3 +916,50 @@ async fn a_registry_that_is_too_slow_fails_the_pull_at_its_deadline() {
     );
     h.check_outside();
 }
+
+#[tokio::test]
+async fn a_tree_made_deep_through_links_is_removed_without_exhausting_the_stack() {
+    // Each chain is 1,900 directories (a path within PATH_MAX); a link to the bottom of the last
+    // one starts the next, so the real tree is 15,200 levels deep, far deeper than a path can
+    // name. A whiteout of its top removes it all, as does removing the image.
+    let h = Hostile::new().await;
+    let chain = vec!["d"; 1900].join("/");
+    let mut b = tar::Builder::new(Vec::new());
+    let file = |b: &mut tar::Builder<Vec<u8>>, path: &str| {
+        let mut hd = tar::Header::new_gnu();
+        hd.set_entry_type(tar::EntryType::Regular);
+        hd.set_mode(0o644);
+        hd.set_size(1);
+        b.append_data(&mut hd, path, &b"x"[..]).unwrap();
+    };
+    file(&mut b, &format!("{chain}/f"));
+    let mut prev = String::new();
+    for i in 1..8 {
+        let link = format!("l{i}");
+        let target = if prev.is_empty() {
+            chain.clone()
+        } else {
+            format!("{prev}/{chain}")
+        };
+        let mut hd = tar::Header::new_gnu();
+        hd.set_entry_type(tar::EntryType::Symlink);
+        hd.set_mode(0o777);
+        hd.set_size(0);
+        b.append_link(&mut hd, &link, &target).unwrap();
+        file(&mut b, &format!("{link}/{chain}/f"));
+        prev = link;
+    }
+    let l1 = b.into_inner().unwrap();
+    let l2 = Tar::new().file(".wh.d", "").file("kept", "k").done();
+    let image = h
+        .pull(std::slice::from_ref(&l1), Limits::default())
+        .await
+        .unwrap();
+    let store = h.store(Limits::default());
+    assert!(store.remove(&image.digest).unwrap());
+    let image = h.pull(&[l1, l2], Limits::default()).await.unwrap();
+    let mut left = walk(&image.rootfs);
+    left.retain(|p| !p.starts_with('l'));
+    assert_eq!(left, ["kept"]);
+    h.check_outside();
+}

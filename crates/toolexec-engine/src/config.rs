@@ -177,6 +177,14 @@ pub struct Limits {
     pub max_streams_per_node: usize,
     /// Replays one tenant may run on this node at once (429 `too_many_concurrent`).
     pub max_replays_per_tenant: usize,
+    // --- environments (OCI images) ---
+    /// The most one image may be: its blobs as downloaded, and again its files unpacked
+    /// (sizes counted at each header, before the bytes are inflated).
+    pub max_image_bytes: u64,
+    /// Tar entries one image's layers may hold in all: bounds its inodes and unpacking time.
+    pub max_image_entries: u64,
+    /// Longest one image pull may take, download and unpacking, in milliseconds.
+    pub image_pull_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -209,6 +217,9 @@ impl Default for Limits {
             max_archive_bytes: 1024 * 1024 * 1024,
             // Twice the files of the Linux kernel's tree.
             max_archive_files: 200_000,
+            max_image_bytes: 8 * 1024 * 1024 * 1024,
+            max_image_entries: 1_000_000,
+            image_pull_timeout_ms: 30 * 60 * 1000,
             max_archive_unpacked_bytes: 4 * 1024 * 1024 * 1024,
             max_archive_transfers_per_tenant: 4,
             // Twice the cores of a small node: uploads are CPU-bound while they inflate.

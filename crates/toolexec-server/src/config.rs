@@ -85,6 +85,9 @@ pub struct Config {
     /// Where blobs live: the database (default) or S3-compatible object storage (see
     /// docs/operator.md, "Blobs in object storage").
     pub blobs: toolexec_store::objects::BlobsConfig,
+    /// OCI images sessions may run in (see docs/environments.md); pulled and managed with
+    /// `toolexec images`, not used by sessions yet.
+    pub environments: toolexec_image::EnvironmentsConfig,
 }
 
 impl Default for Config {
@@ -122,6 +125,7 @@ impl Default for Config {
             tools: toolexec_tools::custom::CustomToolsConfig::default(),
             telemetry: crate::telemetry::TelemetryConfig::default(),
             blobs: toolexec_store::objects::BlobsConfig::default(),
+            environments: toolexec_image::EnvironmentsConfig::default(),
         }
     }
 }
@@ -177,6 +181,7 @@ impl std::fmt::Debug for Config {
             .field("telemetry", &self.telemetry)
             .field("blobs", &self.blobs)
             .field("tools", &self.tools)
+            .field("environments", &self.environments)
             .finish()
     }
 }
@@ -825,8 +830,55 @@ mod tests {
             "blobs.s3_access_key_id" => ("AKIDEXAMPLE", json!("AKIDEXAMPLE")),
             "blobs.s3_secret_access_key" => ("s3-secret", json!("s3-secret")),
             "blobs.s3_session_token" => ("s3-token", json!("s3-token")),
+            "environments.default" => ("py312", json!("py312")),
             _ => return None,
         })
+    }
+
+    #[test]
+    fn environments_are_set_by_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("toolexec.toml");
+        std::fs::write(
+            &file,
+            "[[environments.images]]\nname = \"py312\"\nimage = \"registry.local:5000/py:3.12\"\n\n\
+             [environments]\ndefault = \"py312\"\n",
+        )
+        .unwrap();
+        let loaded = Config::load_from(
+            Some(&file),
+            env(&[
+                (
+                    "TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES",
+                    "ghcr.io, registry.local:5000",
+                ),
+                (
+                    "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
+                    "registry.local:5000",
+                ),
+                ("TOOLEXEC_LIMITS__MAX_IMAGE_BYTES", "1048576"),
+            ]),
+        )
+        .unwrap();
+        let e = &loaded.config.environments;
+        assert_eq!(e.images[0].name, "py312");
+        assert_eq!(e.default.as_deref(), Some("py312"));
+        assert_eq!(e.allow_registries, ["ghcr.io", "registry.local:5000"]);
+        assert_eq!(e.insecure_registries, ["registry.local:5000"]);
+        assert_eq!(loaded.config.limits.max_image_bytes, 1_048_576);
+        e.validate().unwrap();
+        assert_eq!(e.resolve("py312").unwrap(), "registry.local:5000/py:3.12");
+        assert!(e.resolve("docker.io/library/python:3").is_err());
+        let err = Config::load_from(
+            None,
+            env(&[("TOOLEXEC_ENVIRONMENTS__ALOW_REGISTRIES", "x")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -865,6 +917,10 @@ mod tests {
                     let v = json!([{"name": "docs", "url": "https://mcp.example/mcp",
                         "bearer_token": null, "bearer_token_env": "DOCS_MCP_TOKEN",
                         "tools": ["search"], "allow_cidrs": [], "timeout_ms": 20000}]);
+                    (v.to_string(), v)
+                }
+                serde_json::Value::Array(_) if key == "environments.images" => {
+                    let v = json!([{"name": "py312", "image": "registry.local:5000/py:3.12"}]);
                     (v.to_string(), v)
                 }
                 serde_json::Value::Array(_) => {

@@ -304,3 +304,36 @@ pub async fn serve(
     engine.leave().await;
     served
 }
+
+/// The image cache of `config.data_dir` (`<data_dir>/images`), reaching registries with
+/// rustls and the Mozilla roots (plain HTTP for `environments.insecure_registries`), no proxy
+/// from the environment, at most 5 redirects (registries send blobs from a CDN), a connect
+/// timeout of 30 s and a read timeout of 60 s. The egress classification of the sandbox does
+/// not apply to it yet (docs/environments.md).
+pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore> {
+    config
+        .environments
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tls = toolexec_tools::web::tls_config().map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::limited(5))
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .read_timeout(std::time::Duration::from_secs(60))
+        .tls_backend_preconfigured(tls)
+        .user_agent(concat!("toolexec/", env!("CARGO_PKG_VERSION"), " (images)"))
+        .build()?;
+    let limits = toolexec_image::Limits {
+        max_image_bytes: config.limits.max_image_bytes,
+        max_image_entries: config.limits.max_image_entries,
+        pull_timeout: std::time::Duration::from_millis(config.limits.image_pull_timeout_ms),
+    };
+    toolexec_image::ImageStore::open(
+        &config.data_dir,
+        limits,
+        client,
+        config.environments.insecure_registries.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))
+}

@@ -64,6 +64,12 @@ enum Command {
     /// Print the effective configuration: every setting, its value and where it came from
     /// (default, file, environment), the database password redacted.
     Config,
+    /// OCI images in this node's cache (`<data_dir>/images`, docs/environments.md): pull one
+    /// ahead of the sessions that will use it, list them, remove one.
+    Images {
+        #[command(subcommand)]
+        command: ImagesCommand,
+    },
     /// Print the OpenAPI document (or write it to a file).
     Openapi {
         /// Write to this file instead of stdout (`openapi/openapi.json` is the checked-in copy).
@@ -83,6 +89,17 @@ enum ToolsCommand {
         #[arg(long, value_parser = ["openai", "openai_chat", "anthropic", "mcp"])]
         format: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum ImagesCommand {
+    /// Pull an image: a name of `environments.images`, or a reference to a registry of
+    /// `environments.allow_registries`. Prints the image as JSON (its digest included).
+    Pull { image: String },
+    /// The cached images, as JSON.
+    List,
+    /// Remove a cached image by its digest (`sha256:…`).
+    Rm { digest: String },
 }
 
 #[derive(Subcommand)]
@@ -228,6 +245,45 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::ProblemsDoc { write } => {
             emit(toolexec_server::problems_markdown(), write)?;
+        }
+        Command::Images { command } => {
+            let _logs = init_logs(&config.log_format)?;
+            let store = toolexec_server::image_store(&config)?;
+            let show = |image: &toolexec_image::Image| {
+                serde_json::json!({
+                    "reference": image.reference,
+                    "digest": image.digest,
+                    "unpacked_bytes": image.unpacked_bytes,
+                    "download_bytes": image.download_bytes,
+                    "env": image.env,
+                    "working_dir": image.working_dir,
+                    "skipped_devices": image.skipped_devices,
+                    "rootfs": image.rootfs,
+                })
+            };
+            match command {
+                ImagesCommand::Pull { image } => {
+                    let reference = config
+                        .environments
+                        .resolve(&image)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let pulled = store
+                        .pull(&reference)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    stdout(&format!("{:#}\n", show(&pulled)))?;
+                }
+                ImagesCommand::List => {
+                    let images = store.list().map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let shown: Vec<_> = images.iter().map(show).collect();
+                    stdout(&format!("{:#}\n", serde_json::Value::from(shown)))?;
+                }
+                ImagesCommand::Rm { digest } => {
+                    if !store.remove(&digest).map_err(|e| anyhow::anyhow!("{e}"))? {
+                        anyhow::bail!("no image {digest} in {}", config.data_dir.display());
+                    }
+                }
+            }
         }
         Command::Config => {
             print!("{}", Config::describe(&loaded));

@@ -611,8 +611,8 @@ impl reqwest::dns::Resolve for CheckedResolve {
 }
 
 /// The TLS configuration of every fetch: rustls with the ring provider and the Mozilla roots
-/// (webpki-roots), built once.
-fn tls_config() -> Result<rustls::ClientConfig, FetchError> {
+/// (webpki-roots), built once. Also the TLS of image pulls (toolexec-image).
+pub fn tls_config() -> Result<rustls::ClientConfig, FetchError> {
     static CONFIG: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {

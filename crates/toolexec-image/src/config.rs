@@ -1,0 +1,122 @@
+//! What the operator configures (`[environments]`): images by name, the registries any other
+//! reference may name, and those reached over plain HTTP.
+use serde::{Deserialize, Serialize};
+
+use crate::{ImageError, reference};
+
+/// `[environments]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvironmentsConfig {
+    /// Images by name (`[[environments.images]] name = "py312", image = "…"`): always allowed,
+    /// whatever `allow_registries` says.
+    pub images: Vec<NamedImage>,
+    /// Registries (`host` or `host:port`) any reference may name; default none: only the
+    /// configured names.
+    pub allow_registries: Vec<String>,
+    /// Registries reached over plain HTTP (a registry on the cluster's own network).
+    pub insecure_registries: Vec<String>,
+    /// The image (a configured name) of sessions that name none. Not used yet.
+    pub default: Option<String>,
+}
+
+/// One configured image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedImage {
+    pub name: String,
+    /// `host/repo:tag` or `host/repo@sha256:…`.
+    pub image: String,
+}
+
+impl EnvironmentsConfig {
+    /// Checks the configuration: every configured image a valid reference, names unique, the
+    /// default one of them.
+    pub fn validate(&self) -> Result<(), ImageError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for named in &self.images {
+            if named.name.is_empty() || !seen.insert(named.name.as_str()) {
+                return Err(ImageError::InvalidReference(format!(
+                    "environments.images: the name '{}' is empty or given twice",
+                    named.name
+                )));
+            }
+            reference::parse(&named.image).map_err(|e| {
+                ImageError::InvalidReference(format!("environments.images '{}': {e}", named.name))
+            })?;
+        }
+        if let Some(default) = &self.default
+            && !self.images.iter().any(|i| i.name == *default)
+        {
+            return Err(ImageError::InvalidReference(format!(
+                "environments.default '{default}' is not a name of environments.images"
+            )));
+        }
+        for host in self
+            .allow_registries
+            .iter()
+            .chain(&self.insecure_registries)
+        {
+            if host.is_empty() || host.contains('/') {
+                return Err(ImageError::InvalidReference(format!(
+                    "'{host}' in environments.allow_registries or insecure_registries is not \
+                     a registry (host or host:port)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The reference a caller's `image` stands for: a configured name's image, or a reference
+    /// to a registry the operator allows.
+    pub fn resolve(&self, image: &str) -> Result<String, ImageError> {
+        if let Some(named) = self.images.iter().find(|i| i.name == image) {
+            return Ok(named.image.clone());
+        }
+        let r = reference::parse(image)?;
+        if self.allow_registries.contains(&r.registry) {
+            return Ok(image.to_string());
+        }
+        let names: Vec<&str> = self.images.iter().map(|i| i.name.as_str()).collect();
+        Err(ImageError::RegistryNotAllowed(format!(
+            "'{image}' is not a configured image ({}) and its registry {} is not in \
+             environments.allow_registries",
+            if names.is_empty() {
+                "there are none".to_string()
+            } else {
+                names.join(", ")
+            },
+            r.registry
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_allowed_registries_resolve_and_others_are_refused() {
+        let c = EnvironmentsConfig {
+            images: vec![NamedImage {
+                name: "py312".into(),
+                image: "registry.local:5000/py:3.12".into(),
+            }],
+            allow_registries: vec!["ghcr.io".into()],
+            insecure_registries: vec![],
+            default: Some("py312".into()),
+        };
+        c.validate().unwrap();
+        assert_eq!(c.resolve("py312").unwrap(), "registry.local:5000/py:3.12");
+        assert_eq!(c.resolve("ghcr.io/o/r:1").unwrap(), "ghcr.io/o/r:1");
+        let err = c.resolve("registry.local:5000/py:3.12").unwrap_err();
+        assert!(matches!(err, ImageError::RegistryNotAllowed(_)), "{err}");
+        let err = c.resolve("python:3").unwrap_err();
+        assert!(err.to_string().contains("docker.io"), "{err}");
+        let bad = EnvironmentsConfig {
+            default: Some("nope".into()),
+            ..c.clone()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

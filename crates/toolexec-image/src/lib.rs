@@ -1,0 +1,637 @@
+//! OCI images for sessions: pulled from a registry, every blob verified against its digest,
+//! layers unpacked as hostile input ([`unpack`]) into a content-addressed directory under the
+//! data folder, one pull per manifest digest however many ask at once.
+//!
+//! Layout under `<data>/images/`:
+//! - `sha256/<hex>/` — one image, by the digest of its (platform) manifest: `rootfs/` (the
+//!   layers applied in order) and `image.json` ([`Image`]). It appears whole (a rename) or not
+//!   at all.
+//! - `tmp/` — downloads and unpackings under way, removed when they end and at start-up.
+//!
+//! What is not built yet: registry credentials (anonymous bearer tokens work), the egress
+//! classification of the registry (the caller's client decides what may be dialled), a bound on
+//! the cache and its eviction, and running sessions in an image.
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{Mode, OFlags};
+use serde::{Deserialize, Serialize};
+
+mod config;
+pub mod reference;
+mod registry;
+mod unpack;
+
+pub use config::{EnvironmentsConfig, NamedImage};
+pub use reference::Reference;
+use registry::Registry;
+
+/// Why an image could not be had. Each is its own kind, for its own problem code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ImageError {
+    #[error("invalid image reference {0}")]
+    InvalidReference(String),
+    #[error("registry not allowed: {0}")]
+    RegistryNotAllowed(String),
+    #[error("image not found: {0}")]
+    NotFound(String),
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    #[error("registry unreachable: {0}")]
+    Unreachable(String),
+    #[error("no image for this platform: {0}")]
+    WrongPlatform(String),
+    #[error("image too big: {0}")]
+    TooBig(String),
+    #[error("digest mismatch: {0}")]
+    DigestMismatch(String),
+    #[error("invalid manifest: {0}")]
+    InvalidManifest(String),
+    #[error("invalid layer: {0}")]
+    InvalidLayer(String),
+    #[error("image cache: {0}")]
+    Io(String),
+}
+
+/// The operator's bounds on one image.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The most an image may be: its blobs as downloaded, and again its files unpacked
+    /// (`limits.max_image_bytes`).
+    pub max_image_bytes: u64,
+    /// Tar headers across its layers (`limits.max_image_entries`): bounds inodes and time.
+    pub max_image_entries: u64,
+    /// Longest one pull may take, from its first request to the image in place
+    /// (`limits.image_pull_timeout_ms`): a registry that trickles bytes cannot hold it forever.
+    pub pull_timeout: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_image_bytes: 8 * 1024 * 1024 * 1024,
+            max_image_entries: 1_000_000,
+            pull_timeout: std::time::Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// An image in the cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    /// The reference it was pulled as.
+    pub reference: String,
+    /// The digest of its manifest for this platform: what a session records.
+    pub digest: String,
+    pub config_digest: String,
+    /// The config's `Env` and `WorkingDir`.
+    pub env: Vec<String>,
+    pub working_dir: String,
+    /// Bytes of its files unpacked, and its blobs as downloaded.
+    pub unpacked_bytes: u64,
+    pub download_bytes: u64,
+    /// Device nodes and FIFOs its layers held, not made.
+    pub skipped_devices: u64,
+    /// Where its tree is (not serialized: it follows from the cache's folder).
+    #[serde(skip)]
+    pub rootfs: PathBuf,
+}
+
+type Inflight = Arc<tokio::sync::OnceCell<Result<Image, ImageError>>>;
+
+/// The images of one data folder.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    limits: Limits,
+    client: reqwest::Client,
+    insecure: Vec<String>,
+    inflight: Mutex<HashMap<String, Inflight>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: Option<String>,
+    digest: String,
+    size: u64,
+    platform: Option<Platform>,
+}
+
+#[derive(Deserialize)]
+struct Platform {
+    architecture: String,
+    os: String,
+    variant: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    media_type: Option<String>,
+    config: Option<Descriptor>,
+    layers: Option<Vec<Descriptor>>,
+    manifests: Option<Vec<Descriptor>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ConfigFile {
+    architecture: Option<String>,
+    os: Option<String>,
+    config: Option<RunConfig>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct RunConfig {
+    env: Option<Vec<String>>,
+    working_dir: Option<String>,
+}
+
+/// Largest image config.
+const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The host's architecture as OCI names it.
+pub fn host_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    }
+}
+
+fn io(what: &Path, e: impl std::fmt::Display) -> ImageError {
+    ImageError::Io(format!("{}: {e}", what.display()))
+}
+
+/// Whether `digest` is a sha256 digest, and its hex.
+fn digest_hex(digest: &str) -> Result<&str, ImageError> {
+    if reference::is_sha256_digest(digest) {
+        Ok(&digest[7..])
+    } else {
+        Err(ImageError::InvalidManifest(format!(
+            "'{digest}' is not a sha256 digest"
+        )))
+    }
+}
+
+impl ImageStore {
+    /// The image cache under `data_dir/images`, with `client` for registries (the registries
+    /// in `insecure` are reached over plain HTTP). Removes what an earlier run left unfinished.
+    pub fn open(
+        data_dir: &Path,
+        limits: Limits,
+        client: reqwest::Client,
+        insecure: Vec<String>,
+    ) -> Result<Self, ImageError> {
+        let dir = data_dir.join("images");
+        let tmp = dir.join("tmp");
+        if tmp.exists() {
+            remove_tree(&tmp)?;
+        }
+        for d in [&dir.join("sha256"), &tmp] {
+            std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir,
+                limits,
+                client,
+                insecure,
+                inflight: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    fn image_dir(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self.inner.dir.join("sha256").join(digest_hex(digest)?))
+    }
+
+    /// The cached image of `digest`, if it is there.
+    pub fn get(&self, digest: &str) -> Result<Option<Image>, ImageError> {
+        let dir = self.image_dir(digest)?;
+        let meta = dir.join("image.json");
+        let bytes = match std::fs::read(&meta) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&meta, e)),
+        };
+        let mut image: Image = serde_json::from_slice(&bytes).map_err(|e| io(&meta, e))?;
+        image.rootfs = dir.join("rootfs");
+        Ok(Some(image))
+    }
+
+    /// Every cached image.
+    pub fn list(&self) -> Result<Vec<Image>, ImageError> {
+        let sha = self.inner.dir.join("sha256");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&sha).map_err(|e| io(&sha, e))? {
+            let entry = entry.map_err(|e| io(&sha, e))?;
+            let digest = format!("sha256:{}", entry.file_name().to_string_lossy());
+            if let Ok(Some(image)) = self.get(&digest) {
+                out.push(image);
+            }
+        }
+        out.sort_by(|a, b| a.reference.cmp(&b.reference));
+        Ok(out)
+    }
+
+    /// Removes the cached image of `digest`; whether it was there.
+    pub fn remove(&self, digest: &str) -> Result<bool, ImageError> {
+        let dir = self.image_dir(digest)?;
+        if !dir.exists() {
+            return Ok(false);
+        }
+        // Renamed away first, so that it is gone at once and whole.
+        let doomed = self.inner.dir.join("tmp").join(format!("rm-{}", unique()));
+        std::fs::rename(&dir, &doomed).map_err(|e| io(&dir, e))?;
+        remove_tree(&doomed)?;
+        Ok(true)
+    }
+
+    /// Pulls `reference` (unless its manifest's digest is cached) and returns the image.
+    /// Concurrent pulls that resolve to one digest share one download and unpacking.
+    pub async fn pull(&self, reference: &str) -> Result<Image, ImageError> {
+        let timeout = self.inner.limits.pull_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        match tokio::time::timeout_at(deadline, self.pull_by(reference, deadline)).await {
+            Ok(result) => result,
+            Err(_) => Err(too_slow(reference, timeout)),
+        }
+    }
+
+    async fn pull_by(
+        &self,
+        reference: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Image, ImageError> {
+        let r = reference::parse(reference)?;
+        if r.is_digest()
+            && let Some(image) = self.get(&r.reference)?
+        {
+            return Ok(image);
+        }
+        let insecure = self.inner.insecure.contains(&r.registry);
+        let registry = Registry::new(self.inner.client.clone(), &r, insecure);
+        let (manifest, digest) = resolve_platform(&registry, &r).await?;
+        if let Some(image) = self.get(&digest)? {
+            return Ok(image);
+        }
+        let cell = {
+            let mut map = self
+                .inner
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            map.entry(digest.clone()).or_default().clone()
+        };
+        let result = cell
+            .get_or_init(|| self.fetch(&registry, &r, manifest, &digest, deadline))
+            .await
+            .clone();
+        {
+            let mut map = self
+                .inner
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if map.get(&digest).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                map.remove(&digest);
+            }
+        }
+        result
+    }
+
+    /// Downloads and unpacks the image of `manifest` (whose digest is `digest`).
+    async fn fetch(
+        &self,
+        registry: &Registry,
+        r: &Reference,
+        manifest: Manifest,
+        digest: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Image, ImageError> {
+        if let Some(image) = self.get(digest)? {
+            return Ok(image);
+        }
+        let limits = self.inner.limits;
+        let config = manifest.config.ok_or_else(|| {
+            ImageError::InvalidManifest(format!("{r}: the manifest has no config"))
+        })?;
+        let layers = manifest.layers.unwrap_or_default();
+        let mut total = config.size;
+        for l in &layers {
+            digest_hex(&l.digest)?;
+            total = total.saturating_add(l.size);
+        }
+        if total > limits.max_image_bytes {
+            return Err(ImageError::TooBig(format!(
+                "{r} is {total} bytes to download; the most one image may be is {} bytes \
+                 (limits.max_image_bytes)",
+                limits.max_image_bytes
+            )));
+        }
+        if config.size > MAX_CONFIG_BYTES {
+            return Err(ImageError::TooBig(format!(
+                "{r}: its config is {} bytes, over {MAX_CONFIG_BYTES}",
+                config.size
+            )));
+        }
+        digest_hex(&config.digest)?;
+        let config_bytes = registry
+            .small_blob(&r.repository, &config.digest, config.size)
+            .await?;
+        let parsed: ConfigFile = serde_json::from_slice(&config_bytes).map_err(|e| {
+            ImageError::InvalidManifest(format!("{r}: its config is not readable: {e}"))
+        })?;
+        if let (Some(os), Some(arch)) = (&parsed.os, &parsed.architecture)
+            && (os != "linux" || arch != host_architecture())
+        {
+            return Err(ImageError::WrongPlatform(format!(
+                "{r} is for {os}/{arch}; this host runs linux/{}",
+                host_architecture()
+            )));
+        }
+        let work = self.inner.dir.join("tmp").join(unique());
+        std::fs::create_dir(&work).map_err(|e| io(&work, e))?;
+        // Within the deadline, or cut there (the unpacking checks it too, so that nothing goes
+        // on writing once the pull has given up); either way `work` is removed below.
+        let fetched = tokio::time::timeout_at(
+            deadline,
+            self.fetch_into(registry, r, &layers, &work, limits, deadline.into_std()),
+        )
+        .await
+        .unwrap_or_else(|_| Err(too_slow(&r.to_string(), limits.pull_timeout)));
+        let result = fetched.and_then(|(unpacked, skipped)| {
+            let run = parsed.config.unwrap_or_default();
+            let image = Image {
+                reference: r.to_string(),
+                digest: digest.to_string(),
+                config_digest: config.digest.clone(),
+                env: run.env.unwrap_or_default(),
+                working_dir: run.working_dir.unwrap_or_default(),
+                unpacked_bytes: unpacked,
+                download_bytes: total,
+                skipped_devices: skipped,
+                rootfs: PathBuf::new(),
+            };
+            let meta = work.join("image.json");
+            let json = serde_json::to_vec_pretty(&image).map_err(|e| io(&meta, e))?;
+            std::fs::write(&meta, json).map_err(|e| io(&meta, e))?;
+            let dest = self.image_dir(digest)?;
+            match std::fs::rename(&work, &dest) {
+                Ok(()) => {}
+                // Another process finished it meanwhile.
+                Err(_) if dest.join("image.json").exists() => {}
+                Err(e) => return Err(io(&dest, e)),
+            }
+            Ok(())
+        });
+        if work.exists() {
+            let _ = remove_tree(&work);
+        }
+        result?;
+        self.get(digest)?
+            .ok_or_else(|| ImageError::Io(format!("{digest} vanished as it was stored")))
+    }
+
+    /// Downloads each layer to `work`, verifies it, and applies it to `work/rootfs`.
+    async fn fetch_into(
+        &self,
+        registry: &Registry,
+        r: &Reference,
+        layers: &[Descriptor],
+        work: &Path,
+        limits: Limits,
+        deadline: std::time::Instant,
+    ) -> Result<(u64, u64), ImageError> {
+        let rootfs = work.join("rootfs");
+        std::fs::create_dir(&rootfs).map_err(|e| io(&rootfs, e))?;
+        let mut budget = unpack::Budget {
+            bytes_left: limits.max_image_bytes,
+            entries_left: limits.max_image_entries,
+            max_bytes: limits.max_image_bytes,
+            max_entries: limits.max_image_entries,
+            deadline,
+            timeout: limits.pull_timeout,
+        };
+        let mut skipped = 0;
+        for layer in layers {
+            let compression =
+                compression(layer.media_type.as_deref().unwrap_or("")).map_err(|why| {
+                    ImageError::InvalidLayer(format!("{r}: layer {}: {why}", layer.digest))
+                })?;
+            let blob = work.join(format!("{}.blob", digest_hex(&layer.digest)?));
+            registry
+                .blob_to_file(&r.repository, &layer.digest, layer.size, &blob, |_| {})
+                .await?;
+            let rootfs = rootfs.clone();
+            let blob2 = blob.clone();
+            let mut b = budget;
+            let (stats, b) = tokio::task::spawn_blocking(move || {
+                let root = open_root(&rootfs)?;
+                let file = std::fs::File::open(&blob2).map_err(|e| io(&blob2, e))?;
+                let reader = BufReader::with_capacity(256 * 1024, file);
+                let stats = match compression {
+                    Compression::Gzip => {
+                        unpack::apply_layer(&root, flate2::read::GzDecoder::new(reader), &mut b)
+                    }
+                    Compression::Zstd => {
+                        unpack::apply_layer(&root, ZstdFrames::new(reader), &mut b)
+                    }
+                    Compression::None => unpack::apply_layer(&root, reader, &mut b),
+                }?;
+                Ok::<_, ImageError>((stats, b))
+            })
+            .await
+            .map_err(|e| ImageError::Io(format!("unpacking: {e}")))??;
+            budget = b;
+            skipped += stats.skipped_devices;
+            let _ = std::fs::remove_file(&blob);
+        }
+        Ok((limits.max_image_bytes - budget.bytes_left, skipped))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// A zstd stream of one or more frames (skippable frames skipped, as `zstd:chunked` layers
+/// have), decoded as it is read. Each frame's window is at most ruzstd's 128 MiB default: a
+/// frame asking for more is refused, which bounds the memory one layer's decoding takes.
+struct ZstdFrames<R: io::BufRead> {
+    source: R,
+    decoder: ruzstd::decoding::FrameDecoder,
+    in_frame: bool,
+}
+
+impl<R: io::BufRead> ZstdFrames<R> {
+    fn new(source: R) -> Self {
+        Self {
+            source,
+            decoder: ruzstd::decoding::FrameDecoder::new(),
+            in_frame: false,
+        }
+    }
+}
+
+impl<R: io::BufRead> io::Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if !self.in_frame {
+                if self.source.fill_buf()?.is_empty() {
+                    return Ok(0);
+                }
+                match self.decoder.reset(&mut self.source) {
+                    Ok(()) => self.in_frame = true,
+                    Err(FrameDecoderError::ReadFrameHeaderError(
+                        ReadFrameHeaderError::SkipFrame { length, .. },
+                    )) => {
+                        let skipped = io::copy(
+                            &mut (&mut self.source).take(u64::from(length)),
+                            &mut io::sink(),
+                        )?;
+                        if skipped != u64::from(length) {
+                            return Err(io::Error::other("a zstd skippable frame is cut short"));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(io::Error::other(format!("zstd: {e}"))),
+                }
+            }
+            let d = &mut self.decoder;
+            while d.can_collect() == 0 && !d.is_finished() {
+                d.decode_blocks(
+                    &mut self.source,
+                    ruzstd::decoding::BlockDecodingStrategy::UptoBlocks(1),
+                )
+                .map_err(|e| io::Error::other(format!("zstd: {e}")))?;
+            }
+            let n = d.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if d.is_finished() && d.can_collect() == 0 {
+                self.in_frame = false;
+            }
+        }
+    }
+}
+
+fn compression(media_type: &str) -> Result<Compression, String> {
+    match media_type {
+        "application/vnd.oci.image.layer.v1.tar"
+        | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Compression::None),
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+        | "application/vnd.docker.image.rootfs.diff.tar.gzip" => Ok(Compression::Gzip),
+        "application/vnd.oci.image.layer.v1.tar+zstd" => Ok(Compression::Zstd),
+        other => Err(format!("a layer of media type '{other}' is not supported")),
+    }
+}
+
+fn too_slow(reference: &str, timeout: std::time::Duration) -> ImageError {
+    ImageError::Unreachable(format!(
+        "pulling {reference} took longer than {} ms (limits.image_pull_timeout_ms); nothing was \
+         kept",
+        timeout.as_millis()
+    ))
+}
+
+/// The manifest for this host's platform of what `r` names, and its digest.
+async fn resolve_platform(
+    registry: &Registry,
+    r: &Reference,
+) -> Result<(Manifest, String), ImageError> {
+    let (bytes, media_type, digest) = registry.manifest(&r.repository, &r.reference).await?;
+    let parse = |bytes: &[u8]| {
+        serde_json::from_slice::<Manifest>(bytes).map_err(|e| {
+            ImageError::InvalidManifest(format!("{r}: the manifest is not readable: {e}"))
+        })
+    };
+    let manifest = parse(&bytes)?;
+    let kind = manifest.media_type.clone().unwrap_or(media_type);
+    let is_index = kind == registry::OCI_INDEX
+        || kind == registry::DOCKER_LIST
+        || (manifest.manifests.is_some() && manifest.config.is_none());
+    if !is_index {
+        return Ok((manifest, digest));
+    }
+    let arch = host_architecture();
+    let entries = manifest.manifests.unwrap_or_default();
+    let chosen = entries.iter().find(|d| {
+        d.platform.as_ref().is_some_and(|p| {
+            p.os == "linux"
+                && p.architecture == arch
+                && (arch != "arm64" || p.variant.as_deref().is_none_or(|v| v == "v8"))
+        })
+    });
+    let Some(chosen) = chosen else {
+        let have: Vec<String> = entries
+            .iter()
+            .filter_map(|d| d.platform.as_ref())
+            .map(|p| format!("{}/{}", p.os, p.architecture))
+            .collect();
+        return Err(ImageError::WrongPlatform(format!(
+            "{r} has no image for linux/{arch} (it has: {})",
+            have.join(", ")
+        )));
+    };
+    digest_hex(&chosen.digest)?;
+    let (bytes, _, digest) = registry.manifest(&r.repository, &chosen.digest).await?;
+    let manifest = parse(&bytes)?;
+    if manifest.config.is_none() {
+        return Err(ImageError::InvalidManifest(format!(
+            "{r}: the index names {}, which is not an image manifest",
+            chosen.digest
+        )));
+    }
+    Ok((manifest, digest))
+}
+
+fn open_root(path: &Path) -> Result<OwnedFd, ImageError> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(path, e))
+}
+
+/// Removes a directory of the cache and everything in it, following no link.
+fn remove_tree(path: &Path) -> Result<(), ImageError> {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().unwrap_or_default();
+    let dir = open_root(parent)?;
+    unpack::remove_all(&dir, std::os::unix::ffi::OsStrExt::as_bytes(name)).map_err(|e| io(path, e))
+}
+
+/// A name no other pull of this process or another uses.
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}

@@ -1,0 +1,339 @@
+//! The read side of the OCI distribution API: `GET /v2/<repo>/manifests/<ref>` and
+//! `GET /v2/<repo>/blobs/<digest>`, over the reqwest client the caller gives (its TLS, its
+//! resolver and egress rules).
+//!
+//! Why not `oci-client`: it is the well-kept crate (ORAS), on the same reqwest 0.13, but it adds
+//! 19 crates to the tree, five of them proc-macro crates (`oci-spec` brings `derive_builder`,
+//! `darling`, `getset`, `strum_macros`, `const_format`), a noticeable build cost on the two
+//! cores our builders share, for three GET requests. What matters for safety here — bounding
+//! every body before it is read, hashing the blob as it is streamed to disk, and refusing it
+//! past its declared size — is what we need our own control of anyway. Anonymous bearer
+//! tokens are supported; per-registry credentials are not built yet.
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::ImageError;
+use crate::reference::Reference;
+
+/// Media types of manifests and indexes we read.
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+
+/// Largest manifest or index (containerd's limit).
+pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Largest token response.
+const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+
+/// A registry reached with one client, and the anonymous bearer token it gave this pull.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    pub client: reqwest::Client,
+    pub base: String,
+    token: std::sync::Mutex<Option<String>>,
+}
+
+impl Registry {
+    pub fn new(client: reqwest::Client, reference: &Reference, insecure: bool) -> Self {
+        let scheme = if insecure { "http" } else { "https" };
+        let host = if reference.registry == "docker.io" {
+            "registry-1.docker.io"
+        } else {
+            reference.registry.as_str()
+        };
+        Self {
+            client,
+            base: format!("{scheme}://{host}"),
+            token: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// GETs `url` with `accept`, with the pull's bearer token; on a 401 that asks for one
+    /// (`WWW-Authenticate: Bearer realm=…`), gets an anonymous token from the realm and tries
+    /// once more. (Credentials are not supported yet: what a registry refuses anonymously is
+    /// `unauthorized`.)
+    async fn get(&self, url: &str, accept: Option<&str>) -> Result<reqwest::Response, ImageError> {
+        let mut retried = false;
+        loop {
+            let mut req = self.client.get(url);
+            if let Some(accept) = accept {
+                req = req.header(reqwest::header::ACCEPT, accept);
+            }
+            let token = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(token) = token {
+                req = req.bearer_auth(token);
+            }
+            let resp = req.send().await.map_err(|e| self.send_error(e))?;
+            if resp.status() != reqwest::StatusCode::UNAUTHORIZED || retried {
+                return Ok(resp);
+            }
+            let Some(challenge) = resp
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(bearer_challenge)
+            else {
+                return Ok(resp);
+            };
+            let token = self.anonymous_token(&challenge).await?;
+            *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+            retried = true;
+        }
+    }
+
+    async fn anonymous_token(
+        &self,
+        challenge: &HashMap<String, String>,
+    ) -> Result<String, ImageError> {
+        let realm = challenge.get("realm").ok_or_else(|| {
+            ImageError::Unauthorized(format!("{} asks for a token but names no realm", self.base))
+        })?;
+        let mut url = reqwest::Url::parse(realm).map_err(|e| {
+            ImageError::Unauthorized(format!("{}: token realm '{realm}': {e}", self.base))
+        })?;
+        if !matches!(url.scheme(), "https" | "http") {
+            return Err(ImageError::Unauthorized(format!(
+                "{}: token realm '{realm}' is not HTTP(S)",
+                self.base
+            )));
+        }
+        for key in ["service", "scope"] {
+            if let Some(v) = challenge.get(key) {
+                url.query_pairs_mut().append_pair(key, v);
+            }
+        }
+        let what = format!("a token from {}", url.origin().ascii_serialization());
+        let resp = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| ImageError::Unreachable(format!("{what}: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ImageError::Unauthorized(format!(
+                "{} refused {what} ({}); registry credentials are not supported yet",
+                self.base,
+                resp.status()
+            )));
+        }
+        let body = read_capped(resp, MAX_TOKEN_BYTES, &what).await?;
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let t: Token = serde_json::from_slice(&body)
+            .map_err(|e| ImageError::Unauthorized(format!("{what}: not a token response: {e}")))?;
+        t.token
+            .or(t.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ImageError::Unauthorized(format!("{what}: the response has no token")))
+    }
+
+    fn status_error(&self, what: &str, status: reqwest::StatusCode) -> ImageError {
+        match status.as_u16() {
+            401 | 403 => ImageError::Unauthorized(format!(
+                "{} refused {what} ({status}); registry credentials are not supported yet",
+                self.base
+            )),
+            404 => ImageError::NotFound(format!("{} has no {what}", self.base)),
+            _ => ImageError::Unreachable(format!("{} answered {status} for {what}", self.base)),
+        }
+    }
+
+    fn send_error(&self, e: reqwest::Error) -> ImageError {
+        ImageError::Unreachable(format!("{} cannot be reached: {e}", self.base))
+    }
+
+    /// The manifest or index `reference` names in `repository`: its bytes, media type and
+    /// digest (the sha256 of the bytes; checked against `reference` when it is a digest).
+    pub async fn manifest(
+        &self,
+        repository: &str,
+        reference: &str,
+    ) -> Result<(Vec<u8>, String, String), ImageError> {
+        let url = format!("{}/v2/{repository}/manifests/{reference}", self.base);
+        let what = format!("manifest {repository}:{reference}");
+        let accept = format!("{OCI_INDEX}, {OCI_MANIFEST}, {DOCKER_LIST}, {DOCKER_MANIFEST}");
+        let resp = self.get(&url, Some(&accept)).await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(&what, resp.status()));
+        }
+        let media_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let bytes = read_capped(resp, MAX_MANIFEST_BYTES, &what).await?;
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+        if reference.starts_with("sha256:") && digest != reference {
+            return Err(ImageError::DigestMismatch(format!(
+                "{what}: the registry sent content whose digest is {digest}"
+            )));
+        }
+        Ok((bytes, media_type, digest))
+    }
+
+    /// A small blob (a config) in memory, checked against its digest and size.
+    pub async fn small_blob(
+        &self,
+        repository: &str,
+        digest: &str,
+        size: u64,
+    ) -> Result<Vec<u8>, ImageError> {
+        let what = format!("blob {digest}");
+        let resp = self.get_blob(repository, digest).await?;
+        let bytes = read_capped(resp, size, &what).await?;
+        let got = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+        if bytes.len() as u64 != size || got != digest {
+            return Err(ImageError::DigestMismatch(format!(
+                "{what}: the registry sent {} bytes whose digest is {got} ({size} bytes were \
+                 declared)",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    async fn get_blob(
+        &self,
+        repository: &str,
+        digest: &str,
+    ) -> Result<reqwest::Response, ImageError> {
+        let url = format!("{}/v2/{repository}/blobs/{digest}", self.base);
+        let resp = self.get(&url, None).await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(&format!("blob {digest}"), resp.status()));
+        }
+        Ok(resp)
+    }
+
+    /// Streams a blob to `dest` (created new), hashing it on the way; refused past `size`
+    /// bytes, short of it, or when its digest is not `digest`. Calls `progress` with the bytes
+    /// done.
+    pub async fn blob_to_file(
+        &self,
+        repository: &str,
+        digest: &str,
+        size: u64,
+        dest: &std::path::Path,
+        mut progress: impl FnMut(u64),
+    ) -> Result<(), ImageError> {
+        let what = format!("blob {digest}");
+        let mut resp = self.get_blob(repository, digest).await?;
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dest)
+            .await
+            .map_err(|e| ImageError::Io(format!("{}: {e}", dest.display())))?;
+        let mut hasher = Sha256::new();
+        let mut done = 0u64;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| ImageError::Unreachable(format!("{what}: the download failed: {e}")))?
+        {
+            done += chunk.len() as u64;
+            if done > size {
+                return Err(ImageError::DigestMismatch(format!(
+                    "{what}: the registry sent more than the {size} bytes the manifest declares"
+                )));
+            }
+            hasher.update(&chunk);
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| ImageError::Io(format!("{}: {e}", dest.display())))?;
+            progress(done);
+        }
+        file.flush()
+            .await
+            .map_err(|e| ImageError::Io(format!("{}: {e}", dest.display())))?;
+        let got = format!("sha256:{}", hex::encode(hasher.finalize()));
+        if done != size || got != digest {
+            return Err(ImageError::DigestMismatch(format!(
+                "{what}: the registry sent {done} bytes whose digest is {got} ({size} bytes were \
+                 declared)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The parameters of a `Bearer` challenge (`realm`, `service`, `scope`), values unquoted.
+fn bearer_challenge(header: &str) -> Option<HashMap<String, String>> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut out = HashMap::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim().to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+            let end = quoted.find('"')?;
+            (&quoted[..end], &quoted[end + 1..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        out.insert(key, value.to_string());
+        rest = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(out)
+}
+
+/// A response body, refused past `cap` bytes (before it is all read).
+async fn read_capped(
+    mut resp: reqwest::Response,
+    cap: u64,
+    what: &str,
+) -> Result<Vec<u8>, ImageError> {
+    if resp.content_length().is_some_and(|n| n > cap) {
+        return Err(ImageError::TooBig(format!(
+            "{what} is larger than the {cap} bytes allowed for it"
+        )));
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ImageError::Unreachable(format!("{what}: the download failed: {e}")))?
+    {
+        if out.len() as u64 + chunk.len() as u64 > cap {
+            return Err(ImageError::TooBig(format!(
+                "{what} is larger than the {cap} bytes allowed for it"
+            )));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_challenges_are_read_as_registries_send_them() {
+        let c = bearer_challenge(
+            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/python:pull""#,
+        )
+        .unwrap();
+        assert_eq!(c["realm"], "https://auth.docker.io/token");
+        assert_eq!(c["service"], "registry.docker.io");
+        assert_eq!(c["scope"], "repository:library/python:pull");
+        assert!(bearer_challenge(r#"Basic realm="x""#).is_none());
+    }
+}

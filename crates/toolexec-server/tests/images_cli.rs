@@ -1,0 +1,186 @@
+//! `toolexec images pull|list|rm`, run as a process against a registry served on loopback by
+//! the test (the read side of the distribution API), configured the way an operator does:
+//! `TOOLEXEC_ENVIRONMENTS__*` variables.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Response, StatusCode, Uri};
+use sha2::{Digest, Sha256};
+
+fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// Serves `paths` (`/v2/...` -> content type and bytes) on loopback; its `host:port`.
+async fn registry(paths: HashMap<String, (String, Vec<u8>)>) -> String {
+    let paths = Arc::new(paths);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let paths = paths.clone();
+        async move {
+            match paths.get(uri.path()) {
+                Some((ct, bytes)) => Response::builder()
+                    .header("content-type", ct.as_str())
+                    .body(Body::from(bytes.clone()))
+                    .unwrap(),
+                None if uri.path() == "/v2/" => Response::new(Body::from("{}")),
+                None => Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    host
+}
+
+/// An image of one gzipped layer holding `hello` and a symlink aimed at the host's `/etc`
+/// with a file written beneath it; its manifest digest.
+fn image(paths: &mut HashMap<String, (String, Vec<u8>)>) -> String {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut add = |kind: tar::EntryType, name: &str, link: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_entry_type(kind);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        tar.append(&h, data).unwrap();
+    };
+    add(tar::EntryType::Regular, "hello", "", b"from the image\n");
+    add(tar::EntryType::Symlink, "etc-link", "/etc", b"");
+    add(
+        tar::EntryType::Regular,
+        "etc-link/toolexec-test-owned",
+        "",
+        b"x",
+    );
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar.into_inner().unwrap()).unwrap();
+    let layer = gz.finish().unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"]}, "rootfs": {"type": "layers", "diff_ids": []}
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": digest(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": digest(&layer), "size": layer.len()}]
+    }))
+    .unwrap();
+    let d = digest(&manifest);
+    let oct = "application/octet-stream".to_string();
+    paths.insert(
+        format!("/v2/demo/hello/blobs/{}", digest(&layer)),
+        (oct.clone(), layer),
+    );
+    paths.insert(
+        format!("/v2/demo/hello/blobs/{}", digest(&config)),
+        (oct, config),
+    );
+    let mt = "application/vnd.oci.image.manifest.v1+json".to_string();
+    for r in ["1".to_string(), d.clone()] {
+        paths.insert(
+            format!("/v2/demo/hello/manifests/{r}"),
+            (mt.clone(), manifest.clone()),
+        );
+    }
+    d
+}
+
+fn images(dir: &std::path::Path, host: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_toolexec"))
+        .arg("images")
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("TOOLEXEC_DATA_DIR", dir.join("data"))
+        .env(
+            "TOOLEXEC_ENVIRONMENTS__IMAGES",
+            format!(r#"[{{"name": "hello", "image": "{host}/demo/hello:1"}}]"#),
+        )
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", host)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_pulled_by_configured_name_listed_and_removed() {
+    let mut paths = HashMap::new();
+    let manifest = image(&mut paths);
+    let host = registry(paths).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let h = host.clone();
+    let run = move |args: &'static [&'static str]| {
+        let (d, h) = (d.clone(), h.clone());
+        tokio::task::spawn_blocking(move || images(&d, &h, args))
+    };
+
+    let out = run(&["pull", "hello"]).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pulled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(pulled["digest"], manifest.as_str());
+    let rootfs = std::path::PathBuf::from(pulled["rootfs"].as_str().unwrap());
+    assert!(rootfs.starts_with(dir.path().join("data/images/sha256")));
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("hello")).unwrap(),
+        "from the image\n"
+    );
+    // Written beneath the link to `/etc`: inside the image, not on the host.
+    assert!(rootfs.join("etc/toolexec-test-owned").is_file());
+    assert!(!std::path::Path::new("/etc/toolexec-test-owned").exists());
+
+    // A reference to a registry that is not allowed is refused, naming the setting.
+    let out = {
+        let (d, h) = (dir.path().to_path_buf(), host.clone());
+        tokio::task::spawn_blocking(move || {
+            let r = format!("{h}/demo/hello:1");
+            images(&d, &h, &["pull", &r])
+        })
+        .await
+        .unwrap()
+    };
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("environments.allow_registries"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = run(&["list"]).await.unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["digest"], manifest.as_str());
+
+    let m = manifest.clone();
+    let (d, h) = (dir.path().to_path_buf(), host.clone());
+    let out = tokio::task::spawn_blocking(move || images(&d, &h, &["rm", &m]))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!rootfs.exists());
+    let out = run(&["list"]).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}

@@ -33,6 +33,7 @@
 //! a host where sandboxes are resident) that reports its own credentials and the agent's; if
 //! anything is missing the sandbox is unavailable and `shell` fails closed.
 mod background;
+pub mod bash;
 pub mod cgroup;
 pub mod egress;
 mod image;
@@ -54,6 +55,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessTable};
+pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
 pub use run::{Finished, KillReason, RunLimits};
 

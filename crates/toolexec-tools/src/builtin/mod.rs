@@ -11,6 +11,7 @@ use toolexec_core::{FileChange, FileChangeKind, UnstoredReason};
 use toolexec_workspace::jail::{Before, JailError, UnreadReason, Written, human_bytes};
 
 pub mod apply_patch;
+pub mod bash;
 pub mod edit_file;
 pub mod file_copy;
 pub mod file_delete;
@@ -44,6 +45,7 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(file_copy::FileCopy::new()),
         Arc::new(file_delete::FileDelete::new()),
         Arc::new(shell::Shell::new()),
+        Arc::new(bash::Bash::new()),
         Arc::new(process_read::ProcessRead::new()),
         Arc::new(process_write::ProcessWrite::new()),
         Arc::new(process_kill::ProcessKill::new()),

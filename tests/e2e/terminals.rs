@@ -1,0 +1,249 @@
+//! Living terminals over HTTP (issue 24): the persistent `bash` — state that carries over,
+//! `restart`, time limits, the hostile cases (a fake end marker, `exec 1>&-`, `kill -9 $$`) —
+//! and nothing left on the host once the session is closed.
+use serde_json::{Value, json};
+use toolexec_tests::app::{TestApp, spawn_app};
+use toolexec_tests::procs::{assert_no_host_process, sleep_arg, wait_for_sleep};
+
+fn content(r: &Value) -> &str {
+    r["content"].as_str().unwrap_or_default()
+}
+
+async fn session(app: &TestApp, body: Value) -> String {
+    let s = app.session(body).await;
+    s["id"].as_str().unwrap().to_owned()
+}
+
+async fn bash(app: &TestApp, sid: &str, id: &str, args: Value) -> Value {
+    app.call(sid, id, "bash", args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_keeps_cwd_exports_and_functions_between_calls_and_restart_drops_them() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({"files": {"sub/a.txt": "x"}})).await;
+    let r = bash(
+        &app,
+        &sid,
+        "b1",
+        json!({"command": "cd sub && export FOO=bar && greet() { echo \"hi $1\"; } && X=local"}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = bash(
+        &app,
+        &sid,
+        "b2",
+        json!({"command": "pwd; echo \"$FOO\"; greet you; echo \"[$X]\"; id -u; echo err >&2"}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        content(&r),
+        "/workspace/sub\nbar\nhi you\n[local]\n65534\nerr\n",
+        "{r}"
+    );
+    let inv = app.invocation_of(&r).await;
+    assert_eq!(
+        inv["capabilities"],
+        json!(["process", "fs.read", "fs.write"]),
+        "{inv}"
+    );
+    // An exit code that is not 0 is said, and the shell stays.
+    let r = bash(&app, &sid, "b3", json!({"command": "false"})).await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert_eq!(content(&r), "[exit code 1]\n", "{r}");
+    // A syntax error is the command's, not a shell left waiting for the rest of a quote.
+    let r = bash(&app, &sid, "b4", json!({"command": "echo \"unterminated"})).await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(content(&r).contains("[exit code 2]"), "{r}");
+    let r = bash(&app, &sid, "b5", json!({"command": "echo 'it'\\''s'; pwd"})).await;
+    assert_eq!(content(&r), "it's\n/workspace/sub\n", "{r}");
+    // Files the shell writes are recorded against the call.
+    let r = bash(&app, &sid, "b6", json!({"command": "echo made > made.txt"})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let events = app.events(&sid).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["invocation_id"] == r["invocation_id"]
+                && e["kind"] == "file.created"
+                && e["data"]["path"] == "sub/made.txt"),
+        "{events:?}"
+    );
+    // restart: a fresh shell, nothing kept.
+    let r = bash(&app, &sid, "b7", json!({"restart": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(content(&r).contains("restarted"), "{r}");
+    let r = bash(
+        &app,
+        &sid,
+        "b8",
+        json!({"command": "pwd; echo \"[$FOO]\"; type greet 2>&1 | head -1"}),
+    )
+    .await;
+    assert!(
+        content(&r).starts_with("/workspace\n[]\n")
+            && content(&r).ends_with("type: greet: not found\n"),
+        "{r}"
+    );
+    // Neither argument: refused, nothing run.
+    let r = bash(&app, &sid, "b9", json!({})).await;
+    assert_eq!(r["status"], "invalid_arguments", "{r}");
+    let r = bash(&app, &sid, "b10", json!({"command": "true", "timeout": 3})).await;
+    assert_eq!(r["status"], "invalid_arguments", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cannot_fake_its_end_nor_close_the_shells_output() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    // Printed markers, on stdout and stderr, with the shape of the real one: just output.
+    let fake = "printf '\\036TXB00000000000000000000000000000000 0\\n'; \
+                printf '\\036TXB%s 0\\n' deadbeef >&2; echo '$ '; sleep 0.3; echo after";
+    let r = bash(&app, &sid, "f1", json!({"command": fake})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(content(&r).ends_with("$ \nafter\n"), "{r}");
+    // Writing at the descriptors bash keeps aside reaches only the output, never the end.
+    let r = bash(
+        &app,
+        &sid,
+        "f2",
+        json!({"command": "for fd in 3 4 5 6 7 8 9 10 11 12; do echo \"fake $fd\" >&$fd; done 2>/dev/null; sleep 0.3; echo done"}),
+    )
+    .await;
+    assert!(content(&r).contains("done\n"), "{r}");
+    // Closing stdout and stderr for the rest of the command: the next call still has them.
+    let r = bash(
+        &app,
+        &sid,
+        "f3",
+        json!({"command": "exec 1>&- 2>&-; echo lost; export KEPT=yes"}),
+    )
+    .await;
+    assert_eq!(content(&r), "(no output)\n", "{r}");
+    let r = bash(&app, &sid, "f4", json!({"command": "echo \"back $KEPT\""})).await;
+    assert_eq!(content(&r), "back yes\n", "{r}");
+    // set -x traces on the shell's own stderr: shown, and the call still ends.
+    let r = bash(&app, &sid, "f5", json!({"command": "set -x; true"})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = bash(&app, &sid, "f6", json!({"command": "set +x; echo clean"})).await;
+    assert!(content(&r).contains("clean\n"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_killed_from_inside_or_exited_is_replaced_and_the_result_says_so() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    bash(&app, &sid, "k0", json!({"command": "export A=1"})).await;
+    let r = bash(
+        &app,
+        &sid,
+        "k1",
+        json!({"command": "echo before; kill -9 $$"}),
+    )
+    .await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(content(&r).starts_with("before\n"), "{r}");
+    assert!(content(&r).contains("killed by signal 9"), "{r}");
+    assert!(
+        content(&r).contains("the shell was restarted, state was lost"),
+        "{r}"
+    );
+    let r = bash(&app, &sid, "k2", json!({"command": "echo \"[$A]\"; pwd"})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(content(&r), "[]\n/workspace\n", "{r}");
+    let r = bash(&app, &sid, "k3", json!({"command": "exit 7"})).await;
+    assert!(
+        content(&r).contains("the shell exited with status 7"),
+        "{r}"
+    );
+    let r = bash(&app, &sid, "k4", json!({"command": "echo again"})).await;
+    assert_eq!(content(&r), "again\n", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_past_its_time_is_interrupted_and_the_shell_kept_or_restarted() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({"policy": {"default_timeout_ms": 1500}})).await;
+    bash(
+        &app,
+        &sid,
+        "t0",
+        json!({"command": "cd /tmp && export K=kept"}),
+    )
+    .await;
+    let t0 = std::time::Instant::now();
+    let r = bash(
+        &app,
+        &sid,
+        "t1",
+        json!({"command": "echo start; sleep 30; echo after"}),
+    )
+    .await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(content(&r).starts_with("start\n"), "{r}");
+    assert!(content(&r).contains("timed out after 1500 ms"), "{r}");
+    assert!(
+        content(&r).contains("the shell and its state are kept"),
+        "{r}"
+    );
+    assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
+    let r = bash(&app, &sid, "t2", json!({"command": "echo $K; pwd"})).await;
+    assert_eq!(content(&r), "kept\n/tmp\n", "{r}");
+    // A loop of builtins cannot be interrupted without the shell: it is restarted.
+    let r = bash(&app, &sid, "t3", json!({"command": "while :; do :; done"})).await;
+    assert_eq!(r["status"], "timed_out", "{r}");
+    assert!(
+        content(&r).contains("the shell was restarted, state was lost"),
+        "{r}"
+    );
+    let r = bash(&app, &sid, "t4", json!({"command": "echo \"[$K]\"; pwd"})).await;
+    assert_eq!(content(&r), "[]\n/workspace\n", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_and_its_jobs_die_with_their_session() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let arg = sleep_arg(300);
+    let r = bash(
+        &app,
+        &sid,
+        "j1",
+        json!({"command": format!("sleep {arg} & echo started")}),
+    )
+    .await;
+    assert_eq!(content(&r), "started\n", "{r}");
+    assert!(wait_for_sleep(&arg).await.is_some(), "the job never ran");
+    // The job survives between calls (it is the shell's).
+    let r = bash(&app, &sid, "j2", json!({"command": "jobs | wc -l"})).await;
+    assert_eq!(content(&r), "1\n", "{r}");
+    let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
+    assert!(closed.status().is_success(), "{}", closed.status());
+    assert_no_host_process(&format!("sleep {arg}"), "after the session closed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_output_is_capped_and_the_shell_survives() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    bash(&app, &sid, "o0", json!({"command": "export S=still"})).await;
+    let t0 = std::time::Instant::now();
+    let r = bash(
+        &app,
+        &sid,
+        "o1",
+        json!({"command": "head -c 1000000000 /dev/zero | tr '\\0' x"}),
+    )
+    .await;
+    assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+    assert!(
+        content(&r).contains("the output cap"),
+        "{}",
+        &content(&r)[content(&r).len().saturating_sub(400)..]
+    );
+    assert!(content(&r).len() <= 60_000, "{}", content(&r).len());
+    let r = bash(&app, &sid, "o2", json!({"command": "echo $S"})).await;
+    assert_eq!(content(&r), "still\n", "{r}");
+}

@@ -247,3 +247,261 @@ async fn a_flood_of_output_is_capped_and_the_shell_survives() {
     let r = bash(&app, &sid, "o2", json!({"command": "echo $S"})).await;
     assert_eq!(content(&r), "still\n", "{r}");
 }
+
+// ---------------------------------------------------------------- exec_command / write_stdin
+
+/// The lines of Codex's block: (header lines, output).
+fn block(r: &Value) -> (Vec<String>, String) {
+    let text = content(r);
+    let (head, output) = text
+        .split_once("\nOutput:\n")
+        .unwrap_or_else(|| panic!("no Output: line in {r}"));
+    (head.lines().map(str::to_owned).collect(), output.to_owned())
+}
+
+/// The session ID of a running terminal's result.
+fn running_id(r: &Value) -> u32 {
+    let (head, _) = block(r);
+    head.iter()
+        .find_map(|l| l.strip_prefix("Process running with session ID "))
+        .unwrap_or_else(|| panic!("not running: {r}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_command_answers_with_codexs_block_and_write_stdin_polls_it() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "e1",
+            "exec_command",
+            json!({"cmd": "echo hi; echo \"$TERM $NO_COLOR $PAGER\"; test -t 0 || echo notty; exit 3"}),
+        )
+        .await;
+    let (head, output) = block(&r);
+    assert_eq!(head.len(), 4, "{r}");
+    let chunk = head[0].strip_prefix("Chunk ID: ").unwrap();
+    assert!(
+        chunk.len() == 6 && chunk.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{r}"
+    );
+    assert!(
+        head[1].starts_with("Wall time: ") && head[1].ends_with(" seconds"),
+        "{r}"
+    );
+    assert_eq!(head[2], "Process exited with code 3", "{r}");
+    assert_eq!(head[3], "Original token count: 5", "{r}");
+    assert_eq!(output, "hi\ndumb 1 cat\nnotty\n", "{r}");
+    // A program still running gets an id; an empty poll waits for its output.
+    let r = app
+        .call(
+            &sid,
+            "e2",
+            "exec_command",
+            json!({"cmd": "sleep 1; echo done", "yield_time_ms": 250}),
+        )
+        .await;
+    let id = running_id(&r);
+    assert!((1000..=99_999).contains(&id), "{id}");
+    let r = app
+        .call(&sid, "e3", "write_stdin", json!({"session_id": id}))
+        .await;
+    assert!(content(&r).contains("done"), "{r}");
+    // Not exited yet when the output came: one more poll sees the exit.
+    let r = if content(&r).contains("Process exited with code 0") {
+        r
+    } else {
+        app.call(
+            &sid,
+            "e4",
+            "write_stdin",
+            json!({"session_id": id, "yield_time_ms": 5000}),
+        )
+        .await
+    };
+    assert!(content(&r).contains("Process exited with code 0"), "{r}");
+    let r = app
+        .call(
+            &sid,
+            "e5",
+            "write_stdin",
+            json!({"session_id": id, "chars": "x"}),
+        )
+        .await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert_eq!(
+        content(&r),
+        format!("write_stdin failed: Unknown process id {id}"),
+        "{r}"
+    );
+    // Input to a program without a terminal: Codex's words.
+    let r = app
+        .call(
+            &sid,
+            "e6",
+            "exec_command",
+            json!({"cmd": "sleep 5", "yield_time_ms": 250}),
+        )
+        .await;
+    let id = running_id(&r);
+    let r = app
+        .call(
+            &sid,
+            "e7",
+            "write_stdin",
+            json!({"session_id": id, "chars": "hello\n"}),
+        )
+        .await;
+    assert_eq!(
+        content(&r),
+        "stdin is closed for this session; rerun exec_command with tty=true to keep stdin open",
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repl_in_a_terminal_is_driven_with_write_stdin_and_recorded() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "p1",
+            "exec_command",
+            json!({"cmd": "python3 -q -i", "tty": true, "yield_time_ms": 1500}),
+        )
+        .await;
+    let id = running_id(&r);
+    assert!(block(&r).1.ends_with(">>> "), "{r}");
+    let r = app
+        .call(
+            &sid,
+            "p2",
+            "write_stdin",
+            json!({"session_id": id, "chars": "import os, sys; print(6*7, os.isatty(0), os.get_terminal_size())\n", "yield_time_ms": 1500}),
+        )
+        .await;
+    assert!(
+        block(&r)
+            .1
+            .contains("42 True os.terminal_size(columns=80, lines=24)"),
+        "{r}"
+    );
+    // Ctrl-C reaches the program through its terminal.
+    let r = app
+        .call(
+            &sid,
+            "p3",
+            "write_stdin",
+            json!({"session_id": id, "chars": "import time; time.sleep(30)\n", "yield_time_ms": 500}),
+        )
+        .await;
+    assert!(content(&r).contains("Process running"), "{r}");
+    let r = app
+        .call(
+            &sid,
+            "p4",
+            "write_stdin",
+            json!({"session_id": id, "chars": "\u{3}", "yield_time_ms": 1500}),
+        )
+        .await;
+    assert!(block(&r).1.contains("KeyboardInterrupt"), "{r}");
+    let r = app
+        .call(
+            &sid,
+            "p5",
+            "write_stdin",
+            json!({"session_id": id, "chars": "exit()\n", "yield_time_ms": 3000}),
+        )
+        .await;
+    assert!(content(&r).contains("Process exited with code 0"), "{r}");
+    // The log has what the model typed (the calls' chars) and what it saw, raw.
+    let events = app.events(&sid).await;
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert!(kinds.contains(&"terminal.opened"), "{kinds:?}");
+    assert!(kinds.contains(&"terminal.exited"), "{kinds:?}");
+    assert!(
+        events.iter().any(|e| e["kind"] == "terminal.output"
+            && e["data"]["raw"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("42 True")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colour_codes_and_a_progress_bar_do_not_flood_the_model() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "a1",
+            "exec_command",
+            json!({"cmd": "for i in $(seq 1 2000); do printf '\\r\\033[32m[%-20s]\\033[0m %4d%%' \"$(printf '#%.0s' $(seq 1 $((i/100+1))))\" $((i/20)); done; printf '\\n\\033[1;31mred\\033[0m \\033]0;title\\007done\\n'", "tty": true, "yield_time_ms": 20000}),
+        )
+        .await;
+    let (head, output) = block(&r);
+    assert!(
+        head.contains(&"Process exited with code 0".to_owned()),
+        "{r}"
+    );
+    assert!(!output.contains('\u{1b}'), "{output:?}");
+    assert!(output.ends_with("red done\n"), "{output:?}");
+    assert!(output.len() < 200, "{} bytes: {output:?}", output.len());
+    // The record keeps the raw bytes.
+    let events = app.events(&sid).await;
+    let raw = events
+        .iter()
+        .find(|e| e["kind"] == "terminal.output")
+        .map(|e| e["data"]["raw_bytes"].as_u64().unwrap())
+        .unwrap();
+    assert!(raw > 50_000, "{raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminals_are_bounded_and_die_with_their_session() {
+    let app = toolexec_tests::app::spawn_app_with(|c| c.limits.max_terminals_per_session = 3).await;
+    let sid = session(&app, json!({})).await;
+    let arg = sleep_arg(400);
+    for i in 0..3 {
+        let r = app
+            .call(
+                &sid,
+                &format!("t{i}"),
+                "exec_command",
+                json!({"cmd": format!("sleep {arg}"), "tty": i % 2 == 0, "yield_time_ms": 250}),
+            )
+            .await;
+        running_id(&r);
+    }
+    let r = app
+        .call(&sid, "t3", "exec_command", json!({"cmd": "true"}))
+        .await;
+    assert_eq!(r["status"], "error", "{r}");
+    assert!(
+        content(&r).contains("limits.max_terminals_per_session = 3"),
+        "{r}"
+    );
+    assert!(wait_for_sleep(&arg).await.is_some());
+    let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
+    assert!(closed.status().is_success());
+    assert_no_host_process(&format!("sleep {arg}"), "after the session closed").await;
+    let events = app.events(&sid).await;
+    let closed = events
+        .iter()
+        .find(|e| e["kind"] == "session.closed")
+        .unwrap();
+    let terminals = closed["data"]["terminals"].as_array().unwrap();
+    assert_eq!(terminals.len(), 3, "{closed}");
+    assert!(
+        terminals
+            .iter()
+            .all(|t| t["killed_by"] == "the session was closed"),
+        "{closed}"
+    );
+}

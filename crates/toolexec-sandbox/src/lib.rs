@@ -39,6 +39,7 @@ pub mod egress;
 mod image;
 mod resident;
 mod run;
+pub mod terminal;
 
 /// The init's protocol and constants (exit status, error prefix, descriptors).
 pub use toolexec_sandbox_init as init;
@@ -58,6 +59,7 @@ pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessT
 pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
 pub use run::{Finished, KillReason, RunLimits};
+pub use terminal::{TermError, TermExit, TermInfo, TermRead};
 
 /// Whether commands run sandboxed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

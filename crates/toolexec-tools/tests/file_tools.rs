@@ -60,7 +60,7 @@ fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
     use Capability::{ContentFromSource, FsRead, FsWrite, Network, Process};
     use TruncationMode::{Head, HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 23] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 25] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -85,6 +85,20 @@ fn the_catalog_describes_every_tool_truthfully() {
             HeadTail,
         ),
         ("bash", false, &[Process, FsRead, FsWrite], 50_000, HeadTail),
+        (
+            "exec_command",
+            false,
+            &[Process, FsRead, FsWrite],
+            200_000,
+            HeadTail,
+        ),
+        (
+            "write_stdin",
+            false,
+            &[Process, FsRead, FsWrite],
+            200_000,
+            HeadTail,
+        ),
         ("process_read", true, &[Process], 70_000, Tail),
         ("process_write", false, &[Process], 1_000, Tail),
         ("process_kill", false, &[Process], 1_000, Tail),

@@ -26,6 +26,7 @@ pub mod read_many_files;
 pub mod read_output;
 pub mod shell;
 pub mod tasks;
+pub mod terminal;
 pub mod update_plan;
 pub mod web_fetch;
 pub mod web_search;
@@ -46,6 +47,8 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(file_delete::FileDelete::new()),
         Arc::new(shell::Shell::new()),
         Arc::new(bash::Bash::new()),
+        Arc::new(terminal::ExecCommand::new()),
+        Arc::new(terminal::WriteStdin::new()),
         Arc::new(process_read::ProcessRead::new()),
         Arc::new(process_write::ProcessWrite::new()),
         Arc::new(process_kill::ProcessKill::new()),

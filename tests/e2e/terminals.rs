@@ -505,3 +505,64 @@ async fn terminals_are_bounded_and_die_with_their_session() {
         "{closed}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deterministic_repl_and_shell_session_replays_with_no_divergence() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    bash(
+        &app,
+        &sid,
+        "r1",
+        json!({"command": "mkdir -p w && cd w && export N=7"}),
+    )
+    .await;
+    let r = app
+        .call(
+            &sid,
+            "r2",
+            "exec_command",
+            json!({"cmd": "cat", "tty": true, "yield_time_ms": 500}),
+        )
+        .await;
+    let id = running_id(&r);
+    for (i, chars) in ["one\n", "two\n", "\u{4}"].iter().enumerate() {
+        app.call(
+            &sid,
+            &format!("r3{i}"),
+            "write_stdin",
+            json!({"session_id": id, "chars": chars, "yield_time_ms": 1000}),
+        )
+        .await;
+    }
+    let r = bash(&app, &sid, "r4", json!({"command": "echo $N > n.txt; pwd"})).await;
+    assert_eq!(content(&r), "/workspace/w\n", "{r}");
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid}/replay"),
+            &json!({"mode": "verify"}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let replay: Value = resp.json().await.unwrap();
+    assert_eq!(replay["status"], "finished", "{replay}");
+    assert_eq!(replay["calls_replayed"], 6, "{replay:#}");
+    assert_eq!(replay["calls_diverged"], 0, "{replay:#}");
+    // A terminal call whose output differs is a divergence like any other.
+    let sid2 = session(&app, json!({})).await;
+    app.call(
+        &sid2,
+        "x1",
+        "exec_command",
+        json!({"cmd": "head -c 8 /dev/urandom | od -An -tx1"}),
+    )
+    .await;
+    let resp = app
+        .post(
+            &format!("/v1/sessions/{sid2}/replay"),
+            &json!({"mode": "verify"}),
+        )
+        .await;
+    let replay: Value = resp.json().await.unwrap();
+    assert_eq!(replay["calls_diverged"], 1, "{replay:#}");
+}

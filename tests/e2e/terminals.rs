@@ -566,3 +566,185 @@ async fn a_deterministic_repl_and_shell_session_replays_with_no_divergence() {
     let replay: Value = resp.json().await.unwrap();
     assert_eq!(replay["calls_diverged"], 1, "{replay:#}");
 }
+
+// ---------------------------------------------------------------- hostile cases (part 8)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiocsti_is_refused_and_raw_mode_without_echo_leaves_the_terminal_usable() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "h1",
+            "exec_command",
+            json!({"cmd": "python3 -c \"import fcntl, termios\ntry:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x')\n    print('INJECTED')\nexcept OSError as e:\n    print('refused', e.errno)\"", "tty": true, "yield_time_ms": 5000}),
+        )
+        .await;
+    let (_, output) = block(&r);
+    assert!(output.contains("refused"), "{r}");
+    assert!(!output.contains("INJECTED"), "{r}");
+    // A shell that turns echo off and the terminal raw: input still reaches it, output comes
+    // back, and it ends cleanly.
+    let r = app
+        .call(
+            &sid,
+            "h2",
+            "exec_command",
+            json!({"cmd": "stty -echo raw; printf 'ready\\n'; read -r -n 5 line; printf 'got[%s]\\n' \"$line\"; stty sane", "tty": true, "yield_time_ms": 1000}),
+        )
+        .await;
+    let id = running_id(&r);
+    assert!(block(&r).1.contains("ready"), "{r}");
+    let r = app
+        .call(
+            &sid,
+            "h3",
+            "write_stdin",
+            json!({"session_id": id, "chars": "hello", "yield_time_ms": 2000}),
+        )
+        .await;
+    let (head, output) = block(&r);
+    assert!(output.contains("got[hello]"), "{r}");
+    assert!(!output.contains("hellogot"), "echoed in raw mode: {r}");
+    assert!(
+        head.contains(&"Process exited with code 0".to_owned()),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gigabyte_of_terminal_output_keeps_its_head_and_tail_and_counts_the_rest() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let t0 = std::time::Instant::now();
+    let r = app
+        .call(
+            &sid,
+            "g1",
+            "exec_command",
+            json!({"cmd": "echo FIRST; head -c 1000000000 /dev/zero | tr '\\0' x; echo; echo LAST", "yield_time_ms": 30000}),
+        )
+        .await;
+    let mut r = r;
+    let mut polls = 0;
+    while content(&r).contains("Process running") && polls < 6 {
+        let id = running_id(&r);
+        r = app
+            .call(
+                &sid,
+                &format!("g2{polls}"),
+                "write_stdin",
+                json!({"session_id": id, "yield_time_ms": 30000}),
+            )
+            .await;
+        polls += 1;
+    }
+    let text = content(&r);
+    assert!(
+        text.contains("Process exited with code 0"),
+        "{}",
+        &text[..300.min(text.len())]
+    );
+    assert!(
+        text.contains("bytes of output were dropped"),
+        "{}",
+        &text[..300]
+    );
+    assert!(
+        text.trim_end().ends_with("LAST"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+    assert!(text.len() < 60_000, "{}", text.len());
+    eprintln!("1 GB through a terminal: {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_in_a_terminal_stays_in_its_session() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &sid,
+            "b1",
+            "exec_command",
+            json!({"cmd": "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", "tty": true, "yield_time_ms": 2000}),
+        )
+        .await;
+    assert!(r["status"] == "ok" || r["status"] == "error", "{r}");
+    // Another session is not starved of processes.
+    let other = session(&app, json!({})).await;
+    let r = bash(&app, &other, "o1", json!({"command": "echo fine"})).await;
+    assert_eq!(content(&r), "fine\n", "{r}");
+    let t0 = std::time::Instant::now();
+    let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
+    assert!(closed.status().is_success());
+    assert!(t0.elapsed().as_secs() < 15, "{:?}", t0.elapsed());
+}
+
+/// Descriptors of this process (the service runs in it).
+fn own_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// 16 terminals in each of several sessions: all run, all are counted from the host, and
+/// closing the sessions leaves no process and no descriptor behind. Scaled to 6 sessions (96
+/// terminals) to stay within ~30 s on a 2-core machine; the 100 sessions would be
+/// 1,600 terminals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_terminals_in_each_of_many_sessions_leave_nothing_behind() {
+    const SESSIONS: usize = 6;
+    let app = spawn_app().await;
+    let fds_before = own_fds();
+    let arg = sleep_arg(500);
+    let mut sids = Vec::new();
+    for s in 0..SESSIONS {
+        let sid = session(&app, json!({})).await;
+        let calls: Vec<Value> = (0..16)
+            .map(|i| json!({"id": format!("t{i}"), "name": "exec_command",
+                "arguments": {"cmd": format!("sleep {arg}"), "tty": i % 2 == 0, "yield_time_ms": 250}}))
+            .collect();
+        let results = app.calls(&sid, json!(calls)).await;
+        for r in &results {
+            assert!(content(r).contains("Process running"), "session {s}: {r}");
+        }
+        let r = app
+            .call(&sid, "t16", "exec_command", json!({"cmd": "true"}))
+            .await;
+        assert!(
+            content(&r).contains("max_terminals_per_session = 16"),
+            "{r}"
+        );
+        sids.push(sid);
+    }
+    let running = toolexec_tests::procs::host_processes_matching(&format!("sleep {arg}"));
+    assert_eq!(running.len(), 16 * SESSIONS, "{running:?}");
+    let fds_open = own_fds();
+    eprintln!(
+        "{} terminals: {} host processes named sleep {arg}, service descriptors {fds_before} -> {fds_open}",
+        16 * SESSIONS,
+        running.len()
+    );
+    for sid in &sids {
+        let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
+        assert!(closed.status().is_success());
+    }
+    assert_no_host_process(&format!("sleep {arg}"), "after the sessions closed").await;
+    // Each terminal held a descriptor or two in the service; none is left (a little slack for
+    // the HTTP client's and the store's own).
+    let mut fds_after = own_fds();
+    for _ in 0..30 {
+        if fds_after <= fds_before + 8 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        fds_after = own_fds();
+    }
+    assert!(
+        fds_after <= fds_before + 8,
+        "descriptors {fds_before} -> {fds_open} -> {fds_after}"
+    );
+}

@@ -253,7 +253,8 @@ impl Terminals {
         let t = term;
         tokio::spawn(async move {
             let _admitted = admitted;
-            let mut buf = vec![0u8; 64 * 1024];
+            // Small: one per terminal, idle ones included (a PTY gives at most 4 KiB a read).
+            let mut buf = vec![0u8; 16 * 1024];
             let mut open = true;
             let mut status: Option<Result<std::process::ExitStatus, Lost>> = None;
             let mut drain_until: Option<tokio::time::Instant> = None;

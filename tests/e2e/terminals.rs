@@ -748,3 +748,55 @@ async fn sixteen_terminals_in_each_of_many_sessions_leave_nothing_behind() {
         "descriptors {fds_before} -> {fds_open} -> {fds_after}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_ends_the_terminals_and_the_shell_and_says_so() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    bash(
+        &app,
+        &sid,
+        "w1",
+        json!({"command": "export R=1; echo x > x.txt"}),
+    )
+    .await;
+    let r = app
+        .call(
+            &sid,
+            "w2",
+            "exec_command",
+            json!({"cmd": "cat", "tty": true, "yield_time_ms": 250}),
+        )
+        .await;
+    let id = running_id(&r);
+    let resp = app
+        .post(&format!("/v1/sessions/{sid}/rewind"), &json!({"to_seq": 2}))
+        .await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let events = app.events(&sid).await;
+    assert!(
+        events.iter().any(|e| e["kind"] == "terminal.exited"
+            && e["data"]["terminal_id"] == id
+            && e["data"]["killed_by"] == "the workspace was rewound"),
+        "{events:?}"
+    );
+    let r = app
+        .call(
+            &sid,
+            "w3",
+            "write_stdin",
+            json!({"session_id": id, "chars": "x"}),
+        )
+        .await;
+    assert_eq!(
+        content(&r),
+        format!("write_stdin failed: Unknown process id {id}")
+    );
+    let r = bash(&app, &sid, "w4", json!({"command": "echo \"[$R]\"; ls"})).await;
+    assert!(
+        content(&r)
+            .starts_with("[the shell was restarted, state was lost: the workspace was rewound."),
+        "{r}"
+    );
+    assert!(content(&r).ends_with("[]\n"), "{r}");
+}

@@ -245,7 +245,8 @@ async fn measure_with(
     let opened = t
         .exec_terminal(
             "",
-            "exec cat",
+            // No echo: what comes back is cat's own output, not the terminal's echo.
+            "stty -echo; exec cat",
             "cat",
             Some((80, 24)),
             &env,
@@ -263,7 +264,7 @@ async fn measure_with(
         async move {
             let line = format!("{n}\n");
             let mut seen = Vec::new();
-            // Until the line came back (the PTY echoes it, then cat prints it).
+            // Until cat printed the line back (`\r\n`: the terminal's output translation).
             while !seen.ends_with(b"\r\n") || seen.len() < line.len() {
                 let chars = if seen.is_empty() {
                     line.as_bytes()
@@ -282,7 +283,7 @@ async fn measure_with(
     })
     .await?;
     println!(
-        "write_stdin round trip to cat (write a line, first output back), 1 client: {:.0}/s, p50 {:.3} ms, p99 {:.3} ms",
+        "write_stdin round trip to cat in a PTY without echo (write a line, cat's line back), 1 client: {:.0}/s, p50 {:.3} ms, p99 {:.3} ms",
         round.rate(),
         round.pct(0.5),
         round.pct(0.99)

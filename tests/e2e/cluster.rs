@@ -417,6 +417,22 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
     // kill -9 of a node while a call of one of its sessions runs.
     let victim_sid = sessions[0].clone();
     let victim = owners[&victim_sid].clone();
+    // A terminal alive on the node when it dies: recorded as ended by the take-over.
+    let term = c
+        .call(
+            &victim_sid,
+            "term",
+            "exec_command",
+            json!({"cmd": "cat", "tty": true, "yield_time_ms": 250}),
+        )
+        .await;
+    assert!(
+        term["content"]
+            .as_str()
+            .unwrap()
+            .contains("Process running with session ID"),
+        "{term}"
+    );
     let running = {
         let (http, base, sid) = (c.http.clone(), c.base.clone(), victim_sid.clone());
         tokio::spawn(async move {
@@ -481,6 +497,11 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
         .find(|e| e["kind"] == "session.taken_over")
         .expect("a session.taken_over event");
     assert_eq!(taken["data"]["from_node"], victim.as_str(), "{taken}");
+    assert!(
+        events.iter().any(|e| e["kind"] == "terminal.exited"
+            && e["data"]["killed_by"] == "the session moved to another node"),
+        "no terminal.exited for the terminal of the node that died"
+    );
     assert_ne!(taken["data"]["node"], victim.as_str());
     let (owners_now, _) = placement(&db).await;
     assert_ne!(owners_now[&victim_sid], victim);

@@ -46,6 +46,7 @@ mod shell;
 mod sparse;
 mod store;
 mod tenancy;
+mod terminals;
 mod text_editor;
 mod time_travel;
 mod todos;

@@ -748,3 +748,58 @@ async fn two_sdk_clients_on_one_session_each_run_their_calls_though_their_reques
         "the refused call did not run"
     );
 }
+
+/// The living terminals over MCP: listed like every tool, and a running terminal's id is in
+/// the result text a client reads, for its next write_stdin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminals_are_listed_and_a_running_ones_id_is_in_the_result_text() {
+    let app = spawn_app().await;
+    let sid = session(&app).await;
+    let (_, listed) = send(
+        rpc(&app, &sid),
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    )
+    .await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for name in ["bash", "exec_command", "write_stdin"] {
+        assert!(names.contains(&name), "{name}: {names:?}");
+    }
+    let (_, r) = send(
+        rpc(&app, &sid),
+        &tool_call(
+            json!(2),
+            "exec_command",
+            json!({"cmd": "cat", "tty": true, "yield_time_ms": 300}),
+        ),
+    )
+    .await;
+    let text = r["result"]["content"][0]["text"].as_str().unwrap();
+    let id: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Process running with session ID "))
+        .unwrap_or_else(|| panic!("{r}"))
+        .parse()
+        .unwrap();
+    let (_, r) = send(
+        rpc(&app, &sid),
+        &tool_call(
+            json!(3),
+            "write_stdin",
+            json!({"session_id": id, "chars": "ping\n", "yield_time_ms": 500}),
+        ),
+    )
+    .await;
+    let text = r["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("ping"), "{r}");
+    let (_, r) = send(
+        rpc(&app, &sid),
+        &tool_call(json!(4), "bash", json!({"command": "cd /tmp; pwd"})),
+    )
+    .await;
+    assert_eq!(r["result"]["content"][0]["text"], "/tmp\n", "{r}");
+}

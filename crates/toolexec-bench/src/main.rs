@@ -35,6 +35,7 @@ mod load;
 mod reads;
 mod session;
 mod shell;
+mod terminals;
 mod web;
 
 use std::str::FromStr;
@@ -82,6 +83,23 @@ enum Command {
     },
     /// Sandboxed `shell` calls (`true`) over HTTP, with a raw bash spawn as the baseline.
     Shell {
+        /// Postgres URL of a database the bench may create databases from.
+        #[arg(
+            long,
+            env = "TOOLEXEC_TEST_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
+        admin_url: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Client counts to measure (concurrent loops, each with its own session).
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        clients: Vec<usize>,
+    },
+    /// Living terminals (issue 24): `bash` vs raw bash and `shell`, a write_stdin round trip
+    /// to `cat`, memory per idle terminal.
+    Terminals {
         /// Postgres URL of a database the bench may create databases from.
         #[arg(
             long,
@@ -228,6 +246,11 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             clients,
         } => shell::run(&admin_url, Duration::from_secs(seconds), &clients).await,
+        Command::Terminals {
+            admin_url,
+            seconds,
+            clients,
+        } => terminals::run(&admin_url, Duration::from_secs(seconds), &clients).await,
         Command::History { admin_url, seconds } => {
             history::run(&admin_url, Duration::from_secs(seconds)).await
         }
@@ -276,10 +299,10 @@ impl Stats {
         }
     }
 
-    fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.calls as f64 / self.elapsed.as_secs_f64()
     }
-    fn pct(&self, p: f64) -> f64 {
+    pub(crate) fn pct(&self, p: f64) -> f64 {
         if self.latencies_us.is_empty() {
             return 0.0;
         }

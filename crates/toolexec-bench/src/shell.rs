@@ -41,7 +41,7 @@ pub async fn run(admin_url: &str, dur: Duration, client_counts: &[usize]) -> any
 }
 
 /// Makes `dir` traversable by the sandbox user (uid 65534).
-fn open_up(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn open_up(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("chmod 0755 {}", dir.display()))
@@ -491,7 +491,7 @@ fn labelled(metrics: &str, name: &str, label: &str) -> f64 {
 }
 
 /// A new session; the URL of its calls.
-async fn new_session(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+pub(crate) async fn new_session(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
     let session: serde_json::Value = http
         .post(format!("{base}/v1/sessions"))
         .json(&json!({}))

@@ -76,10 +76,23 @@ pub enum EventKind {
     /// (`approved`/`denied`), `by` (who), `reason`, `expired`.
     #[serde(rename = "approval.decided")]
     ApprovalDecided,
+    /// `exec_command` started a program in a terminal: `terminal_id` (its session ID),
+    /// `command`, `workdir`, `tty`, `cols`, `rows`.
+    #[serde(rename = "terminal.opened")]
+    TerminalOpened,
+    /// What a terminal printed and the call that returned it showed the model: `raw` (escape
+    /// sequences kept, lossily decoded, at most 256 KiB; `raw_bytes` counts all), `dropped_bytes`
+    /// (cut from an unread buffer past 1 MiB). What the model typed is the call's own `chars`.
+    #[serde(rename = "terminal.output")]
+    TerminalOutput,
+    /// A terminal's program ended (`exit_code`, `killed_by` when the service ended it: idle,
+    /// session closed, rewind, take-over).
+    #[serde(rename = "terminal.exited")]
+    TerminalExited,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 20] = [
+    pub const ALL: [EventKind; 23] = [
         EventKind::SessionCreated,
         EventKind::SessionClosed,
         EventKind::InvocationStarted,
@@ -100,6 +113,9 @@ impl EventKind {
         EventKind::TodoDeleted,
         EventKind::ApprovalRequested,
         EventKind::ApprovalDecided,
+        EventKind::TerminalOpened,
+        EventKind::TerminalOutput,
+        EventKind::TerminalExited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -124,6 +140,9 @@ impl EventKind {
             EventKind::TodoDeleted => "todo.deleted",
             EventKind::ApprovalRequested => "approval.requested",
             EventKind::ApprovalDecided => "approval.decided",
+            EventKind::TerminalOpened => "terminal.opened",
+            EventKind::TerminalOutput => "terminal.output",
+            EventKind::TerminalExited => "terminal.exited",
         }
     }
 
@@ -147,6 +166,9 @@ impl EventKind {
                 | EventKind::TodoCreated
                 | EventKind::TodoUpdated
                 | EventKind::TodoDeleted
+                | EventKind::TerminalOpened
+                | EventKind::TerminalOutput
+                | EventKind::TerminalExited
         )
     }
 

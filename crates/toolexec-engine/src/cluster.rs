@@ -201,6 +201,7 @@ impl Engine {
             .get_session(session.tenant_id, session.id)
             .await?;
         let gone = self.running_processes(&session).await?;
+        let terminals_gone = self.open_terminals(&session).await?;
         let name = session.id.to_string();
         let keep = self.config.cluster.shared_workspaces && self.workspaces.open(&name).is_ok();
         let (entries, unrestorable) = if keep {
@@ -239,6 +240,16 @@ impl Engine {
                 }),
             })
             .collect();
+        // Terminals lived on the node that is gone: recorded as ended with it.
+        events.extend(terminals_gone.iter().map(|(id, command)| NewEvent {
+            kind: EventKind::TerminalExited,
+            data: json!({
+                "terminal_id": id,
+                "command": command,
+                "exit_code": null,
+                "killed_by": "the session moved to another node",
+            }),
+        }));
         events.push(NewEvent {
             kind: EventKind::SessionTakenOver,
             data: json!({
@@ -259,6 +270,44 @@ impl Engine {
             .session_taken_over(started.elapsed().as_secs_f64());
         tracing::info!(session = %session.id, from = ?from, interrupted, processes = gone.len(), ms = started.elapsed().as_millis() as u64, "session taken over");
         Ok(gone.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// The terminals the log says were opened and have not ended, with their commands.
+    async fn open_terminals(&self, session: &Session) -> Result<Vec<(u64, serde_json::Value)>> {
+        let mut opened: Vec<(u64, serde_json::Value)> = Vec::new();
+        let mut ended = std::collections::HashSet::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .events_of_kinds(
+                    session.tenant_id,
+                    session.id,
+                    &[EventKind::TerminalOpened, EventKind::TerminalExited],
+                    after,
+                    session.last_seq,
+                    1000,
+                )
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            let full = page.len() == 1000;
+            for e in page {
+                let Some(id) = e.data["terminal_id"].as_u64() else {
+                    continue;
+                };
+                if e.kind == EventKind::TerminalOpened {
+                    opened.push((id, e.data["command"].clone()));
+                } else {
+                    ended.insert(id);
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        opened.retain(|(id, _)| !ended.contains(id));
+        Ok(opened)
     }
 
     /// The background processes the log says were started and have not exited, with their

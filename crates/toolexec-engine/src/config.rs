@@ -150,6 +150,12 @@ pub struct Limits {
     /// result is partial and how to narrow it. Bounds the time and memory of a walk over a
     /// workspace full of generated files.
     pub max_walk_entries: usize,
+    /// Terminals (`exec_command` programs) a session may have open at once; past it
+    /// `exec_command` is refused with a message saying so (Codex keeps 64 and silently ends the
+    /// least recently used one instead).
+    pub max_terminals_per_session: usize,
+    /// A terminal no call touched for this long (milliseconds) is killed; its end is recorded.
+    pub terminal_idle_timeout_ms: u64,
     // --- time travel ---
     /// Files and symlinks a state rebuilt from the log may hold (a tree, a file, a fork, a
     /// rewind, a replay); a larger one is refused (409 `state_too_large`). Bounds the memory of
@@ -248,6 +254,8 @@ impl Default for Limits {
             // that a call stuck on a costly pattern or a huge tree answers within a minute.
             tool_timeout_ms: DEFAULT_TOOL_TIMEOUT_MS,
             max_walk_entries: toolexec_tools::DEFAULT_MAX_WALK_ENTRIES,
+            max_terminals_per_session: 16,
+            terminal_idle_timeout_ms: 30 * 60 * 1000,
             // --- time travel ---
             // Twice the Linux kernel's files; ~50 MB of memory for the largest state.
             max_state_entries: 200_000,

@@ -675,6 +675,13 @@ impl Engine {
 
         // Background processes started after to_seq go first: they could write meanwhile.
         let stopped = self.stop_processes_after(&rt, &session, to_seq).await?;
+        // Terminals and the persistent shell too: their programs could write meanwhile, and
+        // their working directories may not survive the rewind.
+        let mut terminals_ended = Vec::new();
+        if let Some(table) = &rt.processes {
+            table.end_bash("the workspace was rewound").await;
+            terminals_ended = table.end_terminals("the workspace was rewound").await;
+        }
 
         // What is really there now (a command's unrecorded writes included), hashed.
         let ws = rt.workspace.clone();
@@ -773,6 +780,15 @@ impl Engine {
         events.extend(stopped.into_iter().map(|data| NewEvent {
             kind: EventKind::ProcessExited,
             data,
+        }));
+        events.extend(terminals_ended.into_iter().map(|(t, e)| NewEvent {
+            kind: EventKind::TerminalExited,
+            data: serde_json::json!({
+                "terminal_id": t.id,
+                "command": t.command,
+                "exit_code": e.exit_code,
+                "killed_by": e.killed_by,
+            }),
         }));
         let (seq, _) = self
             .store

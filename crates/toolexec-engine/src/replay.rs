@@ -372,10 +372,18 @@ impl Engine {
         recorded: &Invocation,
         ids: &mut Ids,
     ) -> Result<(ReplayedCall, Option<i64>)> {
+        let mut arguments = map_ids(&recorded.arguments, &ids.to_replay);
+        // A terminal is named by the id the replay's exec_command got for it.
+        if recorded.name == "write_stdin"
+            && let Some(id) = arguments["session_id"].as_u64()
+            && let Some(mapped) = ids.terminals.get(&id)
+        {
+            arguments["session_id"] = json!(mapped);
+        }
         let call = Call {
             id: recorded.call_id.clone(),
             name: recorded.name.clone(),
-            arguments: map_ids(&recorded.arguments, &ids.to_replay),
+            arguments,
         };
         let results = self
             .run_calls(
@@ -420,8 +428,32 @@ impl Engine {
                 replayed: Some(replayed.status.as_str().into()),
             });
         }
+        let opened = |effects: &[Event]| {
+            effects
+                .iter()
+                .find(|e| e.kind == EventKind::TerminalOpened)
+                .and_then(|e| e.data["terminal_id"].as_u64())
+        };
+        if let (Some(a), Some(b)) = (
+            opened(&recorded.side_effects),
+            opened(&replayed.side_effects),
+        ) {
+            ids.terminals.insert(a, b);
+            let n = ids.terminal_tokens.0.len();
+            ids.terminal_tokens.0.insert(a, n);
+            ids.terminal_tokens.1.insert(b, n);
+        }
         let before = self.store.invocation_output(tenant_id, recorded.id).await?;
         let after = self.store.invocation_output(tenant_id, replayed.id).await?;
+        let terminal = matches!(recorded.name.as_str(), "exec_command" | "write_stdin");
+        let (before, after) = if terminal {
+            (
+                terminal_block(&before, &ids.terminal_tokens.0),
+                terminal_block(&after, &ids.terminal_tokens.1),
+            )
+        } else {
+            (before, after)
+        };
         let output = first_line_difference(
             &normalize(&before, &ids.recorded),
             &normalize(&after, &ids.replayed),
@@ -603,6 +635,45 @@ struct Ids {
     to_replay: HashMap<String, String>,
     recorded: HashMap<String, usize>,
     replayed: HashMap<String, usize>,
+    /// Terminal ids (exec_command's session IDs): the source's to the replay's.
+    terminals: HashMap<u64, u64>,
+    /// The token each terminal id stands for: the source's, the replay's.
+    terminal_tokens: (HashMap<u64, usize>, HashMap<u64, usize>),
+}
+
+/// A terminal call's block (exec_command, write_stdin) with what differs from run to run made
+/// equal: the chunk id, the wall time, and the terminal's id (as the token of the terminal it
+/// names).
+fn terminal_block(text: &str, tokens: &HashMap<u64, usize>) -> String {
+    let id_token = |prefix: &str, line: &str| -> Option<String> {
+        let id: u64 = line.strip_prefix(prefix)?.trim().parse().ok()?;
+        Some(match tokens.get(&id) {
+            Some(n) => format!("{prefix}<terminal {n}>"),
+            None => line.to_owned(),
+        })
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut in_output = false;
+    for line in text.split('\n') {
+        if in_output {
+            out.push(line.to_owned());
+            continue;
+        }
+        let shown = if line.starts_with("Chunk ID: ") {
+            "Chunk ID: …".to_owned()
+        } else if line.starts_with("Wall time: ") {
+            "Wall time: …".to_owned()
+        } else if let Some(l) = id_token("Process running with session ID ", line) {
+            l
+        } else if let Some(l) = id_token("write_stdin failed: Unknown process id ", line) {
+            l
+        } else {
+            line.to_owned()
+        };
+        in_output = line == "Output:";
+        out.push(shown);
+    }
+    out.join("\n")
 }
 
 impl Ids {

@@ -467,6 +467,8 @@ impl Engine {
             max_timeout_ms: self.config.limits.max_timeout_ms,
             max_read_bytes: self.config.limits.max_read_bytes_per_call,
             max_walk_entries: self.config.limits.max_walk_entries,
+            max_terminals: self.config.limits.max_terminals_per_session,
+            terminal_idle_timeout_ms: self.config.limits.terminal_idle_timeout_ms,
             // Set when a call runs (`Engine::run_tool`), so that waiting for the session's
             // scheduling lock does not count against it.
             deadline: toolexec_tools::Deadline::none(),
@@ -792,9 +794,17 @@ impl Engine {
         self.deny_waiting_of_session(tenant_id, id, "the session was closed")
             .await;
         let mut processes = Vec::new();
+        let mut terminals = Vec::new();
         if let Some(rt) = self.cached_runtime(tenant_id, id)?
             && let Some(table) = &rt.processes
         {
+            // Terminals first, so that how each ended is in `session.closed`.
+            terminals = table
+                .end_terminals("the session was closed")
+                .await
+                .into_iter()
+                .map(|(t, e)| json!({"terminal_id": t.id, "command": t.command, "tty": t.tty, "exit_code": e.exit_code, "killed_by": e.killed_by}))
+                .collect();
             table.shutdown().await;
             processes = table
                 .take_exits()
@@ -807,7 +817,7 @@ impl Engine {
             .close_session(
                 tenant_id,
                 id,
-                json!({"node": self.config.node, "processes": processes}),
+                json!({"node": self.config.node, "processes": processes, "terminals": terminals}),
             )
             .await?;
         self.streams.notify(id);

@@ -329,6 +329,15 @@ fn become_command(limits: &InitLimits, scope: &RulesetCreated) -> Result<Never, 
             return Err(format!("dup2: {}", std::io::Error::last_os_error()));
         }
     }
+    // A terminal as stdin (`exec_command` with `tty: true`) becomes the command's controlling
+    // terminal — the spare leads a session of its own and has none — so that Ctrl-C typed into
+    // it reaches the command's foreground process group. Failing that, it is still a terminal.
+    // SAFETY: isatty and ioctl(TIOCSCTTY) on fd 0, which this process owns.
+    unsafe {
+        if libc::isatty(0) == 1 {
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+        }
+    }
     let mut dir = b"/workspace".to_vec();
     if !command.workdir.is_empty() {
         dir.push(b'/');

@@ -2,7 +2,7 @@
 //! (started with the first command, when the sandbox is resident), foreground commands, and its
 //! background processes with their output kept for polling.
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,9 +13,11 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
+use crate::bash::{BOOTSTRAP, BashLimits, BashRun, Shell};
 use crate::cgroup::SessionGroup;
 use crate::resident::{Agent, Started};
 use crate::run::{Finished, Lost, Process, RunLimits, setup_failure};
+use crate::terminal::{Io, TermError, TermExit, TermInfo, TermRead, Terminals};
 use crate::{Launch, Program, Sandbox, SandboxError, Spawned};
 
 /// The state of a background process.
@@ -154,6 +156,12 @@ pub struct ProcessTable {
     agent: tokio::sync::Mutex<Option<Arc<Agent>>>,
     /// What each command must get before it starts, if anything.
     admission: Option<Admission>,
+    /// The session's persistent shell (the `bash` tool), once a call started it.
+    bash: tokio::sync::Mutex<Option<Shell>>,
+    /// Programs started by `exec_command`.
+    terminals: Terminals,
+    /// Why the persistent shell was ended by the service (a rewind), for its next call.
+    bash_ended: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for ProcessTable {
@@ -184,6 +192,9 @@ impl ProcessTable {
             gone_reported: Mutex::new(std::collections::BTreeSet::new()),
             agent: tokio::sync::Mutex::new(None),
             admission: None,
+            bash: tokio::sync::Mutex::new(None),
+            terminals: Terminals::default(),
+            bash_ended: Mutex::new(None),
         }
     }
 
@@ -458,7 +469,7 @@ impl ProcessTable {
                 )
                 .await;
             drop((stdin_r, write_end, write_err));
-            let Started { group, exit } = started?;
+            let Started { group, exit, .. } = started?;
             let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
                 .map_err(|e| SandboxError::Setup(format!("input pipe: {e}")))?;
             let output = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)
@@ -729,8 +740,315 @@ impl ProcessTable {
             .unwrap_or_default()
     }
 
+    /// Runs `command` in the session's persistent shell (see [`crate::bash`]), starting one if
+    /// there is none (or it ended, or `restart` asks for a fresh one). Calls take turns.
+    pub async fn bash(
+        &self,
+        command: Option<&str>,
+        restart: bool,
+        env: &BTreeMap<String, String>,
+        network: bool,
+        limits: &BashLimits,
+    ) -> Result<BashRun, SandboxError> {
+        let mut slot = self.bash.lock().await;
+        let mut previous_lost = self.bash_ended.lock().ok().and_then(|mut e| e.take());
+        if let Some(shell) = slot.as_mut() {
+            if restart {
+                shell.kill().await;
+                *slot = None;
+            } else if let Err(why) = shell.check_alive().await {
+                previous_lost = Some(why);
+                *slot = None;
+            } else if shell.network != network {
+                previous_lost = Some(if network {
+                    "the session's policy now allows the network, which the shell started without"
+                        .to_owned()
+                } else {
+                    "the session's policy no longer allows the network".to_owned()
+                });
+                shell.kill().await;
+                *slot = None;
+            }
+        }
+        let Some(command) = command else {
+            return Ok(BashRun {
+                previous_lost,
+                ..BashRun::default()
+            });
+        };
+        let fresh = slot.is_none();
+        if fresh {
+            *slot = Some(
+                self.start_shell(env, network)
+                    .instrument(tracing::info_span!("sandbox.bash_start"))
+                    .await?,
+            );
+        }
+        let Some(shell) = slot.as_mut() else {
+            return Err(SandboxError::Setup("the shell is gone".into()));
+        };
+        let mut run = shell.run(command, limits).await;
+        run.fresh = fresh;
+        run.previous_lost = previous_lost;
+        if (run.restarted || run.shell_ended.is_some())
+            && let Some(mut gone) = slot.take()
+        {
+            gone.kill().await;
+        }
+        Ok(run)
+    }
+
+    /// Starts the session's persistent shell in its sandbox: `bash --noprofile --norc` reading
+    /// its script from a pipe, with its output and status pipes (see [`crate::bash`]).
+    async fn start_shell(
+        &self,
+        env: &BTreeMap<String, String>,
+        network: bool,
+    ) -> Result<Shell, SandboxError> {
+        let admitted = self.admit()?;
+        let group = self.group()?;
+        let launch = self.launch(
+            "",
+            Self::shell("exec /bin/bash --noprofile --norc", env),
+            network,
+        )?;
+        let setup = |what: &str, e: std::io::Error| SandboxError::Setup(format!("{what}: {e}"));
+        let pipe = |what: &str| {
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| setup(what, e.into()))
+        };
+        let (in_r, in_w) = pipe("script pipe")?;
+        let (out_r, out_w) = pipe("output pipe")?;
+        let (st_r, st_w) = pipe("status pipe")?;
+        let (process, cmd_group, pid) = if self.sandbox.is_resident() {
+            let agent = self.agent(&launch).await?;
+            let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
+                SandboxError::Setup(format!("the command cannot be passed on: {e}"))
+            })?;
+            let started = agent
+                .start_command(&spec, [in_r.as_fd(), out_w.as_fd(), st_w.as_fd()])
+                .await;
+            drop((in_r, out_w, st_w));
+            let Started { group, exit, pid } = started?;
+            (Process::Resident(Some(exit)), Some(group), Some(pid))
+        } else {
+            let spawned = self
+                .sandbox
+                .spawn(
+                    &launch,
+                    group.as_deref(),
+                    Stdio::from(in_r),
+                    Stdio::from(out_w),
+                    Stdio::from(st_w),
+                )
+                .await?;
+            let Spawned {
+                child,
+                group: cmd_group,
+                started,
+            } = spawned;
+            if !started {
+                let mut status = tokio::net::unix::pipe::Receiver::from_owned_fd(st_r)
+                    .map_err(|e| setup("status pipe", e))?;
+                let mut text = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(2), status.read_to_end(&mut text))
+                    .await;
+                let _ = setup_failure(child).await;
+                return Err(SandboxError::Setup(
+                    String::from_utf8_lossy(&text).trim().to_owned(),
+                ));
+            }
+            let pid = if self.sandbox.is_unsandboxed() {
+                child.id().and_then(|p| i32::try_from(p).ok())
+            } else {
+                None
+            };
+            (Process::Child(child), cmd_group, pid)
+        };
+        let mut shell = Shell {
+            stdin: tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
+                .map_err(|e| setup("script pipe", e))?,
+            output: tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
+                .map_err(|e| setup("output pipe", e))?,
+            status: tokio::net::unix::pipe::Receiver::from_owned_fd(st_r)
+                .map_err(|e| setup("status pipe", e))?,
+            process,
+            group: cmd_group,
+            pid,
+            network,
+            _admitted: admitted,
+            ended: None,
+        };
+        let sent = tokio::time::timeout(Duration::from_secs(5), async {
+            shell.stdin.write_all(BOOTSTRAP.as_bytes()).await?;
+            shell.stdin.flush().await
+        })
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            shell.kill().await;
+            return Err(SandboxError::Setup(
+                "the shell did not start reading its commands".into(),
+            ));
+        }
+        Ok(shell)
+    }
+
+    /// Starts a program for `exec_command`: `shell_command` run by bash (the tool builds it),
+    /// its stdin a pipe or, with `tty`, the slave of a `cols`×`rows` pseudo-terminal; then
+    /// waits up to `yield_for` for it to end. Refused past `max_terminals` open ones.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn exec_terminal(
+        &self,
+        workdir: &str,
+        shell_command: &str,
+        display: &str,
+        tty: Option<(u16, u16)>,
+        env: &BTreeMap<String, String>,
+        network: bool,
+        max_terminals: usize,
+        idle: Duration,
+        yield_for: Duration,
+    ) -> Result<Result<TermRead, TermError>, SandboxError> {
+        let t0 = Instant::now();
+        let open = self.terminals.count();
+        if open >= max_terminals {
+            return Err(SandboxError::Limit(format!(
+                "this session already has {open} terminals open, its limit (limits.max_terminals_per_session = {max_terminals}); end one first: send \"\\u0003\" or an exit command with write_stdin, or wait for it to finish"
+            )));
+        }
+        let admitted = self.admit()?;
+        let group = self.group()?;
+        let mut env = env.clone();
+        for (k, v) in [
+            ("TERM", "dumb"),
+            ("NO_COLOR", "1"),
+            ("PAGER", "cat"),
+            ("GIT_PAGER", "cat"),
+        ] {
+            env.insert(k.to_owned(), v.to_owned());
+        }
+        let launch = self.launch(workdir, Self::shell(shell_command, &env), network)?;
+        let setup = |what: &str, e: std::io::Error| SandboxError::Setup(format!("{what}: {e}"));
+        let pipe = |what: &str| {
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| setup(what, e.into()))
+        };
+        // The program's stdin, stdout, stderr; what the service keeps.
+        let (stdio, io_parts): ([OwnedFd; 3], IoParts) = match tty {
+            Some((cols, rows)) => {
+                let (master, slave) =
+                    crate::terminal::open_pty(cols, rows).map_err(|e| setup("terminal", e))?;
+                let a = slave.try_clone().map_err(|e| setup("terminal", e))?;
+                let b = slave.try_clone().map_err(|e| setup("terminal", e))?;
+                ([slave, a, b], IoParts::Pty(master))
+            }
+            None => {
+                let (in_r, in_w) = pipe("input pipe")?;
+                let (out_r, out_w) = pipe("output pipe")?;
+                let err_w = out_w.try_clone().map_err(|e| setup("output pipe", e))?;
+                ([in_r, out_w, err_w], IoParts::Pipes(in_w, out_r))
+            }
+        };
+        let (process, cmd_group) = if self.sandbox.is_resident() {
+            let agent = self.agent(&launch).await?;
+            let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
+                SandboxError::Setup(format!("the command cannot be passed on: {e}"))
+            })?;
+            let [a, b, c] = &stdio;
+            let started = agent
+                .start_command(&spec, [a.as_fd(), b.as_fd(), c.as_fd()])
+                .await;
+            drop(stdio);
+            let Started { group, exit, .. } = started?;
+            (Process::Resident(Some(exit)), Some(group))
+        } else {
+            let [a, b, c] = stdio;
+            let spawned = self
+                .sandbox
+                .spawn(
+                    &launch,
+                    group.as_deref(),
+                    Stdio::from(a),
+                    Stdio::from(b),
+                    Stdio::from(c),
+                )
+                .await?;
+            if !spawned.started {
+                let _ = setup_failure(spawned.child).await;
+                return Err(SandboxError::Setup(
+                    "the program's sandbox could not be set up".into(),
+                ));
+            }
+            (Process::Child(spawned.child), spawned.group)
+        };
+        let io = match io_parts {
+            IoParts::Pty(master) => {
+                Io::Pty(crate::terminal::register(master).map_err(|e| setup("terminal", e))?)
+            }
+            IoParts::Pipes(in_w, out_r) => Io::Pipes {
+                // Held (never written: `tty: false` takes no input) so the program does not
+                // read end of file, as Codex's do.
+                stdin: Some(
+                    tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
+                        .map_err(|e| setup("input pipe", e))?,
+                ),
+                output: tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
+                    .map_err(|e| setup("output pipe", e))?,
+            },
+        };
+        let id = self.terminals.fresh_id();
+        self.terminals.add(
+            id,
+            display.to_owned(),
+            tty.is_some(),
+            io,
+            process,
+            cmd_group,
+            idle,
+            admitted,
+        );
+        Ok(self.terminals.interact(id, b"", yield_for, false, t0).await)
+    }
+
+    /// `write_stdin`: writes `chars` to a terminal, then waits (see [`Terminals`]).
+    pub async fn terminal_input(
+        &self,
+        id: u32,
+        chars: &[u8],
+        yield_for: Duration,
+        until_output: bool,
+    ) -> Result<TermRead, TermError> {
+        self.terminals
+            .interact(id, chars, yield_for, until_output, Instant::now())
+            .await
+    }
+
+    /// Ends the persistent shell (a rewind): its next call starts a fresh one and says why.
+    pub async fn end_bash(&self, why: &str) {
+        if let Some(mut shell) = self.bash.lock().await.take() {
+            shell.kill().await;
+            if let Ok(mut e) = self.bash_ended.lock() {
+                *e = Some(why.to_owned());
+            }
+        }
+    }
+
+    /// The session's open terminals.
+    pub fn terminals(&self) -> Vec<TermInfo> {
+        self.terminals.list()
+    }
+
+    /// Kills every terminal (a rewind or a take-over): how each ended, for recording.
+    pub async fn end_terminals(&self, why: &str) -> Vec<(TermInfo, TermExit)> {
+        self.terminals.shutdown(why).await
+    }
+
     /// Kills every running process of the session and its resident sandbox (session close).
     pub async fn shutdown(&self) {
+        self.terminals.shutdown("the session was closed").await;
+        if let Some(mut shell) = self.bash.lock().await.take() {
+            shell.kill().await;
+        }
         let ids: Vec<String> = self
             .list()
             .into_iter()
@@ -771,6 +1089,11 @@ impl Drop for ProcessTable {
             }
         }
     }
+}
+
+enum IoParts {
+    Pty(OwnedFd),
+    Pipes(OwnedFd, OwnedFd),
 }
 
 /// Puts how a command ended (or why it could not run) on its span.

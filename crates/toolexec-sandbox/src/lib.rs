@@ -33,11 +33,13 @@
 //! a host where sandboxes are resident) that reports its own credentials and the agent's; if
 //! anything is missing the sandbox is unavailable and `shell` fails closed.
 mod background;
+pub mod bash;
 pub mod cgroup;
 pub mod egress;
 mod image;
 mod resident;
 mod run;
+pub mod terminal;
 
 /// The init's protocol and constants (exit status, error prefix, descriptors).
 pub use toolexec_sandbox_init as init;
@@ -54,8 +56,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessTable};
+pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
 pub use run::{Finished, KillReason, RunLimits};
+pub use terminal::{TermError, TermExit, TermInfo, TermRead};
 
 /// Whether commands run sandboxed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

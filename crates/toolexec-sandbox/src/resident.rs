@@ -96,12 +96,17 @@ struct Spare {
     sock: AsyncFd<OwnedFd>,
     group: CommandGroup,
     exit: oneshot::Receiver<SpareEnd>,
+    /// Its pid in the service's PID namespace.
+    pid: i32,
 }
 
 /// A command the agent's spare is running.
 pub(crate) struct Started {
     pub group: CommandGroup,
     pub exit: oneshot::Receiver<SpareEnd>,
+    /// The command's pid in the service's PID namespace (the kernel's word, from the spare's
+    /// credentials; the command is the spare, exec'd).
+    pub pid: i32,
 }
 
 /// A session's resident agent.
@@ -446,6 +451,7 @@ impl Agent {
             Ok(Ok((0, _))) => Ok(Started {
                 group: spare.group,
                 exit: spare.exit,
+                pid: spare.pid,
             }),
             Ok(Ok((n, _))) => match FromSpare::decode(&buf[..n]) {
                 Ok(FromSpare::Failed { reason }) => Err(SandboxError::Setup(reason)),
@@ -571,7 +577,12 @@ async fn prepare(shared: Arc<Shared>, tree: Arc<SessionTree>) -> Result<Spare, S
         .await
         .map_err(|e| setup("command cgroup", e))?
         .map_err(|e| setup("placing the command in its cgroup", e))?;
-    Ok(Spare { sock, group, exit })
+    Ok(Spare {
+        sock,
+        group,
+        exit,
+        pid,
+    })
 }
 
 type Job = Box<dyn FnOnce() + Send>;

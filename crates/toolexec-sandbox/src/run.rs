@@ -209,7 +209,7 @@ impl Sandbox {
             .await;
         // Only the command holds its pipes' write ends now: their end of file is its end.
         drop((out_w, err_w));
-        let Started { group, exit } = started?;
+        let Started { group, exit, .. } = started?;
         let pipe = |fd| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
                 .map(|p| Box::new(p) as Pipe)

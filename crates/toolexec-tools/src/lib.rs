@@ -70,6 +70,10 @@ pub struct ToolContext {
     /// Directory entries one walk (grep, glob, list_dir) may read before it stops and says
     /// its result is partial (the operator's `limits.max_walk_entries`).
     pub max_walk_entries: usize,
+    /// Terminals (`exec_command`) a session may have open (`limits.max_terminals_per_session`).
+    pub max_terminals: usize,
+    /// How long a terminal may go untouched before it is killed, milliseconds.
+    pub terminal_idle_timeout_ms: u64,
     /// When this call must stop (see [`deadline`]); [`Deadline::none`] until the engine runs
     /// the call with [`run_within_deadline`].
     pub deadline: Deadline,
@@ -120,6 +124,8 @@ impl ToolContext {
             max_timeout_ms: 600_000,
             max_read_bytes: DEFAULT_MAX_READ_BYTES,
             max_walk_entries: DEFAULT_MAX_WALK_ENTRIES,
+            max_terminals: 16,
+            terminal_idle_timeout_ms: 30 * 60 * 1000,
             deadline: Deadline::none(),
             cancel: CancellationToken::new(),
             web: Arc::new(web::WebAccess::default()),

@@ -60,7 +60,7 @@ fn the_catalog_describes_every_tool_truthfully() {
     let registry = Registry::builtin().unwrap();
     use Capability::{ContentFromSource, FsRead, FsWrite, Network, Process};
     use TruncationMode::{Head, HeadTail, Tail};
-    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 23] = [
+    let expected: [(&str, bool, &[Capability], usize, TruncationMode); 26] = [
         ("read_file", true, &[FsRead], 50_000, HeadTail),
         ("read_many_files", true, &[FsRead], 50_000, HeadTail),
         ("write_file", false, &[FsWrite], 1_000, Tail),
@@ -89,6 +89,21 @@ fn the_catalog_describes_every_tool_truthfully() {
             false,
             &[Process, FsRead, FsWrite],
             50_000,
+            HeadTail,
+        ),
+        ("bash", false, &[Process, FsRead, FsWrite], 50_000, HeadTail),
+        (
+            "exec_command",
+            false,
+            &[Process, FsRead, FsWrite],
+            200_000,
+            HeadTail,
+        ),
+        (
+            "write_stdin",
+            false,
+            &[Process, FsRead, FsWrite],
+            200_000,
             HeadTail,
         ),
         ("process_read", true, &[Process], 70_000, Tail),

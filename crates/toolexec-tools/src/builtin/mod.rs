@@ -13,6 +13,7 @@ use toolexec_workspace::jail::{
 };
 
 pub mod apply_patch;
+pub mod bash;
 pub mod edit_file;
 pub mod file_copy;
 pub mod file_delete;
@@ -28,6 +29,7 @@ pub mod read_output;
 pub mod shell;
 pub mod str_replace_based_edit_tool;
 pub mod tasks;
+pub mod terminal;
 pub mod update_plan;
 pub mod web_fetch;
 pub mod web_search;
@@ -48,6 +50,9 @@ pub fn all() -> Vec<Arc<dyn Tool>> {
         Arc::new(file_copy::FileCopy::new()),
         Arc::new(file_delete::FileDelete::new()),
         Arc::new(shell::Shell::new()),
+        Arc::new(bash::Bash::new()),
+        Arc::new(terminal::ExecCommand::new()),
+        Arc::new(terminal::WriteStdin::new()),
         Arc::new(process_read::ProcessRead::new()),
         Arc::new(process_write::ProcessWrite::new()),
         Arc::new(process_kill::ProcessKill::new()),

@@ -220,7 +220,7 @@ impl Tool for Shell {
 /// The session's connections through its egress proxy that ended since the last `shell` call
 /// (this command's, and a background process's): one `network.request` event each, and a last
 /// one counting those past the proxy's 1,000 kept records.
-fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
+pub(crate) fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
     let (records, more) = table.drain_egress();
     let mut events: Vec<ToolEvent> = records
         .into_iter()
@@ -249,13 +249,13 @@ fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<ToolEvent> {
     events
 }
 
-const UNSANDBOXED_NOTE: &str =
+pub(crate) const UNSANDBOXED_NOTE: &str =
     "[UNSANDBOXED: the operator disabled the sandbox; this command ran directly on the host]\n";
 
 /// The model's view of a finished command.
 /// When the session's disk quota is (all but) used up after a command: what the model should
 /// know, since the command's own error (`No space left on device`) does not say it is a quota.
-fn full_disk_note(ctx: &ToolContext) -> Option<String> {
+pub(crate) fn full_disk_note(ctx: &ToolContext) -> Option<String> {
     let quota = ctx.disk_quota?;
     let st = rustix::fs::statvfs(ctx.workspace.root_path()).ok()?;
     let free = st.f_bavail.saturating_mul(st.f_frsize);

@@ -12,6 +12,11 @@ import type { paths } from "./schema.js";
 
 /** One call's result: `content`, `is_error`, `status`, `rendered` (with a `format`), … */
 export type CallResult = schema.CallResultOut;
+/** What an OpenAI `shell_call` or `apply_patch_call` item (sent with `format: "openai"`) did: the
+ * calls it ran and the output item for the Responses API (`rendered`). */
+export type ItemResult = schema.OpenAiItemResultOut;
+/** One entry of a batch's answer: a call's result, or (OpenAI items only) an item's. */
+export type Result = CallResult | ItemResult;
 export type Event = schema.Event;
 export type SessionInfo = schema.Session;
 export type Policy = schema.Policy;
@@ -233,7 +238,7 @@ export class Session {
   // Calls ----------------------------------------------------------------------------------
 
   /** Runs a batch, in order. Retried safely: the same ids are sent again. */
-  async calls(calls: (CallInput | Record<string, unknown>)[], format?: ResultFormat): Promise<CallResult[]> {
+  async calls(calls: (CallInput | Record<string, unknown>)[], format?: ResultFormat): Promise<Result[]> {
     const body = {
       calls: calls.map((c) =>
         "name" in c
@@ -256,7 +261,9 @@ export class Session {
 
   /** Runs one call: `s.call("read_file", { file_path: "a.txt" })`. */
   async call(name: string, args: Record<string, unknown> = {}, options: { id?: string } = {}): Promise<CallResult> {
-    return (await this.calls([{ name, arguments: args, id: options.id }]))[0]!;
+    const [r] = await this.calls([{ name, arguments: args, id: options.id }]);
+    if (!r || !("invocation_id" in r)) throw new TypeError(`expected a call's result, got ${JSON.stringify(r)}`);
+    return r;
   }
 
   shell(command: string, args: Record<string, unknown> = {}): Promise<CallResult> {

@@ -651,6 +651,19 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * @description An Anthropic Messages `tools` entry for a tool Anthropic defines itself: its type and name,
+         *     no schema (the model knows the tool's arguments).
+         */
+        AnthropicNativeTool: {
+            /**
+             * @description `bash_20250124` or `text_editor_20250728`.
+             * @example text_editor_20250728
+             */
+            type: string;
+            /** @description `bash` or `str_replace_based_edit_tool`. */
+            name: string;
+        };
         /** @description Anthropic Messages `tools` entry (strict tool use). */
         AnthropicTool: {
             name: string;
@@ -663,6 +676,17 @@ export interface components {
             input_schema: Record<string, never>;
             /** @description Always `true`. */
             strict: boolean;
+        };
+        /**
+         * @description An OpenAI Responses API `apply_patch_call` output item: one file operation, run here as an
+         *     `apply_patch` call with the same id. Other fields (`id`, `status`, `caller`, `created_by`)
+         *     are accepted and ignored.
+         */
+        ApplyPatchCallItem: {
+            /** @description Always `apply_patch_call`. */
+            type: string;
+            call_id: string;
+            operation: components["schemas"]["PatchOperation"];
         };
         /** @description A person's decision on a waiting call. Both fields are optional (`{}` is a decision). */
         ApprovalDecision: {
@@ -756,6 +780,8 @@ export interface components {
             /** @description The tool's arguments, validated against its `input_schema`. */
             arguments?: Record<string, never>;
         };
+        /** @description A tool call, or (with `?format=openai`) an OpenAI Responses output item the client runs. */
+        CallItem: components["schemas"]["Call"] | components["schemas"]["ShellCallItem"] | components["schemas"]["ApplyPatchCallItem"];
         /** @description The result of one call, ready to hand to the model. */
         CallResult: {
             call_id: string;
@@ -798,13 +824,15 @@ export interface components {
             /**
              * @description The model's tool calls, in the order it emitted them. Each tool's argument schema is in
              *     the components as `tool.<name>.arguments` and at `GET /v1/tools`. At least one;
-             *     at most `limits.max_calls_per_batch` (64 by default).
+             *     at most `limits.max_calls_per_batch` (64 by default), counting each command of a
+             *     `shell_call` as a call. With `?format=openai`, the Responses API's `shell_call` and
+             *     `apply_patch_call` output items may be given as they are, among the calls.
              */
-            calls: components["schemas"]["Call"][];
+            calls: components["schemas"]["CallItem"][];
         };
         CallsResponse: {
-            /** @description One result per call, in request order. */
-            results: components["schemas"]["CallResultOut"][];
+            /** @description One result per call (or OpenAI item), in request order. */
+            results: components["schemas"]["ItemResultOut"][];
         };
         /**
          * @description A capability a tool may exercise. Recorded on every invocation; policy decisions (such as the
@@ -879,7 +907,7 @@ export interface components {
          * @description Kinds of log events. Stored as their dotted string.
          * @enum {string}
          */
-        EventKind: "session.created" | "session.closed" | "invocation.started" | "invocation.finished" | "file.created" | "file.modified" | "file.deleted" | "plan.updated" | "process.started" | "process.exited" | "files.changed" | "workspace.rewound" | "network.request" | "web.exchange" | "session.taken_over" | "todo.created" | "todo.updated" | "todo.deleted" | "approval.requested" | "approval.decided";
+        EventKind: "session.created" | "session.closed" | "invocation.started" | "invocation.finished" | "file.created" | "file.modified" | "file.deleted" | "plan.updated" | "process.started" | "process.exited" | "files.changed" | "workspace.rewound" | "network.request" | "web.exchange" | "session.taken_over" | "todo.created" | "todo.updated" | "todo.deleted" | "approval.requested" | "approval.decided" | "terminal.opened" | "terminal.output" | "terminal.exited";
         EventPage: {
             /**
              * @description In `seq` order. An event larger than the page's bound alone shows the beginning of its
@@ -984,6 +1012,8 @@ export interface components {
          * @enum {string}
          */
         InvocationStatus: "running" | "pending_approval" | "ok" | "error" | "invalid_arguments" | "unknown_tool" | "denied" | "timed_out" | "cancelled" | "interrupted";
+        /** @description The result of a call, or of an OpenAI Responses item. */
+        ItemResultOut: components["schemas"]["CallResultOut"] | components["schemas"]["OpenAiItemResultOut"];
         /** @description What an MCP client is told about a tool's effects. */
         McpAnnotations: {
             /** @description It changes nothing (files, processes). */
@@ -1043,6 +1073,32 @@ export interface components {
             type: string;
             function: components["schemas"]["OpenAiChatFunction"];
         };
+        /**
+         * @description What a `shell_call` or `apply_patch_call` item did: the calls it ran, and the output item
+         *     to hand back to the Responses API.
+         */
+        OpenAiItemResultOut: {
+            /**
+             * @description The item's `type`: `shell_call` or `apply_patch_call`.
+             * @example shell_call
+             */
+            type: string;
+            /** @description The item's `call_id`. */
+            call_id: string;
+            /**
+             * @description The calls it ran, in order, as recorded: a `shell` call per command (ids
+             *     `{call_id}#1`, `{call_id}#2`, …), or one `apply_patch` call (id `call_id`). Empty when
+             *     the item was refused before anything ran (a diff with another file's header).
+             */
+            calls: components["schemas"]["CallResult"][];
+            /**
+             * @description `shell_call_output {call_id, max_output_length, output: [{stdout, stderr, outcome}]}`
+             *     (one entry per command, `outcome` `{"type": "exit", "exit_code"}` or
+             *     `{"type": "timeout"}`), or `apply_patch_call_output {call_id, status: completed |
+             *     failed, output}`.
+             */
+            rendered: Record<string, never>;
+        };
         /** @description OpenAI Responses API `tools` entry (strict mode). */
         OpenAiTool: {
             /**
@@ -1098,6 +1154,18 @@ export interface components {
             complete: boolean;
             /** @description Length of the output the tool produced, in characters. */
             output_chars: number;
+        };
+        /** @description The file operation of an `apply_patch_call`. */
+        PatchOperation: {
+            /** @description `create_file`, `update_file` or `delete_file`. */
+            type: string;
+            /** @description The file, relative to /workspace or absolute under it. */
+            path: string;
+            /**
+             * @description In OpenAI's V4A form: for `create_file` every line starts with `+`; for `update_file`
+             *     `@@` hunks of ` ` context, `-` removed and `+` added lines. Not given for `delete_file`.
+             */
+            diff?: string | null;
         };
         /**
          * @description What a session may do. The operator's configuration sets ceilings; a session can only
@@ -1348,6 +1416,46 @@ export interface components {
              */
             todos: components["schemas"]["Todo"][];
         };
+        /** @description What a `shell_call` asks to run. */
+        ShellAction: {
+            /**
+             * @description Each a bash command line, run one after another in order (as `shell` calls); at most
+             *     as many as a batch may hold.
+             */
+            commands: string[];
+            /**
+             * Format: int64
+             * @description Each command's time limit (the `shell` tool's `timeout_ms`; above the service's ceiling,
+             *     the ceiling). Default: the session's default timeout.
+             */
+            timeout_ms?: number | null;
+            /**
+             * Format: int64
+             * @description Characters of each command's stdout and of its stderr handed back (the beginning);
+             *     echoed in the output item. Default: all the `shell` result holds.
+             */
+            max_output_length?: number | null;
+        };
+        /**
+         * @description An OpenAI Responses API `shell_call` output item, as the model emitted it: commands for the
+         *     client to run (here, in the session's sandbox with the `shell` tool). Other fields of the
+         *     item (`id`, `status`, `caller`, `created_by`) are accepted and ignored.
+         */
+        ShellCallItem: {
+            /** @description Always `shell_call`. */
+            type: string;
+            /**
+             * @description The model's id for the call; the commands are recorded as `shell` calls with ids
+             *     `{call_id}#1`, `{call_id}#2`, ….
+             */
+            call_id: string;
+            action: components["schemas"]["ShellAction"];
+            /**
+             * @description Where the model meant the commands to run: absent or `{"type": "local"}` (the client's
+             *     own environment, this service). A hosted container is OpenAI's to run, and refused.
+             */
+            environment?: Record<string, never> | null;
+        };
         /** @description One Server-Sent Event of `GET /v1/sessions/{id}/events/stream`, as its fields arrive. */
         StreamEvent: {
             /**
@@ -1395,7 +1503,7 @@ export interface components {
          */
         TodoStatus: "pending" | "in_progress" | "completed";
         /** @description One tool in the shape `format` asks for. */
-        ToolDefinition: components["schemas"]["CatalogEntry"] | components["schemas"]["OpenAiTool"] | components["schemas"]["OpenAiChatTool"] | components["schemas"]["AnthropicTool"] | components["schemas"]["McpTool"];
+        ToolDefinition: components["schemas"]["CatalogEntry"] | components["schemas"]["OpenAiTool"] | components["schemas"]["OpenAiChatTool"] | components["schemas"]["AnthropicTool"] | components["schemas"]["AnthropicNativeTool"] | components["schemas"]["McpTool"];
         /** @description A tool as the catalog shows it. */
         ToolSpec: {
             name: string;
@@ -1608,6 +1716,27 @@ export interface components {
             patch: string;
         };
         /**
+         * bash arguments
+         * @description Runs a command in a persistent bash shell: one shell per session, kept between calls, so the working directory, exported variables, functions and an activated virtualenv carry over from one call to the next. `restart: true` replaces it with a fresh shell (in /workspace, nothing kept).
+         *
+         *     The shell runs in the session's sandbox, like `shell`: an unprivileged user, only /workspace and a private /tmp writable, no network unless the session's policy grants it. stdin is empty (/dev/null): commands that prompt get end-of-file, so pass flags such as `-y` or `--no-input`; for programs you must talk to (a REPL, a prompt) use exec_command with tty: true and write_stdin. stdout and stderr come back together, in the order they were written, then `[exit code N]` when it is not 0. Every file the command changes in /workspace is recorded.
+         *
+         *     Time: 2 minutes a call (the session's default timeout when it sets one, up to the operator's ceiling). Past it the command is interrupted (SIGINT, then its processes are killed) and the shell is kept; a shell that does not come back is restarted, and the result says its state was lost. Background jobs (`cmd &`) keep running between calls until the shell is restarted; their output comes with the next call's.
+         *
+         *     Examples:
+         *     {"command": "cd backend && source .venv/bin/activate"}
+         *     {"command": "pytest -x -q 2>&1 | tail -n 30"}
+         *     {"restart": true}
+         *
+         *     Limits: output is captured up to the operator's cap (1 MiB by default; past it the command is stopped) and you see at most 50,000 characters (the beginning and the end; read_output pages through the rest).
+         */
+        "tool.bash.arguments": {
+            /** @description The bash command to run in the session's shell. Required unless restart is true. */
+            command?: string | null;
+            /** @description Replace the shell with a fresh one (nothing of the old one's state is kept). With a command, the command runs in the fresh shell. */
+            restart?: boolean | null;
+        };
+        /**
          * edit_file arguments
          * @description Replaces exact text in an existing file: `old_string` must appear in the file exactly as written (every space, tab and line break) and is replaced by `new_string`.
          *
@@ -1632,6 +1761,44 @@ export interface components {
             old_string: string;
             /** @description Replace every occurrence of old_string. Default false: old_string must occur exactly once. */
             replace_all?: boolean | null;
+        };
+        /**
+         * exec_command arguments
+         * @description Runs a command in a terminal of the session's sandbox (Codex's exec_command) and returns its output after `yield_time_ms` or when it exits, whichever comes first. A program still running then gets a session ID: send it input and read its output with write_stdin.
+         *
+         *     `tty: false` (default): pipes, stdin closed to you (for builds, tests, servers whose output you poll). `tty: true`: a pseudo-terminal (80x24, or `cols`/`rows`), for programs that need one: REPLs (python3 -i, node), prompts, pagers, debuggers. TERM=dumb NO_COLOR=1 PAGER=cat are set; what you see has escape sequences removed. The command runs with `shell` (default /bin/bash) as a login shell (`login`, default true) in `workdir` (default /workspace). The sandbox is `shell`'s: no network unless the session's policy allows it.
+         *
+         *     Examples:
+         *     {"cmd": "python3 -i", "tty": true}
+         *     {"cmd": "npm run dev", "yield_time_ms": 5000}
+         *
+         *     Limits: yield_time_ms 250-30000 (default 10000); max_output_tokens (default 10000) caps the output returned (its middle is cut); at most 16 terminals open per session (an error past it); a terminal nobody touched for 30 minutes is killed; 1 MiB of unread output is kept per terminal (its beginning and end).
+         */
+        "tool.exec_command.arguments": {
+            /** @description Shell command to execute. */
+            cmd: string;
+            /** @description Terminal width with tty: true (default 80). An extension of Codex's arguments. */
+            cols?: number | null;
+            /** @description Codex's approval argument: accepted and ignored. */
+            justification?: string | null;
+            /** @description Run the shell as a login shell (-l; default true). */
+            login?: boolean | null;
+            /** @description Most tokens of output to return (default 10000). */
+            max_output_tokens?: number | null;
+            /** @description Codex's approval argument: accepted and ignored. */
+            prefix_rule?: string[] | null;
+            /** @description Terminal height with tty: true (default 24). An extension of Codex's arguments. */
+            rows?: number | null;
+            /** @description Codex's approval argument: accepted and ignored (the session's policy.approval decides). */
+            sandbox_permissions?: string | null;
+            /** @description Shell binary to launch (default /bin/bash). */
+            shell?: string | null;
+            /** @description Allocate a pseudo-terminal (default false): needed to send input later. */
+            tty?: boolean | null;
+            /** @description Working directory, relative to /workspace or absolute under it (default /workspace). */
+            workdir?: string | null;
+            /** @description How long to wait for output before returning, ms (default 10000, clamped to 250-30000). */
+            yield_time_ms?: number | null;
         };
         /**
          * file_copy arguments
@@ -1883,6 +2050,43 @@ export interface components {
             workdir?: string | null;
         };
         /**
+         * str_replace_based_edit_tool arguments
+         * @description Anthropic's text editor (text_editor_20250728): view, create and edit files in the workspace. Every call has a `command` and a `path` (absolute under /workspace, like /workspace/src/main.rs, or relative to it).
+         *
+         *     Commands:
+         *     - view: show a file with line numbers like `cat -n`, or, for a directory, its files and directories two levels deep. `view_range: [start, end]` (1-based, inclusive; end -1 means to the end of the file) shows part of a file. `max_characters` cuts the shown text after that many characters.
+         *     - create: write a new file with `file_text` (missing parent directories are created). An existing file is never overwritten: edit it with str_replace or insert.
+         *     - str_replace: replace `old_str`, which must appear exactly once in the file (every space, tab and line break), with `new_str` (empty or left out: delete it). If it appears zero times or more than once nothing is changed and the error says how often and on which lines: add surrounding lines to make it unique.
+         *     - insert: insert `new_str` as whole lines after line `insert_line` (0 inserts at the top of the file; the number of lines of the file appends at the end).
+         *
+         *     Read-before-write: str_replace and insert change a file only if this session has viewed it (or read it with read_file, read_many_files, or seen it in a grep hit) and it has not changed since; otherwise the call is refused and nothing is written. After an edit the session counts as having read the new contents. Only UTF-8 text files are edited; a file with CRLF line endings keeps them.
+         *
+         *     Example: {"command": "str_replace", "path": "/workspace/app.py", "old_str": "print('helo')", "new_str": "print('hello')"}
+         *
+         *     There is no undo_edit: to go back, edit again (or rewind the session). Limits: files up to 10 MiB; a view returns at most 1 MiB of text (the operator may set another budget) and lines longer than 2000 characters are cut.
+         */
+        "tool.str_replace_based_edit_tool.arguments": {
+            /**
+             * @description What to do: view, create, str_replace or insert.
+             * @enum {string}
+             */
+            command: "view" | "create" | "str_replace" | "insert";
+            /** @description create: the new file's contents. */
+            file_text?: string | null;
+            /** @description insert: the line after which new_str goes; 0 inserts at the top of the file. */
+            insert_line?: number | null;
+            /** @description view: show at most this many characters of the file. */
+            max_characters?: number | null;
+            /** @description str_replace: the replacement (default empty: delete old_str). insert: the text to insert. */
+            new_str?: string | null;
+            /** @description str_replace: the exact text to replace; it must occur exactly once. */
+            old_str?: string | null;
+            /** @description The file or directory: absolute under /workspace (/workspace/src/main.rs) or relative to it. */
+            path: string;
+            /** @description view: the lines to show, [start, end], 1-based and inclusive; end -1 means to the end of the file. */
+            view_range?: number[] | null;
+        };
+        /**
          * update_plan arguments
          * @description Replaces your plan for this task: an ordered list of steps, each `pending`, `in_progress` or `completed`. The plan is recorded in the session's log, so whoever reviews the session sees what you intended and how far you got.
          *
@@ -1959,6 +2163,24 @@ export interface components {
             /** @description The file to write: relative to /workspace (src/main.rs) or absolute under it (/workspace/src/main.rs). */
             file_path: string;
         };
+        /**
+         * write_stdin arguments
+         * @description Writes `chars` to a running exec_command session (Codex's write_stdin) and returns its output since the last call: after `yield_time_ms` (default 250) or when it exits. Empty `chars` polls: it waits until output arrives or `yield_time_ms` passes (5000-300000 ms for a poll). End lines with \n; \u0003 is Ctrl-C, \u0004 Ctrl-D (end of input). Only tty: true sessions take input.
+         *
+         *     Examples:
+         *     {"session_id": 4711, "chars": "print(6*7)\n"}
+         *     {"session_id": 4711, "chars": "", "yield_time_ms": 30000}
+         */
+        "tool.write_stdin.arguments": {
+            /** @description Bytes to write to stdin (may be empty to poll). */
+            chars?: string | null;
+            /** @description Most tokens of output to return (default 10000). */
+            max_output_tokens?: number | null;
+            /** @description Identifier of the running exec_command session. */
+            session_id: number;
+            /** @description How long to wait for output before returning, ms (default 250; a poll 5000-300000). */
+            yield_time_ms?: number | null;
+        };
     };
     responses: never;
     parameters: never;
@@ -1966,12 +2188,15 @@ export interface components {
     headers: never;
     pathItems: never;
 }
+export type AnthropicNativeTool = components['schemas']['AnthropicNativeTool'];
 export type AnthropicTool = components['schemas']['AnthropicTool'];
+export type ApplyPatchCallItem = components['schemas']['ApplyPatchCallItem'];
 export type ApprovalDecision = components['schemas']['ApprovalDecision'];
 export type ApprovalPolicy = components['schemas']['ApprovalPolicy'];
 export type ArchiveUploaded = components['schemas']['ArchiveUploaded'];
 export type Aspect = components['schemas']['Aspect'];
 export type Call = components['schemas']['Call'];
+export type CallItem = components['schemas']['CallItem'];
 export type CallResult = components['schemas']['CallResult'];
 export type CallResultOut = components['schemas']['CallResultOut'];
 export type CallStatus = components['schemas']['CallStatus'];
@@ -1990,17 +2215,20 @@ export type Forked = components['schemas']['Forked'];
 export type Health = components['schemas']['Health'];
 export type Invocation = components['schemas']['Invocation'];
 export type InvocationStatus = components['schemas']['InvocationStatus'];
+export type ItemResultOut = components['schemas']['ItemResultOut'];
 export type McpAnnotations = components['schemas']['McpAnnotations'];
 export type McpTool = components['schemas']['McpTool'];
 export type NetworkPolicy = components['schemas']['NetworkPolicy'];
 export type NewSession = components['schemas']['NewSession'];
 export type OpenAiChatFunction = components['schemas']['OpenAiChatFunction'];
 export type OpenAiChatTool = components['schemas']['OpenAiChatTool'];
+export type OpenAiItemResultOut = components['schemas']['OpenAiItemResultOut'];
 export type OpenAiTool = components['schemas']['OpenAiTool'];
 export type Origin = components['schemas']['Origin'];
 export type OriginKind = components['schemas']['OriginKind'];
 export type OutputLimit = components['schemas']['OutputLimit'];
 export type OutputSlice = components['schemas']['OutputSlice'];
+export type PatchOperation = components['schemas']['PatchOperation'];
 export type Policy = components['schemas']['Policy'];
 export type Problem = components['schemas']['Problem'];
 export type ProblemCode = components['schemas']['ProblemCode'];
@@ -2019,6 +2247,8 @@ export type SessionCancel = components['schemas']['SessionCancel'];
 export type SessionList = components['schemas']['SessionList'];
 export type SessionStatus = components['schemas']['SessionStatus'];
 export type SessionTodos = components['schemas']['SessionTodos'];
+export type ShellAction = components['schemas']['ShellAction'];
+export type ShellCallItem = components['schemas']['ShellCallItem'];
 export type StreamEvent = components['schemas']['StreamEvent'];
 export type TarStream = components['schemas']['TarStream'];
 export type Todo = components['schemas']['Todo'];
@@ -2038,7 +2268,9 @@ export type ToolTaskGetArguments = components['schemas']['tool.TaskGet.arguments
 export type ToolTaskListArguments = components['schemas']['tool.TaskList.arguments'];
 export type ToolTaskUpdateArguments = components['schemas']['tool.TaskUpdate.arguments'];
 export type ToolApplyPatchArguments = components['schemas']['tool.apply_patch.arguments'];
+export type ToolBashArguments = components['schemas']['tool.bash.arguments'];
 export type ToolEditFileArguments = components['schemas']['tool.edit_file.arguments'];
+export type ToolExecCommandArguments = components['schemas']['tool.exec_command.arguments'];
 export type ToolFileCopyArguments = components['schemas']['tool.file_copy.arguments'];
 export type ToolFileDeleteArguments = components['schemas']['tool.file_delete.arguments'];
 export type ToolGlobArguments = components['schemas']['tool.glob.arguments'];
@@ -2051,10 +2283,12 @@ export type ToolReadFileArguments = components['schemas']['tool.read_file.argume
 export type ToolReadManyFilesArguments = components['schemas']['tool.read_many_files.arguments'];
 export type ToolReadOutputArguments = components['schemas']['tool.read_output.arguments'];
 export type ToolShellArguments = components['schemas']['tool.shell.arguments'];
+export type ToolStrReplaceBasedEditToolArguments = components['schemas']['tool.str_replace_based_edit_tool.arguments'];
 export type ToolUpdatePlanArguments = components['schemas']['tool.update_plan.arguments'];
 export type ToolWebFetchArguments = components['schemas']['tool.web_fetch.arguments'];
 export type ToolWebSearchArguments = components['schemas']['tool.web_search.arguments'];
 export type ToolWriteFileArguments = components['schemas']['tool.write_file.arguments'];
+export type ToolWriteStdinArguments = components['schemas']['tool.write_stdin.arguments'];
 export type $defs = Record<string, never>;
 export interface operations {
     healthz: {
@@ -4613,6 +4847,13 @@ export interface operations {
             query?: {
                 /** @description Shape of each entry; default toolexec's own. */
                 format?: "toolexec" | "openai" | "openai_chat" | "anthropic" | "mcp";
+                /**
+                 * @description With `format=anthropic`: list the tools Anthropic defines itself as their native types,
+                 *     `{"type": "bash_20250124", "name": "bash"}` and `{"type": "text_editor_20250728",
+                 *     "name": "str_replace_based_edit_tool"}`, which the model is trained on (default `true`).
+                 *     `false` lists them as function tools with their schemas like every other tool.
+                 */
+                native?: boolean;
             };
             header?: never;
             path: {
@@ -4804,6 +5045,13 @@ export interface operations {
             query?: {
                 /** @description Shape of each entry; default toolexec's own. */
                 format?: "toolexec" | "openai" | "openai_chat" | "anthropic" | "mcp";
+                /**
+                 * @description With `format=anthropic`: list the tools Anthropic defines itself as their native types,
+                 *     `{"type": "bash_20250124", "name": "bash"}` and `{"type": "text_editor_20250728",
+                 *     "name": "str_replace_based_edit_tool"}`, which the model is trained on (default `true`).
+                 *     `false` lists them as function tools with their schemas like every other tool.
+                 */
+                native?: boolean;
             };
             header?: never;
             path?: never;
@@ -4881,11 +5129,18 @@ export interface operations {
             query?: {
                 /** @description Shape of each entry; default toolexec's own. */
                 format?: "toolexec" | "openai" | "openai_chat" | "anthropic" | "mcp";
+                /**
+                 * @description With `format=anthropic`: list the tools Anthropic defines itself as their native types,
+                 *     `{"type": "bash_20250124", "name": "bash"}` and `{"type": "text_editor_20250728",
+                 *     "name": "str_replace_based_edit_tool"}`, which the model is trained on (default `true`).
+                 *     `false` lists them as function tools with their schemas like every other tool.
+                 */
+                native?: boolean;
             };
             header?: never;
             path: {
                 /** @description Tool name (the catalog's names are listed in this parameter's schema) */
-                name: "TaskCreate" | "TaskGet" | "TaskList" | "TaskUpdate" | "apply_patch" | "edit_file" | "file_copy" | "file_delete" | "glob" | "grep" | "list_dir" | "process_kill" | "process_read" | "process_write" | "read_file" | "read_many_files" | "read_output" | "shell" | "update_plan" | "web_fetch" | "web_search" | "write_file";
+                name: "TaskCreate" | "TaskGet" | "TaskList" | "TaskUpdate" | "apply_patch" | "bash" | "edit_file" | "exec_command" | "file_copy" | "file_delete" | "glob" | "grep" | "list_dir" | "process_kill" | "process_read" | "process_write" | "read_file" | "read_many_files" | "read_output" | "shell" | "str_replace_based_edit_tool" | "update_plan" | "web_fetch" | "web_search" | "write_file" | "write_stdin";
             };
             cookie?: never;
         };

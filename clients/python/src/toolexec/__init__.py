@@ -16,6 +16,8 @@ from ._client import (
     AsyncTerminal,
     CallResult,
     Client,
+    ItemResult,
+    Result,
     Session,
     Terminal,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "AsyncTerminal",
     "AuthError",
     "CallResult",
+    "ItemResult",
+    "Result",
     "Client",
     "ConflictError",
     "ConnectionFailed",

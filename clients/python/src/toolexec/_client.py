@@ -24,6 +24,11 @@ from .errors import ConnectionFailed, DeadlineExceeded, ToolexecError, from_prob
 T = TypeVar("T")
 
 CallResult = models.CallResultOut
+#: What an OpenAI `shell_call` or `apply_patch_call` item sent with `format="openai"` did: the
+#: calls it ran and the output item for the Responses API (`rendered`).
+ItemResult = models.OpenAiItemResultOut
+#: One entry of a batch's answer: a call's result, or (OpenAI items only) an item's.
+Result = CallResult | ItemResult
 """One call's result: `content`, `is_error`, `status`, `rendered` (with a `format`), …"""
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -122,8 +127,8 @@ class _SessionOps:
     def __init__(self, sid: str) -> None:
         self.base = f"/v1/sessions/{sid}"
 
-    def calls(self, calls: list[dict[str, Any]], format: str | None) -> _Req[list[CallResult]]:
-        def parse(r: httpx2.Response) -> list[CallResult]:
+    def calls(self, calls: list[dict[str, Any]], format: str | None) -> _Req[list[Result]]:
+        def parse(r: httpx2.Response) -> list[Result]:
             return models.CallsResponse.model_validate_json(r.content).results
 
         params = {"format": format} if format else {}
@@ -354,14 +359,14 @@ class Session:
 
     # Calls ------------------------------------------------------------------------------------
 
-    def calls(self, calls: Iterable[Mapping[str, Any] | tuple[Any, ...]], format: str | None = None) -> list[CallResult]:
+    def calls(self, calls: Iterable[Mapping[str, Any] | tuple[Any, ...]], format: str | None = None) -> list[Result]:
         """Runs a batch: each `{"name", "arguments", "id"?}` or `(name, arguments)`. Retried safely
         with the same ids (an id is made for a call without one)."""
         return self.client._send(self._ops.calls([_call_dict(c) for c in calls], format))
 
     def call(self, name: str, /, *, call_id: str | None = None, **arguments: Any) -> CallResult:
         """Runs one call: `s.call("read_file", file_path="a.txt")`."""
-        return self.calls([{"id": call_id, "name": name, "arguments": arguments}])[0]
+        return _one(self.calls([{"id": call_id, "name": name, "arguments": arguments}]))
 
     def shell(self, command: str, **arguments: Any) -> CallResult:
         return self.call("shell", command=command, **arguments)
@@ -519,6 +524,14 @@ class Terminal:
             self.session_id = None
 
 
+def _one(results: list[Result]) -> CallResult:
+    """The result of a batch of one named call (never an OpenAI item's)."""
+    (r,) = results
+    if not isinstance(r, CallResult):
+        raise TypeError(f"expected a call's result, got an item's: {r!r}")
+    return r
+
+
 def _terminal_id(r: CallResult) -> int | None:
     for line in r.content.splitlines():
         if line.startswith("Process running with session ID "):
@@ -656,11 +669,11 @@ class AsyncSession:
         self.info = await self.client._send(self._ops.info())
         return self.info
 
-    async def calls(self, calls: Iterable[Mapping[str, Any] | tuple[Any, ...]], format: str | None = None) -> list[CallResult]:
+    async def calls(self, calls: Iterable[Mapping[str, Any] | tuple[Any, ...]], format: str | None = None) -> list[Result]:
         return await self.client._send(self._ops.calls([_call_dict(c) for c in calls], format))
 
     async def call(self, name: str, /, *, call_id: str | None = None, **arguments: Any) -> CallResult:
-        return (await self.calls([{"id": call_id, "name": name, "arguments": arguments}]))[0]
+        return _one(await self.calls([{"id": call_id, "name": name, "arguments": arguments}]))
 
     async def shell(self, command: str, **arguments: Any) -> CallResult:
         return await self.call("shell", command=command, **arguments)

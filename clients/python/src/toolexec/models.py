@@ -8,6 +8,25 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
 
 
+class AnthropicNativeTool(BaseModel):
+    """
+    An Anthropic Messages `tools` entry for a tool Anthropic defines itself: its type and name,
+    no schema (the model knows the tool's arguments).
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: str = Field(..., examples=["text_editor_20250728"])
+    """
+    `bash_20250124` or `text_editor_20250728`.
+    """
+    name: str
+    """
+    `bash` or `str_replace_based_edit_tool`.
+    """
+
+
 class AnthropicTool(BaseModel):
     """
     Anthropic Messages `tools` entry (strict tool use).
@@ -108,18 +127,6 @@ class Call(BaseModel):
     arguments: dict[str, Any] | None = None
     """
     The tool's arguments, validated against its `input_schema`.
-    """
-
-
-class CallsRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="ignore",
-    )
-    calls: list[Call] = Field(..., min_length=1)
-    """
-    The model's tool calls, in the order it emitted them. Each tool's argument schema is in
-    the components as `tool.<name>.arguments` and at `GET /v1/tools`. At least one;
-    at most `limits.max_calls_per_batch` (64 by default).
     """
 
 
@@ -301,6 +308,29 @@ class OutputSlice(BaseModel):
     """
 
 
+class PatchOperation(BaseModel):
+    """
+    The file operation of an `apply_patch_call`.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: str = Field(..., pattern="^(create_file|update_file|delete_file)$")
+    """
+    `create_file`, `update_file` or `delete_file`.
+    """
+    path: str = Field(..., min_length=1)
+    """
+    The file, relative to /workspace or absolute under it.
+    """
+    diff: str | None = None
+    """
+    In OpenAI's V4A form: for `create_file` every line starts with `+`; for `update_file`
+    `@@` hunks of ` ` context, `-` removed and `+` added lines. Not given for `delete_file`.
+    """
+
+
 class OutputLimits(RootModel[int]):
     root: int = Field(..., ge=0)
 
@@ -420,6 +450,58 @@ class SandboxReadiness(BaseModel):
     detail: str
     """
     What is enforced, or why the sandbox is unusable.
+    """
+
+
+class ShellAction(BaseModel):
+    """
+    What a `shell_call` asks to run.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    commands: list[str] = Field(..., min_length=1)
+    """
+    Each a bash command line, run one after another in order (as `shell` calls); at most
+    as many as a batch may hold.
+    """
+    timeout_ms: int | None = Field(None, ge=1)
+    """
+    Each command's time limit (the `shell` tool's `timeout_ms`; above the service's ceiling,
+    the ceiling). Default: the session's default timeout.
+    """
+    max_output_length: int | None = Field(None, ge=0)
+    """
+    Characters of each command's stdout and of its stderr handed back (the beginning);
+    echoed in the output item. Default: all the `shell` result holds.
+    """
+
+
+class ShellCallItem(BaseModel):
+    """
+    An OpenAI Responses API `shell_call` output item, as the model emitted it: commands for the
+    client to run (here, in the session's sandbox with the `shell` tool). Other fields of the
+    item (`id`, `status`, `caller`, `created_by`) are accepted and ignored.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: str = Field(..., pattern="^shell_call$")
+    """
+    Always `shell_call`.
+    """
+    call_id: str = Field(..., max_length=250, min_length=1)
+    """
+    The model's id for the call; the commands are recorded as `shell` calls with ids
+    `{call_id}#1`, `{call_id}#2`, ….
+    """
+    action: ShellAction
+    environment: dict[str, Any] | None = None
+    """
+    Where the model meant the commands to run: absent or `{"type": "local"}` (the client's
+    own environment, this service). A hosted container is OpenAI's to run, and refused.
     """
 
 
@@ -609,6 +691,35 @@ class ToolApplyPatchArguments(BaseModel):
     """
 
 
+class ToolBashArguments(BaseModel):
+    """
+    Runs a command in a persistent bash shell: one shell per session, kept between calls, so the working directory, exported variables, functions and an activated virtualenv carry over from one call to the next. `restart: true` replaces it with a fresh shell (in /workspace, nothing kept).
+
+    The shell runs in the session's sandbox, like `shell`: an unprivileged user, only /workspace and a private /tmp writable, no network unless the session's policy grants it. stdin is empty (/dev/null): commands that prompt get end-of-file, so pass flags such as `-y` or `--no-input`; for programs you must talk to (a REPL, a prompt) use exec_command with tty: true and write_stdin. stdout and stderr come back together, in the order they were written, then `[exit code N]` when it is not 0. Every file the command changes in /workspace is recorded.
+
+    Time: 2 minutes a call (the session's default timeout when it sets one, up to the operator's ceiling). Past it the command is interrupted (SIGINT, then its processes are killed) and the shell is kept; a shell that does not come back is restarted, and the result says its state was lost. Background jobs (`cmd &`) keep running between calls until the shell is restarted; their output comes with the next call's.
+
+    Examples:
+    {"command": "cd backend && source .venv/bin/activate"}
+    {"command": "pytest -x -q 2>&1 | tail -n 30"}
+    {"restart": true}
+
+    Limits: output is captured up to the operator's cap (1 MiB by default; past it the command is stopped) and you see at most 50,000 characters (the beginning and the end; read_output pages through the rest).
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    command: str | None = Field(None, max_length=100000)
+    """
+    The bash command to run in the session's shell. Required unless restart is true.
+    """
+    restart: bool | None = None
+    """
+    Replace the shell with a fresh one (nothing of the old one's state is kept). With a command, the command runs in the fresh shell.
+    """
+
+
 class ToolEditFileArguments(BaseModel):
     """
     Replaces exact text in an existing file: `old_string` must appear in the file exactly as written (every space, tab and line break) and is replaced by `new_string`.
@@ -644,6 +755,72 @@ class ToolEditFileArguments(BaseModel):
     replace_all: bool | None = None
     """
     Replace every occurrence of old_string. Default false: old_string must occur exactly once.
+    """
+
+
+class ToolExecCommandArguments(BaseModel):
+    """
+    Runs a command in a terminal of the session's sandbox (Codex's exec_command) and returns its output after `yield_time_ms` or when it exits, whichever comes first. A program still running then gets a session ID: send it input and read its output with write_stdin.
+
+    `tty: false` (default): pipes, stdin closed to you (for builds, tests, servers whose output you poll). `tty: true`: a pseudo-terminal (80x24, or `cols`/`rows`), for programs that need one: REPLs (python3 -i, node), prompts, pagers, debuggers. TERM=dumb NO_COLOR=1 PAGER=cat are set; what you see has escape sequences removed. The command runs with `shell` (default /bin/bash) as a login shell (`login`, default true) in `workdir` (default /workspace). The sandbox is `shell`'s: no network unless the session's policy allows it.
+
+    Examples:
+    {"cmd": "python3 -i", "tty": true}
+    {"cmd": "npm run dev", "yield_time_ms": 5000}
+
+    Limits: yield_time_ms 250-30000 (default 10000); max_output_tokens (default 10000) caps the output returned (its middle is cut); at most 16 terminals open per session (an error past it); a terminal nobody touched for 30 minutes is killed; 1 MiB of unread output is kept per terminal (its beginning and end).
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    cmd: str = Field(..., max_length=100000, min_length=1)
+    """
+    Shell command to execute.
+    """
+    cols: int | None = Field(None, ge=10, le=1000)
+    """
+    Terminal width with tty: true (default 80). An extension of Codex's arguments.
+    """
+    justification: str | None = Field(None, max_length=10000)
+    """
+    Codex's approval argument: accepted and ignored.
+    """
+    login: bool | None = None
+    """
+    Run the shell as a login shell (-l; default true).
+    """
+    max_output_tokens: int | None = Field(None, ge=1, le=1000000)
+    """
+    Most tokens of output to return (default 10000).
+    """
+    prefix_rule: list[str] | None = Field(None, max_length=64)
+    """
+    Codex's approval argument: accepted and ignored.
+    """
+    rows: int | None = Field(None, ge=2, le=1000)
+    """
+    Terminal height with tty: true (default 24). An extension of Codex's arguments.
+    """
+    sandbox_permissions: str | None = Field(None, max_length=100)
+    """
+    Codex's approval argument: accepted and ignored (the session's policy.approval decides).
+    """
+    shell: str | None = Field(None, max_length=200, min_length=1)
+    """
+    Shell binary to launch (default /bin/bash).
+    """
+    tty: bool | None = None
+    """
+    Allocate a pseudo-terminal (default false): needed to send input later.
+    """
+    workdir: str | None = None
+    """
+    Working directory, relative to /workspace or absolute under it (default /workspace).
+    """
+    yield_time_ms: int | None = Field(None, ge=0)
+    """
+    How long to wait for output before returning, ms (default 10000, clamped to 250-30000).
     """
 
 
@@ -1008,6 +1185,60 @@ class ToolShellArguments(BaseModel):
     """
 
 
+class ToolStrReplaceBasedEditToolArguments(BaseModel):
+    """
+    Anthropic's text editor (text_editor_20250728): view, create and edit files in the workspace. Every call has a `command` and a `path` (absolute under /workspace, like /workspace/src/main.rs, or relative to it).
+
+    Commands:
+    - view: show a file with line numbers like `cat -n`, or, for a directory, its files and directories two levels deep. `view_range: [start, end]` (1-based, inclusive; end -1 means to the end of the file) shows part of a file. `max_characters` cuts the shown text after that many characters.
+    - create: write a new file with `file_text` (missing parent directories are created). An existing file is never overwritten: edit it with str_replace or insert.
+    - str_replace: replace `old_str`, which must appear exactly once in the file (every space, tab and line break), with `new_str` (empty or left out: delete it). If it appears zero times or more than once nothing is changed and the error says how often and on which lines: add surrounding lines to make it unique.
+    - insert: insert `new_str` as whole lines after line `insert_line` (0 inserts at the top of the file; the number of lines of the file appends at the end).
+
+    Read-before-write: str_replace and insert change a file only if this session has viewed it (or read it with read_file, read_many_files, or seen it in a grep hit) and it has not changed since; otherwise the call is refused and nothing is written. After an edit the session counts as having read the new contents. Only UTF-8 text files are edited; a file with CRLF line endings keeps them.
+
+    Example: {"command": "str_replace", "path": "/workspace/app.py", "old_str": "print('helo')", "new_str": "print('hello')"}
+
+    There is no undo_edit: to go back, edit again (or rewind the session). Limits: files up to 10 MiB; a view returns at most 1 MiB of text (the operator may set another budget) and lines longer than 2000 characters are cut.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    command: Literal["view", "create", "str_replace", "insert"]
+    """
+    What to do: view, create, str_replace or insert.
+    """
+    file_text: str | None = None
+    """
+    create: the new file's contents.
+    """
+    insert_line: int | None = None
+    """
+    insert: the line after which new_str goes; 0 inserts at the top of the file.
+    """
+    max_characters: int | None = Field(None, ge=1)
+    """
+    view: show at most this many characters of the file.
+    """
+    new_str: str | None = None
+    """
+    str_replace: the replacement (default empty: delete old_str). insert: the text to insert.
+    """
+    old_str: str | None = None
+    """
+    str_replace: the exact text to replace; it must occur exactly once.
+    """
+    path: str = Field(..., min_length=1)
+    """
+    The file or directory: absolute under /workspace (/workspace/src/main.rs) or relative to it.
+    """
+    view_range: list[int] | None = Field(None, max_length=2, min_length=2)
+    """
+    view: the lines to show, [start, end], 1-based and inclusive; end -1 means to the end of the file.
+    """
+
+
 class PlanItem(BaseModel):
     """
     One step of the plan.
@@ -1133,6 +1364,54 @@ class ToolWriteFileArguments(BaseModel):
     """
 
 
+class ToolWriteStdinArguments(BaseModel):
+    """
+    Writes `chars` to a running exec_command session (Codex's write_stdin) and returns its output since the last call: after `yield_time_ms` (default 250) or when it exits. Empty `chars` polls: it waits until output arrives or `yield_time_ms` passes (5000-300000 ms for a poll). End lines with \\n; \\u0003 is Ctrl-C, \\u0004 Ctrl-D (end of input). Only tty: true sessions take input.
+
+    Examples:
+    {"session_id": 4711, "chars": "print(6*7)\\n"}
+    {"session_id": 4711, "chars": "", "yield_time_ms": 30000}
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    chars: str | None = Field(None, max_length=100000)
+    """
+    Bytes to write to stdin (may be empty to poll).
+    """
+    max_output_tokens: int | None = Field(None, ge=1, le=1000000)
+    """
+    Most tokens of output to return (default 10000).
+    """
+    session_id: int = Field(..., ge=0)
+    """
+    Identifier of the running exec_command session.
+    """
+    yield_time_ms: int | None = Field(None, ge=0)
+    """
+    How long to wait for output before returning, ms (default 250; a poll 5000-300000).
+    """
+
+
+class ApplyPatchCallItem(BaseModel):
+    """
+    An OpenAI Responses API `apply_patch_call` output item: one file operation, run here as an
+    `apply_patch` call with the same id. Other fields (`id`, `status`, `caller`, `created_by`)
+    are accepted and ignored.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: str = Field(..., pattern="^apply_patch_call$")
+    """
+    Always `apply_patch_call`.
+    """
+    call_id: str = Field(..., max_length=256, min_length=1)
+    operation: PatchOperation
+
+
 class ApprovalPolicy(BaseModel):
     """
     Which calls of a session need a person's approval before they run: a call of a tool named in
@@ -1164,6 +1443,20 @@ class ApprovalPolicy(BaseModel):
     """
 
 
+class CallsRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    calls: list[Call | ShellCallItem | ApplyPatchCallItem] = Field(..., min_length=1)
+    """
+    The model's tool calls, in the order it emitted them. Each tool's argument schema is in
+    the components as `tool.<name>.arguments` and at `GET /v1/tools`. At least one;
+    at most `limits.max_calls_per_batch` (64 by default), counting each command of a
+    `shell_call` as a call. With `?format=openai`, the Responses API's `shell_call` and
+    `apply_patch_call` output items may be given as they are, among the calls.
+    """
+
+
 class Event(BaseModel):
     """
     One row of a session's log.
@@ -1177,7 +1470,7 @@ class Event(BaseModel):
     """
     1, 2, 3, … per session, no gaps.
     """
-    kind: Literal["session.created", "session.closed", "invocation.started", "invocation.finished", "file.created", "file.modified", "file.deleted", "plan.updated", "process.started", "process.exited", "files.changed", "workspace.rewound", "network.request", "web.exchange", "session.taken_over", "todo.created", "todo.updated", "todo.deleted", "approval.requested", "approval.decided"]
+    kind: Literal["session.created", "session.closed", "invocation.started", "invocation.finished", "file.created", "file.modified", "file.deleted", "plan.updated", "process.started", "process.exited", "files.changed", "workspace.rewound", "network.request", "web.exchange", "session.taken_over", "todo.created", "todo.updated", "todo.deleted", "approval.requested", "approval.decided", "terminal.opened", "terminal.output", "terminal.exited"]
     """
     Kinds of log events. Stored as their dotted string.
     """
@@ -1602,16 +1895,6 @@ class CallResultOut(CallResult):
     """
 
 
-class CallsResponse(BaseModel):
-    model_config = ConfigDict(
-        extra="ignore",
-    )
-    results: list[CallResultOut]
-    """
-    One result per call, in request order.
-    """
-
-
 class CatalogEntry(ToolSpec):
     """
     A tool as toolexec's catalog shows it: its spec, and whether this service can run it.
@@ -1768,6 +2051,38 @@ class NewSession(BaseModel):
     """
 
 
+class OpenAiItemResultOut(BaseModel):
+    """
+    What a `shell_call` or `apply_patch_call` item did: the calls it ran, and the output item
+    to hand back to the Responses API.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: str = Field(..., examples=["shell_call"])
+    """
+    The item's `type`: `shell_call` or `apply_patch_call`.
+    """
+    call_id: str
+    """
+    The item's `call_id`.
+    """
+    calls: list[CallResult]
+    """
+    The calls it ran, in order, as recorded: a `shell` call per command (ids
+    `{call_id}#1`, `{call_id}#2`, …), or one `apply_patch` call (id `call_id`). Empty when
+    the item was refused before anything ran (a diff with another file's header).
+    """
+    rendered: dict[str, Any]
+    """
+    `shell_call_output {call_id, max_output_length, output: [{stdout, stderr, outcome}]}`
+    (one entry per command, `outcome` `{"type": "exit", "exit_code"}` or
+    `{"type": "timeout"}`), or `apply_patch_call_output {call_id, status: completed |
+    failed, output}`.
+    """
+
+
 class SessionCancel(BaseModel):
     model_config = ConfigDict(
         extra="ignore",
@@ -1837,7 +2152,17 @@ class Catalog(BaseModel):
     model_config = ConfigDict(
         extra="ignore",
     )
-    tools: list[CatalogEntry | OpenAiTool | OpenAiChatTool | AnthropicTool | McpTool]
+    tools: list[CatalogEntry | OpenAiTool | OpenAiChatTool | AnthropicTool | AnthropicNativeTool | McpTool]
     """
     `ToolSpec` objects, or the requested ecosystem's definitions.
+    """
+
+
+class CallsResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    results: list[CallResultOut | OpenAiItemResultOut]
+    """
+    One result per call (or OpenAI item), in request order.
     """

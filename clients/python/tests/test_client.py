@@ -234,3 +234,28 @@ def _wait(cond, timeout: float = 20.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
+
+
+def test_bash_keeps_its_state_until_restarted(client):
+    with client.session() as s:
+        assert not s.bash("mkdir -p sub && cd sub && export FOO=bar && f() { echo fn; }").is_error
+        r = s.bash("pwd; echo $FOO; f")
+        assert r.content.splitlines()[-3:] == ["/workspace/sub", "bar", "fn"], r.content
+        s.bash(restart=True)
+        r = s.bash("pwd; echo ${FOO:-unset}")
+        assert r.content.splitlines()[-2:] == ["/workspace", "unset"], r.content
+
+
+def test_a_terminal_is_written_read_and_closed(client):
+    with client.session() as s:
+        with s.terminal("python3 -q -i", tty=True) as t:
+            assert t.running and t.session_id is not None, t.started.content
+            r = t.write("x = 6 * 7\n", yield_time_ms=1000)
+            assert not r.is_error, r.content
+            r = t.write("print(x)\n", yield_time_ms=2000)
+            assert "42" in r.content, r.content
+            sid = t.session_id
+        # Closed: Ctrl-C, then end of input, ends the REPL; its id is gone.
+        _wait(lambda: not t.running or "exited" in t.read(yield_time_ms=1000).content)
+        gone = s.call("write_stdin", session_id=sid, chars="", yield_time_ms=250)
+        assert gone.is_error and f"Unknown process id {sid}" in gone.content, gone.content

@@ -140,3 +140,40 @@ def test_openai_chat_completions_loop(client: Client) -> None:
     sent = model.seen[1]["messages"][-2:]
     assert [m["role"] for m in sent] == ["tool", "tool"] and [m["tool_call_id"] for m in sent] == ["call_a", "call_b"]
     assert "chat" in sent[1]["content"]
+
+
+def test_anthropic_native_tools_are_listed_and_run(client: Client) -> None:
+    with client.session() as s:
+        tools = s.anthropic.tools()
+        assert {"type": "bash_20250124", "name": "bash"} in tools, tools
+        assert {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"} in tools, tools
+        blocks = [
+            {"type": "tool_use", "id": "t1", "name": "str_replace_based_edit_tool",
+             "input": {"command": "create", "path": "n.txt", "file_text": "native\n"}},
+            {"type": "tool_use", "id": "t2", "name": "bash", "input": {"command": "cat n.txt"}},
+        ]
+        created, catted = s.anthropic.run(blocks)
+        assert created["tool_use_id"] == "t1" and not created.get("is_error"), created
+        assert catted["tool_use_id"] == "t2" and "native" in json.dumps(catted["content"]), catted
+
+
+def test_openai_shell_call_and_apply_patch_call_items_run(client: Client) -> None:
+    model = Model([
+        _response([
+            {"type": "apply_patch_call", "id": "apc_1", "call_id": "call_patch", "status": "completed",
+             "operation": {"type": "create_file", "path": "hello.py", "diff": "+print('hello')\n"}},
+            {"type": "shell_call", "id": "sh_1", "call_id": "call_shell", "status": "completed",
+             "action": {"commands": ["python3 hello.py"], "timeout_ms": 10000, "max_output_length": 1000}},
+        ]),
+        _response([{"type": "message", "id": "m", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "ok", "annotations": []}]}]),
+    ])
+    llm = openai.OpenAI(api_key="k", base_url=model.url + "/v1", max_retries=0)
+    with client.session() as s:
+        response = llm.responses.create(model="gpt-test", tools=[{"type": "apply_patch"}], input="hi")
+        patched, shelled = s.openai.run(response.output)
+        assert patched["type"] == "apply_patch_call_output" and patched["status"] == "completed", patched
+        assert shelled["type"] == "shell_call_output" and shelled["call_id"] == "call_shell", shelled
+        assert shelled["output"][0]["stdout"] == "hello\n", shelled
+        llm.responses.create(model="gpt-test", input=[patched, shelled], tools=[{"type": "apply_patch"}])
+    assert model.seen[1]["input"] == [patched, shelled]

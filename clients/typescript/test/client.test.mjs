@@ -85,6 +85,33 @@ for (const store of STORES) {
       });
     });
 
+    test("bash keeps its state until restarted", async () => {
+      await client.withSession({}, async (s) => {
+        assert.ok(!(await s.bash("mkdir -p sub && cd sub && export FOO=bar && f() { echo fn; }")).is_error);
+        let r = await s.bash("pwd; echo $FOO; f");
+        assert.deepEqual(r.content.trimEnd().split("\n").slice(-3), ["/workspace/sub", "bar", "fn"], r.content);
+        await s.bash(undefined, { restart: true });
+        r = await s.bash("pwd; echo ${FOO:-unset}");
+        assert.deepEqual(r.content.trimEnd().split("\n").slice(-2), ["/workspace", "unset"], r.content);
+      });
+    });
+
+    test("a terminal is written, read and closed", async () => {
+      await client.withSession({}, async (s) => {
+        const t = await s.terminal("python3 -q -i");
+        assert.ok(t.running, t.started.content);
+        const id = t.sessionId;
+        assert.ok(!(await t.write("x = 6 * 7\n", { yield_time_ms: 1000 })).is_error);
+        const r = await t.write("print(x)\n", { yield_time_ms: 2000 });
+        assert.match(r.content, /42/);
+        await t.close();
+        await waitFor(async () => !t.running || /exited/.test((await t.read({ yield_time_ms: 1000 })).content));
+        const gone = await s.call("write_stdin", { session_id: id, chars: "", yield_time_ms: 250 });
+        assert.ok(gone.is_error);
+        assert.match(gone.content, new RegExp(`Unknown process id ${id}`));
+      });
+    });
+
     test("problems throw their classes; a 409 is not retried", async () => {
       await assert.rejects(client.attach("00000000-0000-7000-8000-000000000000"), toolexec.NotFound);
       const s = await client.session();

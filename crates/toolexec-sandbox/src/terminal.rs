@@ -534,3 +534,61 @@ mod tests {
         assert_eq!(u.take(), (b"xy".to_vec(), 0));
     }
 }
+
+#[cfg(test)]
+mod kill_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::resident::SpareEnd;
+
+    /// A killed terminal whose end is reported by another task (a resident agent's) must let
+    /// that task run: on a single thread, a reader that never yields would wait for ever.
+    #[test]
+    fn a_killed_terminal_yields_until_its_end_is_reported() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let ended = rt.block_on(async {
+                let (out_r, out_w) =
+                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+                let output = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).unwrap();
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let terms = Terminals::default();
+                terms.add(
+                    1000,
+                    "cat".into(),
+                    false,
+                    Io::Pipes {
+                        stdin: None,
+                        output,
+                    },
+                    Process::Resident(Some(rx)),
+                    None,
+                    Duration::from_secs(60),
+                    None,
+                );
+                // The agent's report, after the kill went out.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = tx.send(SpareEnd::Exited(9));
+                });
+                let ended = terms.shutdown("the workspace was rewound").await;
+                drop(out_w);
+                ended
+            });
+            let _ = done_tx.send(ended);
+        });
+        let ended = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the shutdown did not end within 30 s");
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].1.exit_code, Some(137));
+        assert_eq!(
+            ended[0].1.killed_by.as_deref(),
+            Some("the workspace was rewound")
+        );
+    }
+}

@@ -750,7 +750,6 @@ async fn sixteen_terminals_in_each_of_many_sessions_leave_nothing_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "passes alone (3.5 s) but hangs when run next to other terminal tests: not understood yet"]
 async fn a_rewind_ends_the_terminals_and_the_shell_and_says_so() {
     let app = spawn_app().await;
     let sid = session(&app, json!({})).await;

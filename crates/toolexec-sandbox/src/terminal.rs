@@ -23,6 +23,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::cgroup::CommandGroup;
+
+/// How long a killed terminal's end is waited for before its reader gives it up (its group is
+/// killed again on each tick meanwhile).
+const KILL_REPORT: Duration = Duration::from_secs(10);
 use crate::run::{Lost, Process};
 
 /// Unread output kept per terminal.
@@ -258,6 +262,10 @@ impl Terminals {
             let mut open = true;
             let mut status: Option<Result<std::process::ExitStatus, Lost>> = None;
             let mut drain_until: Option<tokio::time::Instant> = None;
+            // When the kill was sent: it is sent once (a cancelled token stays ready, and a
+            // branch that is always ready would spin this task without ever yielding, starving
+            // whatever shares its worker, the report of the very exit it waits for included).
+            let mut killed_at: Option<tokio::time::Instant> = None;
             let tick = Duration::from_secs(1).min(idle);
             loop {
                 let wake = drain_until.unwrap_or_else(|| tokio::time::Instant::now() + tick);
@@ -273,12 +281,23 @@ impl Terminals {
                         status = Some(s);
                         drain_until = Some(tokio::time::Instant::now() + Duration::from_secs(2));
                     }
-                    () = t.kill.cancelled(), if status.is_none() => {
+                    () = t.kill.cancelled(), if status.is_none() && killed_at.is_none() => {
                         if let Some(g) = &group { g.kill_nowait(); }
                         process.start_kill();
+                        killed_at = Some(tokio::time::Instant::now());
                     }
                     () = tokio::time::sleep_until(wake) => {
                         if drain_until.is_some() { break; }
+                        if let Some(at) = killed_at {
+                            // Killed, not reported gone yet: kill again (a process forked as
+                            // the first kill went out), and wait no longer than KILL_REPORT.
+                            if at.elapsed() >= KILL_REPORT {
+                                tracing::warn!(terminal = t.id, "a killed terminal's end was not reported in time; it is given up");
+                                break;
+                            }
+                            if let Some(g) = &group { g.kill_nowait(); }
+                            continue;
+                        }
                         let idle_for = t.last_used.lock().map(|l| l.elapsed()).unwrap_or_default();
                         if idle_for >= idle && !t.kill.is_cancelled() {
                             if let Ok(mut k) = t.killed_by.lock() {
@@ -513,5 +532,63 @@ mod tests {
         assert_eq!(dropped, 6);
         u.push(b"xy");
         assert_eq!(u.take(), (b"xy".to_vec(), 0));
+    }
+}
+
+#[cfg(test)]
+mod kill_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::resident::SpareEnd;
+
+    /// A killed terminal whose end is reported by another task (a resident agent's) must let
+    /// that task run: on a single thread, a reader that never yields would wait for ever.
+    #[test]
+    fn a_killed_terminal_yields_until_its_end_is_reported() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let ended = rt.block_on(async {
+                let (out_r, out_w) =
+                    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+                let output = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).unwrap();
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let terms = Terminals::default();
+                terms.add(
+                    1000,
+                    "cat".into(),
+                    false,
+                    Io::Pipes {
+                        stdin: None,
+                        output,
+                    },
+                    Process::Resident(Some(rx)),
+                    None,
+                    Duration::from_secs(60),
+                    None,
+                );
+                // The agent's report, after the kill went out.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = tx.send(SpareEnd::Exited(9));
+                });
+                let ended = terms.shutdown("the workspace was rewound").await;
+                drop(out_w);
+                ended
+            });
+            let _ = done_tx.send(ended);
+        });
+        let ended = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the shutdown did not end within 30 s");
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].1.exit_code, Some(137));
+        assert_eq!(
+            ended[0].1.killed_by.as_deref(),
+            Some("the workspace was rewound")
+        );
     }
 }

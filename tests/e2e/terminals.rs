@@ -506,6 +506,54 @@ async fn terminals_are_bounded_and_die_with_their_session() {
     );
 }
 
+/// A terminal no call touches for `limits.terminal_idle_timeout_ms` is killed (its program and
+/// what it started gone from the host), and the next look at it records why it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_terminal_is_killed_and_its_end_recorded() {
+    let app =
+        toolexec_tests::app::spawn_app_with(|c| c.limits.terminal_idle_timeout_ms = 1500).await;
+    let sid = session(&app, json!({})).await;
+    let arg = sleep_arg(410);
+    let r = app
+        .call(
+            &sid,
+            "idle-1",
+            "exec_command",
+            json!({"cmd": format!("sleep {arg}"), "yield_time_ms": 250}),
+        )
+        .await;
+    let id = running_id(&r);
+    assert!(
+        wait_for_sleep(&arg).await.is_some(),
+        "the program never ran"
+    );
+    let left = toolexec_tests::procs::wait_gone(
+        &format!("sleep {arg}"),
+        std::time::Duration::from_secs(15),
+    )
+    .await;
+    assert!(left.is_empty(), "an idle terminal was not killed: {left:?}");
+    let r = app
+        .call(
+            &sid,
+            "idle-2",
+            "write_stdin",
+            json!({"session_id": id, "chars": "", "yield_time_ms": 250}),
+        )
+        .await;
+    assert!(content(&r).contains("Process exited"), "{r}");
+    let events = app.events(&sid).await;
+    let exited = events
+        .iter()
+        .find(|e| e["kind"] == "terminal.exited" && e["data"]["terminal_id"] == id)
+        .unwrap_or_else(|| panic!("no terminal.exited for {id}: {events:?}"));
+    let why = exited["data"]["killed_by"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("idle") && why.contains("limits.terminal_idle_timeout_ms"),
+        "{exited}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deterministic_repl_and_shell_session_replays_with_no_divergence() {
     let app = spawn_app().await;

@@ -1,7 +1,8 @@
 // examples/agent_loop.mjs, installed beside the client as a user would have it, runs a scripted
 // model (an Anthropic Messages API on loopback) through a recorded session.
 import assert from "node:assert/strict";
-import { copyFileSync, mkdirSync, mkdtempSync, symlinkSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { copyFileSync, mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -18,8 +19,10 @@ after(async () => {
 
 test("the TypeScript agent loop example runs on the client", async () => {
   const dir = mkdtempSync(join(tmpdir(), "toolexec-example-"));
+  // Installed from the repository as the README says (a copy with its dependencies, not a link).
+  writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "example", private: true, type: "module" }));
+  execFileSync("npm", ["install", "--install-links", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error", join(REPO, "clients/typescript")], { cwd: dir, stdio: "inherit" });
   mkdirSync(join(dir, "node_modules/@anthropic-ai"), { recursive: true });
-  symlinkSync(join(REPO, "clients/typescript"), join(dir, "node_modules/toolexec"));
   symlinkSync(join(REPO, "clients/typescript/node_modules/@anthropic-ai/sdk"), join(dir, "node_modules/@anthropic-ai/sdk"));
   copyFileSync(join(REPO, "examples/agent_loop.mjs"), join(dir, "agent_loop.mjs"));
   const reply = (content, stop) => (body) => ({

@@ -1,5 +1,5 @@
 //! OCI images for sessions: pulled from a registry, every blob verified against its digest,
-//! layers unpacked as hostile input ([`unpack`]) into a content-addressed directory under the
+//! layers unpacked as hostile input (the `unpack` module) into a content-addressed directory under the
 //! data folder, one pull per manifest digest however many ask at once.
 //!
 //! Layout under `<data>/images/`:

@@ -1010,7 +1010,7 @@ impl ProcessTable {
         Ok(self.terminals.interact(id, b"", yield_for, false, t0).await)
     }
 
-    /// `write_stdin`: writes `chars` to a terminal, then waits (see [`Terminals`]).
+    /// `write_stdin`: writes `chars` to a terminal, then waits (see `Terminals` in the terminal module).
     pub async fn terminal_input(
         &self,
         id: u32,

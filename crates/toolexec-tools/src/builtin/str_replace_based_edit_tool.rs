@@ -6,7 +6,7 @@
 //! (and counts as a read) or lists like list_dir, `create` writes like write_file (but never
 //! over an existing file), `str_replace` matches like edit_file and `insert` adds lines; every
 //! change goes through the same jail, read-before-write check and write path
-//! ([`super::write_edit`]), and is recorded the same way. 20250728 has no `undo_edit`, and
+//! (`write_edit` in `builtin`), and is recorded the same way. 20250728 has no `undo_edit`, and
 //! neither does this tool: the session's log and rewind are the undo.
 use async_trait::async_trait;
 use schemars::JsonSchema;

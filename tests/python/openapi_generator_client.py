@@ -50,11 +50,14 @@ def op(name):
 
 
 def call(cid, tool, **arguments):
-    return gen.Call(id=cid, name=tool, arguments=arguments)
+    # A batch's entry is a oneOf (a call, or an OpenAI shell_call / apply_patch_call item): the
+    # generator wraps it in CallItem, and each answer in ItemResultOut.
+    return gen.CallItem(gen.Call(id=cid, name=tool, arguments=arguments))
 
 
 def run(sid, *batch):
-    return calls.run_calls(sid, gen.CallsRequest(calls=list(batch))).results
+    answer = calls.run_calls(sid, gen.CallsRequest(calls=list(batch)))
+    return [r.actual_instance for r in answer.results]
 
 
 def events_of(sid):

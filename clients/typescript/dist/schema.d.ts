@@ -654,14 +654,17 @@ export interface components {
          *     no schema (the model knows the tool's arguments).
          */
         AnthropicNativeTool: {
-            /**
-             * @description `bash_20250124` or `text_editor_20250728`.
-             * @example text_editor_20250728
-             */
-            type: string;
+            type: components["schemas"]["AnthropicNativeType"];
             /** @description `bash` or `str_replace_based_edit_tool`. */
             name: string;
         };
+        /**
+         * @description The Anthropic-defined tool types this service runs. A closed set in the document, so that a
+         *     generated client tells an entry of this shape from an OpenAI `function` entry (both have a
+         *     `type` and a `name`).
+         * @enum {string}
+         */
+        AnthropicNativeType: "bash_20250124" | "text_editor_20250728";
         /** @description Anthropic Messages `tools` entry (strict tool use). */
         AnthropicTool: {
             name: string;
@@ -2187,6 +2190,7 @@ export interface components {
     pathItems: never;
 }
 export type AnthropicNativeTool = components['schemas']['AnthropicNativeTool'];
+export type AnthropicNativeType = components['schemas']['AnthropicNativeType'];
 export type AnthropicTool = components['schemas']['AnthropicTool'];
 export type ApplyPatchCallItem = components['schemas']['ApplyPatchCallItem'];
 export type ApprovalDecision = components['schemas']['ApprovalDecision'];

@@ -243,19 +243,30 @@ fn flagged(result: &CallResult) -> String {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnthropicNativeTool {
-    /// `bash_20250124` or `text_editor_20250728`.
-    #[schema(value_type = String, example = "text_editor_20250728")]
-    pub r#type: &'static str,
+    pub r#type: AnthropicNativeType,
     /// `bash` or `str_replace_based_edit_tool`.
     pub name: String,
 }
 
+/// The Anthropic-defined tool types this service runs. A closed set in the document, so that a
+/// generated client tells an entry of this shape from an OpenAI `function` entry (both have a
+/// `type` and a `name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub enum AnthropicNativeType {
+    /// The persistent shell, `bash`.
+    #[serde(rename = "bash_20250124")]
+    Bash20250124,
+    /// The text editor, `str_replace_based_edit_tool`.
+    #[serde(rename = "text_editor_20250728")]
+    TextEditor20250728,
+}
+
 /// The Anthropic-defined tool type of a catalog tool, by its name: the tools that take
 /// exactly Anthropic's arguments under Anthropic's name (SPEC §4).
-pub fn anthropic_native_type(name: &str) -> Option<&'static str> {
+pub fn anthropic_native_type(name: &str) -> Option<AnthropicNativeType> {
     match name {
-        "bash" => Some("bash_20250124"),
-        "str_replace_based_edit_tool" => Some("text_editor_20250728"),
+        "bash" => Some(AnthropicNativeType::Bash20250124),
+        "str_replace_based_edit_tool" => Some(AnthropicNativeType::TextEditor20250728),
         _ => None,
     }
 }

@@ -8,25 +8,6 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel
 
 
-class AnthropicNativeTool(BaseModel):
-    """
-    An Anthropic Messages `tools` entry for a tool Anthropic defines itself: its type and name,
-    no schema (the model knows the tool's arguments).
-    """
-
-    model_config = ConfigDict(
-        extra="ignore",
-    )
-    type: str = Field(..., examples=["text_editor_20250728"])
-    """
-    `bash_20250124` or `text_editor_20250728`.
-    """
-    name: str
-    """
-    `bash` or `str_replace_based_edit_tool`.
-    """
-
-
 class AnthropicTool(BaseModel):
     """
     Anthropic Messages `tools` entry (strict tool use).
@@ -1391,6 +1372,27 @@ class ToolWriteStdinArguments(BaseModel):
     yield_time_ms: int | None = Field(None, ge=0)
     """
     How long to wait for output before returning, ms (default 250; a poll 5000-300000).
+    """
+
+
+class AnthropicNativeTool(BaseModel):
+    """
+    An Anthropic Messages `tools` entry for a tool Anthropic defines itself: its type and name,
+    no schema (the model knows the tool's arguments).
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    type: Literal["bash_20250124", "text_editor_20250728"]
+    """
+    The Anthropic-defined tool types this service runs. A closed set in the document, so that a
+    generated client tells an entry of this shape from an OpenAI `function` entry (both have a
+    `type` and a `name`).
+    """
+    name: str
+    """
+    `bash` or `str_replace_based_edit_tool`.
     """
 
 

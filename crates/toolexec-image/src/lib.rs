@@ -442,9 +442,14 @@ impl ImageStore {
                 let file = std::fs::File::open(&blob2).map_err(|e| io(&blob2, e))?;
                 let reader = BufReader::with_capacity(256 * 1024, file);
                 let stats = match compression {
-                    Compression::Gzip => {
-                        unpack::apply_layer(&root, flate2::read::GzDecoder::new(reader), &mut b)
-                    }
+                    // Every member of the stream: parallel compressors (umoci's pgzip, pigz)
+                    // write a layer as several gzip members one after another, and a decoder
+                    // that stops after the first drops the rest of the layer without a word.
+                    Compression::Gzip => unpack::apply_layer(
+                        &root,
+                        flate2::read::MultiGzDecoder::new(reader),
+                        &mut b,
+                    ),
                     Compression::Zstd => {
                         unpack::apply_layer(&root, ZstdFrames::new(reader), &mut b)
                     }

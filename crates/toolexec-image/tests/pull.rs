@@ -779,6 +779,31 @@ async fn zstd_layers_of_several_frames_and_skippable_frames_are_applied() {
 }
 
 #[tokio::test]
+async fn a_gzip_layer_of_several_members_is_applied_whole() {
+    // As umoci (pgzip) and pigz write them: one tar stream cut into gzip members, one after
+    // another. A decoder that stops after the first member would keep "a" and lose "b".
+    let reg = Registry::start().await;
+    let tar = Tar::new()
+        .file("a", "first member")
+        .file("b", "second member")
+        .done();
+    let (head, tail) = tar.split_at(1024);
+    let mut blob = gzip(head);
+    blob.extend_from_slice(&gzip(tail));
+    let layers = [(GZIP_LAYER.to_string(), blob)];
+    let digest = reg.push_blobs("g/multi", "t", &layers, "amd64");
+    let tmp = tempfile::tempdir().unwrap();
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&reg.reference("g/multi", "t"))
+        .await
+        .unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(walk(&image.rootfs), ["a", "b"]);
+    assert_eq!(read(&image.rootfs.join("b")), "second member");
+}
+
+#[tokio::test]
 async fn a_zstd_frame_asking_for_a_huge_window_is_refused() {
     let h = Hostile::new().await;
     // Frame magic, no flags, a window of 2^30 bytes, one empty last raw block.

@@ -21,6 +21,7 @@ mod custom_tools;
 mod descriptors;
 mod dialects;
 mod door;
+mod environments;
 mod examples;
 mod generated_client;
 mod http_jail;

@@ -443,6 +443,7 @@ async fn read_records_are_a_sessions_reads_and_rewinds_newest_first(db: &TestSto
         closed_at: None,
         last_seq: 0,
         origin: None,
+        environment: None,
         truncated: None,
     };
     let created = || {

@@ -101,6 +101,7 @@ fn new_session(tenant: &Tenant) -> Session {
         closed_at: None,
         last_seq: 0,
         origin: None,
+        environment: None,
         truncated: None,
     }
 }

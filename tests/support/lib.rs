@@ -7,6 +7,7 @@ pub mod db;
 pub mod fixtures;
 pub mod moto;
 pub mod procs;
+pub mod registry;
 
 /// `on_both_stores!(a, b)` turns each listed `async fn a(backend: Backend)` of the module into
 /// the tests `postgres::a` and `sqlite::a` (Postgres first), so every case runs on both stores.

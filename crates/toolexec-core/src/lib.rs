@@ -32,8 +32,8 @@ pub use history::{
 pub use problem::ProblemCode;
 pub use replay::{Aspect, Divergence, Replay, ReplayMode, ReplayStatus, ReplayedCall};
 pub use session::{
-    ApprovalPolicy, DEFAULT_APPROVAL_TIMEOUT_MS, NetworkPolicy, NewSession, Origin, OriginKind,
-    Policy, Session, SessionStatus, Tenant,
+    ApprovalPolicy, DEFAULT_APPROVAL_TIMEOUT_MS, EnvironmentRequest, NetworkPolicy, NewSession,
+    Origin, OriginKind, Policy, Session, SessionEnvironment, SessionStatus, Tenant,
 };
 pub use tool::{Capability, OutputLimit, ToolSpec, TruncationMode};
 pub use truncate::{Truncation, truncate};

@@ -140,6 +140,52 @@ pub struct NewSession {
     /// Files to seed the workspace with: workspace-relative path → UTF-8 contents.
     #[serde(default)]
     pub files: Option<BTreeMap<String, String>>,
+    /// The OCI image the session's commands run in (docs/environments.md): a name the operator
+    /// configured, or a reference to a registry it allows. Absent: the operator's default
+    /// image if one is set, else the host's `/usr` and `/etc`.
+    #[serde(default)]
+    pub environment: Option<EnvironmentRequest>,
+}
+
+/// `environment` of `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentRequest {
+    /// A name of `environments.images` (`"py312"`), or `host/repo:tag`, `host/repo@sha256:…`
+    /// of a registry in `environments.allow_registries`.
+    pub image: String,
+}
+
+/// The image a session runs in, as it was resolved when the session was created: forks,
+/// rewinds and replays run in `digest`, whatever `image`'s tag names today.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionEnvironment {
+    /// The reference it was pulled as (a configured name resolved to its reference).
+    pub image: String,
+    /// The manifest digest for this host's platform (`sha256:…`).
+    pub digest: String,
+    /// The configured name it was asked for by, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub name: Option<String>,
+}
+
+impl SessionEnvironment {
+    /// `repository@digest`: where the exact image is pulled from again.
+    pub fn pinned(&self) -> String {
+        let repo = match self.image.split_once('@') {
+            Some((repo, _)) => repo,
+            None => {
+                // A tag follows the last ':' after the last '/' (a port is before it).
+                let slash = self.image.rfind('/').map_or(0, |i| i + 1);
+                match self.image[slash..].rfind(':') {
+                    Some(i) => &self.image[..slash + i],
+                    None => &self.image,
+                }
+            }
+        };
+        format!("{repo}@{}", self.digest)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -161,6 +207,10 @@ pub struct Session {
     /// Where the workspace started, for a fork or a replay: another session as it was right
     /// after one of its events. `null` for a session that started empty (or with seed files).
     pub origin: Option<Origin>,
+    /// The OCI image its commands run in; absent when they see the host's `/usr` and `/etc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub environment: Option<SessionEnvironment>,
     /// In a page of `GET /v1/sessions`, present when the session was larger than the page's
     /// bound: its `tools`, `env` and `metadata` show the beginnings of their values only, and
     /// `full` (`GET /v1/sessions/{id}`) serves it whole.
@@ -210,5 +260,28 @@ impl Session {
         self.tools
             .as_ref()
             .is_none_or(|list| list.iter().any(|t| t == name))
+    }
+}
+
+#[cfg(test)]
+mod environment_tests {
+    use super::SessionEnvironment;
+
+    #[test]
+    fn a_pinned_reference_names_the_repository_and_the_digest() {
+        let d = "sha256:0123";
+        for (image, pinned) in [
+            ("127.0.0.1:5000/bb:latest", "127.0.0.1:5000/bb@sha256:0123"),
+            ("127.0.0.1:5000/bb", "127.0.0.1:5000/bb@sha256:0123"),
+            ("ghcr.io/o/r@sha256:ffff", "ghcr.io/o/r@sha256:0123"),
+            ("reg:5000/a/b:1.2", "reg:5000/a/b@sha256:0123"),
+        ] {
+            let e = SessionEnvironment {
+                image: image.into(),
+                digest: d.into(),
+                name: None,
+            };
+            assert_eq!(e.pinned(), pinned, "{image}");
+        }
     }
 }

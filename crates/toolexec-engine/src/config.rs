@@ -294,6 +294,9 @@ pub struct EngineConfig {
     /// Where `shell` and the process tools run commands; `None`: they answer that commands
     /// cannot run here.
     pub sandbox: Option<std::sync::Arc<toolexec_sandbox::Sandbox>>,
+    /// The images sessions may run in (`[environments]`) and their cache; `None`: no
+    /// environment is configured and every session sees the host's `/usr` and `/etc`.
+    pub environments: Option<std::sync::Arc<crate::environments::Environments>>,
     /// What the web tools may reach (the network policy, the resolver) and `web_fetch`'s
     /// summarizer. Tests put a `StaticResolver` here: the rest of the path is production's.
     pub web: std::sync::Arc<toolexec_tools::web::WebAccess>,
@@ -324,6 +327,7 @@ impl EngineConfig {
             recorder_writers: 1,
             durable_start_for_read_only: false,
             sandbox: None,
+            environments: None,
             web: std::sync::Arc::new(toolexec_tools::web::WebAccess::default()),
             cluster: ClusterConfig::default(),
         }

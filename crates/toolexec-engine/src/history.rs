@@ -442,14 +442,23 @@ impl Engine {
                     .unwrap_or_else(|| source.metadata.clone()),
             ),
             files: None,
+            environment: None,
         };
         let origin = Origin {
             kind: OriginKind::Fork,
             session_id: source.id,
             seq: at,
         };
+        // A fork runs in its source's image: the same digest, whatever its tag names now.
         let (session, shares_contents) = self
-            .create_from_state(tenant_id, new_id(), new, origin, &state)
+            .create_from_state(
+                tenant_id,
+                new_id(),
+                new,
+                origin,
+                source.environment.clone(),
+                &state,
+            )
             .await?;
         Ok(Forked {
             session,
@@ -521,11 +530,13 @@ impl Engine {
         id: Uuid,
         new: NewSession,
         origin: Origin,
+        environment: Option<toolexec_core::SessionEnvironment>,
         state: &State,
     ) -> Result<(Session, bool)> {
         self.check_new_session(&new)?;
         self.check_origin_depth(tenant_id, origin.session_id)
             .await?;
+        let image = self.session_image(environment.as_ref()).await?;
         let name = id.to_string();
         let session = Session {
             id,
@@ -539,6 +550,7 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
             origin: Some(origin),
+            environment,
             truncated: None,
         };
         // What its origin had read at its seq (the workspace is that state, so the hashes
@@ -587,7 +599,7 @@ impl Engine {
             Arc::try_unwrap(ws)
                 .map_err(|_| EngineError::Internal("workspace still shared".into()))?
         };
-        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
+        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace, image));
         rt.reads.replace(reads);
         let event = self.session_created(&session, Some(state.len()));
         let (cap, disk_binds) = self.open_session_cap();

@@ -14,6 +14,7 @@ mod cluster;
 mod config;
 mod deadlines;
 mod effects;
+pub mod environments;
 mod history;
 mod leases;
 mod log;

@@ -56,6 +56,10 @@ pub struct Metrics {
     sessions_cached: Gauge,
     takeovers: Counter,
     takeover_seconds: Histogram,
+    image_pulls: Counter,
+    image_cache_hits: Counter,
+    image_pull_seconds: Histogram,
+    image_cache_bytes: Gauge,
 }
 
 /// What a session's call index answered for a call id about to run (`crate::callindex`).
@@ -181,7 +185,35 @@ impl Default for Metrics {
             "Time to take a session over: interrupting its calls, rebuilding its workspace from the log, recording session.taken_over",
             takeover_seconds.clone(),
         );
+        let image_pulls = Counter::default();
+        registry.register(
+            "image_pulls",
+            "Images a session asked for that were not in this node's cache: pulled (or waited for while another request pulled them)",
+            image_pulls.clone(),
+        );
+        let image_cache_hits = Counter::default();
+        registry.register(
+            "image_cache_hits",
+            "Images a session asked for that were in this node's cache already",
+            image_cache_hits.clone(),
+        );
+        let image_pull_seconds = latency_histogram();
+        registry.register(
+            "image_pull_duration_seconds",
+            "Time to pull and unpack an image a session asked for",
+            image_pull_seconds.clone(),
+        );
+        let image_cache_bytes = Gauge::default();
+        registry.register(
+            "image_cache_bytes",
+            "Bytes of the images unpacked in this node's cache (set after each pull)",
+            image_cache_bytes.clone(),
+        );
         Self {
+            image_pulls,
+            image_cache_hits,
+            image_pull_seconds,
+            image_cache_bytes,
             sessions_created,
             sessions_cached,
             takeovers,
@@ -238,6 +270,22 @@ impl Metrics {
 
     pub fn session_created(&self) {
         self.sessions_created.inc();
+    }
+
+    /// An image a session asked for: from the cache, or pulled in `seconds`.
+    pub fn image_resolved(&self, cached: bool, seconds: f64) {
+        if cached {
+            self.image_cache_hits.inc();
+        } else {
+            self.image_pulls.inc();
+            self.image_pull_seconds.observe(seconds);
+        }
+    }
+
+    /// Bytes of the images unpacked in the cache.
+    pub fn image_cache_bytes(&self, bytes: u64) {
+        self.image_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn session_taken_over(&self, seconds: f64) {

@@ -324,6 +324,7 @@ mod tests {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            environment: None,
             truncated: None,
         };
         store

@@ -219,6 +219,7 @@ impl Engine {
             env: Some(source.env.clone()),
             metadata: Some(metadata),
             files: None,
+            environment: None,
         };
         let origin = Origin {
             kind: OriginKind::Replay,
@@ -230,7 +231,14 @@ impl Engine {
         let id = new_id();
         let replaying = Replaying::start(self, id);
         let (session, _) = self
-            .create_from_state(tenant_id, id, new, origin, &state)
+            .create_from_state(
+                tenant_id,
+                id,
+                new,
+                origin,
+                source.environment.clone(),
+                &state,
+            )
             .await?;
         drop(state);
         drop(permit);

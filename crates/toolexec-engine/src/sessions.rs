@@ -137,6 +137,7 @@ impl SessionRuntime {
         first_process_id: u64,
         sandbox: Option<&Arc<Sandbox>>,
         admission: Option<toolexec_sandbox::Admission>,
+        image: Option<Arc<toolexec_sandbox::SessionImage>>,
     ) -> Self {
         let first_id = first_process_id.max(1);
         let processes = sandbox.map(|s| {
@@ -145,7 +146,8 @@ impl SessionRuntime {
                 session.id.to_string(),
                 workspace.root_path().to_path_buf(),
                 first_id,
-            );
+            )
+            .with_image(image);
             Arc::new(match admission {
                 Some(a) => table.with_admission(a),
                 None => table,
@@ -273,6 +275,8 @@ impl Engine {
             }
             (None, Err(e)) => return Err(unavailable(e)),
         };
+        // The session's image, by its digest (a replica taking it over pulls it first).
+        let image = self.session_image(session.environment.as_ref()).await?;
         let first_process_id = self.store.last_process_number(session.id).await? + 1;
         // The first page of call ids now: a session of up to a page of calls has its whole
         // index before its first call is planned; a longer one goes on filling it in the
@@ -294,6 +298,7 @@ impl Engine {
             first_process_id,
             self.config.sandbox.as_ref(),
             self.admission(session.tenant_id),
+            image,
         ));
         let todos = self.todos_of(&session.tenant_id, session.id).await?;
         if let Ok(mut t) = rt.todos.lock() {
@@ -344,7 +349,12 @@ impl Engine {
     }
 
     /// The runtime of a session made on this node just now: no call recorded yet.
-    pub(crate) fn fresh_runtime(&self, session: Session, workspace: Workspace) -> SessionRuntime {
+    pub(crate) fn fresh_runtime(
+        &self,
+        session: Session,
+        workspace: Workspace,
+        image: Option<Arc<toolexec_sandbox::SessionImage>>,
+    ) -> SessionRuntime {
         let admission = self.admission(session.tenant_id);
         SessionRuntime::new(
             session,
@@ -353,6 +363,7 @@ impl Engine {
             1,
             self.config.sandbox.as_ref(),
             admission,
+            image,
         )
     }
 
@@ -584,6 +595,11 @@ impl Engine {
     /// events (`session.created`, one `file.created` per seed file) in one transaction.
     pub async fn create_session(&self, tenant_id: Uuid, new: NewSession) -> Result<Session> {
         self.check_new_session(&new)?;
+        // The image first: pulled (or found in the cache) before anything of the session exists.
+        let (environment, image) = match self.new_environment(new.environment.as_ref()).await? {
+            Some((e, i)) => (Some(e), Some(i)),
+            None => (None, None),
+        };
         let id = new_id();
         let now = chrono::Utc::now();
         let session = Session {
@@ -598,6 +614,7 @@ impl Engine {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            environment,
             truncated: None,
         };
         let name = id.to_string();
@@ -613,7 +630,7 @@ impl Engine {
             out_of_descriptors(&e)
                 .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
         })?;
-        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace));
+        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace, image));
 
         let mut events = vec![self.session_created(&session, None)];
         let mut blobs = Vec::new();
@@ -703,6 +720,11 @@ impl Engine {
             "metadata": session.metadata,
             "node": self.config.node,
         });
+        if let (Some(environment), serde_json::Value::Object(map)) =
+            (&session.environment, &mut data)
+        {
+            map.insert("environment".into(), json!(environment));
+        }
         if let (Some(origin), Some(files), serde_json::Value::Object(map)) =
             (session.origin, from, &mut data)
         {

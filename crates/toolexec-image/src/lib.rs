@@ -193,7 +193,17 @@ impl ImageStore {
         client: reqwest::Client,
         insecure: Vec<String>,
     ) -> Result<Self, ImageError> {
-        let dir = data_dir.join("images");
+        Self::open_at(&data_dir.join("images"), limits, client, insecure)
+    }
+
+    /// [`ImageStore::open`] with the cache in `dir` itself.
+    pub fn open_at(
+        dir: &Path,
+        limits: Limits,
+        client: reqwest::Client,
+        insecure: Vec<String>,
+    ) -> Result<Self, ImageError> {
+        let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
         if tmp.exists() {
             remove_tree(&tmp)?;
@@ -261,6 +271,12 @@ impl ImageStore {
     /// Pulls `reference` (unless its manifest's digest is cached) and returns the image.
     /// Concurrent pulls that resolve to one digest share one download and unpacking.
     pub async fn pull(&self, reference: &str) -> Result<Image, ImageError> {
+        self.resolve(reference).await.map(|(image, _)| image)
+    }
+
+    /// [`ImageStore::pull`], and whether the image was in the cache already (`false`: this
+    /// call pulled it, or waited for the pull of another).
+    pub async fn resolve(&self, reference: &str) -> Result<(Image, bool), ImageError> {
         let timeout = self.inner.limits.pull_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         match tokio::time::timeout_at(deadline, self.pull_by(reference, deadline)).await {
@@ -273,18 +289,18 @@ impl ImageStore {
         &self,
         reference: &str,
         deadline: tokio::time::Instant,
-    ) -> Result<Image, ImageError> {
+    ) -> Result<(Image, bool), ImageError> {
         let r = reference::parse(reference)?;
         if r.is_digest()
             && let Some(image) = self.get(&r.reference)?
         {
-            return Ok(image);
+            return Ok((image, true));
         }
         let insecure = self.inner.insecure.contains(&r.registry);
         let registry = Registry::new(self.inner.client.clone(), &r, insecure);
         let (manifest, digest) = resolve_platform(&registry, &r).await?;
         if let Some(image) = self.get(&digest)? {
-            return Ok(image);
+            return Ok((image, true));
         }
         let cell = {
             let mut map = self
@@ -308,7 +324,7 @@ impl ImageStore {
                 map.remove(&digest);
             }
         }
-        result
+        result.map(|image| (image, false))
     }
 
     /// Downloads and unpacks the image of `manifest` (whose digest is `digest`).

@@ -218,10 +218,18 @@ pub fn enter(layout: &Spec) -> Result<(), String> {
     // Sources before the first mount (once /tmp is covered, a workspace below it is out of
     // reach by path), and after unshare (a bind needs a source in this mount namespace).
     let workspace = open_source_bytes(&layout.workspace)?;
-    let usr = open_source("/usr")?;
+    // In an image, its tree stands for the host's system directories: neither /usr nor the
+    // read-only binds of /usr and /etc are taken from the host.
+    let image = layout.image.as_deref().map(image_entries).transpose()?;
+    let usr = if image.is_none() {
+        Some(open_source("/usr")?)
+    } else {
+        None
+    };
     let ro: Vec<(String, Source)> = layout
         .ro
         .iter()
+        .filter(|p| image.is_none() || !is_system_dir(p))
         .map(|p| {
             let p = String::from_utf8(p.clone()).map_err(|_| "a read-only bind is not UTF-8")?;
             open_source(&p).map(|s| (p, s))
@@ -234,7 +242,12 @@ pub fn enter(layout: &Spec) -> Result<(), String> {
         .iter()
         .filter_map(|d| open_source(&format!("/dev/{d}")).ok().map(|s| (*d, s)))
         .collect();
-    let links: Vec<(String, String)> = ["bin", "lib", "lib64", "sbin"]
+    let host_links: &[&str] = if image.is_none() {
+        &["bin", "lib", "lib64", "sbin"]
+    } else {
+        &[]
+    };
+    let links: Vec<(String, String)> = host_links
         .iter()
         .filter_map(|name| {
             std::fs::read_link(format!("/{name}"))
@@ -253,13 +266,14 @@ pub fn enter(layout: &Spec) -> Result<(), String> {
     build_root(
         layout,
         &workspace,
-        &usr,
+        usr.as_ref(),
+        image.as_deref(),
         &ro,
         &devices,
         &links,
         egress.as_ref(),
     )?;
-    drop((workspace, usr, ro, devices, egress));
+    drop((workspace, usr, image, ro, devices, egress));
 
     // SAFETY: sethostname with a valid buffer.
     let host = b"sandbox";
@@ -413,10 +427,103 @@ pub fn fork_command() -> Result<(), String> {
     exit_like(status)
 }
 
+/// One top-level entry of an image's tree, bound (a directory or file) or recreated (a link)
+/// on the sandbox's root.
+enum ImageEntry {
+    Dir(String, Source),
+    File(String, Source),
+    Link(String, String),
+}
+
+/// Top-level entries an image's tree may have, at most (a root has about twenty).
+const MAX_IMAGE_ENTRIES: usize = 1024;
+
+/// Directories of the root the sandbox mounts itself: an image's entries of these names are
+/// not used.
+const MOUNTED_BY_SANDBOX: [&str; 4] = ["workspace", "tmp", "dev", "proc"];
+
+/// Whether a read-only bind is one of the host's system directories, which an image replaces.
+fn is_system_dir(path: &[u8]) -> bool {
+    ["/etc", "/usr"]
+        .iter()
+        .any(|d| path == d.as_bytes() || path.starts_with(format!("{d}/").as_bytes()))
+}
+
+/// The top-level entries of the image's tree at `path`, beneath the workspace root (the
+/// working directory here, already in the new mount namespace: a bind needs its source there).
+/// Names that are not UTF-8 and entries that are neither directories, files nor links are left
+/// out.
+fn image_entries(path: &[u8]) -> Result<Vec<ImageEntry>, String> {
+    let tree = open_source_bytes(path)?;
+    let base = format!("/proc/self/fd/{}", tree.fd);
+    let failed = |e: io::Error| format!("reading the image's tree: {e}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&base).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if MOUNTED_BY_SANDBOX.contains(&name.as_str()) {
+            continue;
+        }
+        if out.len() == MAX_IMAGE_ENTRIES {
+            return Err(format!(
+                "the image's root has more than {MAX_IMAGE_ENTRIES} entries"
+            ));
+        }
+        let path = format!("{base}/{name}");
+        let kind = entry.file_type().map_err(failed)?;
+        if kind.is_symlink() {
+            let target = std::fs::read_link(&path).map_err(failed)?;
+            let Ok(target) = target.into_os_string().into_string() else {
+                continue;
+            };
+            out.push(ImageEntry::Link(name, target));
+        } else if kind.is_dir() {
+            out.push(ImageEntry::Dir(name, open_source(&path)?));
+        } else if kind.is_file() {
+            out.push(ImageEntry::File(name, open_source(&path)?));
+        }
+    }
+    drop(tree);
+    Ok(out)
+}
+
+/// The image's entries on the new root: each directory and file a read-only, `nosuid,nodev`
+/// bind of the one cached tree (shared by every sandbox on that image), each link recreated.
+fn bind_image(entries: &[ImageEntry], at: &dyn Fn(&str) -> String) -> Result<(), String> {
+    let bind = (libc::MS_BIND | libc::MS_REC) as libc::c_ulong;
+    for entry in entries {
+        let (name, src) = match entry {
+            ImageEntry::Link(name, target) => {
+                symlink(target, &at(&format!("/{name}")))?;
+                continue;
+            }
+            ImageEntry::Dir(name, src) => {
+                mkdir(&at(&format!("/{name}")), 0o755)?;
+                (name, src)
+            }
+            ImageEntry::File(name, src) => {
+                touch(&at(&format!("/{name}")))?;
+                (name, src)
+            }
+        };
+        let target = at(&format!("/{name}"));
+        mount(Some(&src.name), &target, None, bind, None)?;
+        set_attrs(
+            &target,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn build_root(
     layout: &Spec,
     workspace: &Source,
-    usr: &Source,
+    usr: Option<&Source>,
+    image: Option<&[ImageEntry]>,
     ro: &[(String, Source)],
     devices: &[(&str, Source)],
     links: &[(String, String)],
@@ -436,12 +543,17 @@ fn build_root(
     let bind = (libc::MS_BIND | libc::MS_REC) as libc::c_ulong;
     let at = |p: &str| format!("{root}{p}");
 
-    mkdir(&at("/usr"), 0o755)?;
-    mount(Some(&usr.name), &at("/usr"), None, bind, None)?;
-    set_attrs(
-        &at("/usr"),
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-    )?;
+    if let Some(usr) = usr {
+        mkdir(&at("/usr"), 0o755)?;
+        mount(Some(&usr.name), &at("/usr"), None, bind, None)?;
+        set_attrs(
+            &at("/usr"),
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )?;
+    }
+    if let Some(entries) = image {
+        bind_image(entries, &at)?;
+    }
     for (name, target) in links {
         symlink(target, &at(&format!("/{name}")))?;
     }

@@ -64,6 +64,10 @@ pub struct Spec {
     pub env: Vec<(Vec<u8>, Vec<u8>)>,
     /// Stay resident as the session's agent (see [`crate::protocol`]) instead of running `argv`.
     pub agent: bool,
+    /// The image's unpacked tree, a path beneath [`ROOT_FD`] (the image cache is there, so
+    /// that the sandbox user reaches it as it reaches a workspace): the root is made of its
+    /// top-level entries, bound read-only, instead of the host's `/usr` and `/etc`.
+    pub image: Option<Vec<u8>>,
 }
 
 /// One command for a resident agent's spare: what the per-command spec of the init was, minus
@@ -215,6 +219,9 @@ impl Spec {
         if self.agent {
             out.put("agent", b"1")?;
         }
+        if let Some(image) = &self.image {
+            out.put("image", image)?;
+        }
         for arg in &self.argv {
             out.put("arg", arg)?;
         }
@@ -243,6 +250,7 @@ impl Spec {
                 "nofile" => spec.limits.open_files = number(name, value)?,
                 "as" => spec.limits.address_space_bytes = number(name, value)?,
                 "agent" if value == b"1" => spec.agent = true,
+                "image" => spec.image = Some(value.to_vec()),
                 "arg" => spec.argv.push(value.to_vec()),
                 "env" => spec.env.push(env_record(value)?),
                 other => return Err(format!("unknown spec record {other:?}")),
@@ -256,6 +264,9 @@ impl Spec {
         check_beneath("workspace", &self.workspace)?;
         if let Some(sock) = &self.egress_socket {
             check_beneath("egress socket", sock)?;
+        }
+        if let Some(image) = &self.image {
+            check_beneath("image", image)?;
         }
         if !self.workdir.is_empty() {
             check_beneath("workdir", &self.workdir)?;
@@ -306,6 +317,7 @@ mod tests {
                 (b"EQ".to_vec(), b"x=y=z".to_vec()),
             ],
             agent: false,
+            image: Some(b".images/sha256/0123/rootfs".to_vec()),
         }
     }
 

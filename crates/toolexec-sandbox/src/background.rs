@@ -162,6 +162,8 @@ pub struct ProcessTable {
     terminals: Terminals,
     /// Why the persistent shell was ended by the service (a rewind), for its next call.
     bash_ended: Mutex<Option<String>>,
+    /// The image the session runs in (`None`: the host's `/usr` and `/etc`).
+    image: Option<Arc<crate::SessionImage>>,
 }
 
 impl std::fmt::Debug for ProcessTable {
@@ -195,7 +197,19 @@ impl ProcessTable {
             bash: tokio::sync::Mutex::new(None),
             terminals: Terminals::default(),
             bash_ended: Mutex::new(None),
+            image: None,
         }
+    }
+
+    /// Runs every command of the session in `image` instead of the host's `/usr` and `/etc`.
+    pub fn with_image(mut self, image: Option<Arc<crate::SessionImage>>) -> Self {
+        self.image = image;
+        self
+    }
+
+    /// The image the session runs in, if any.
+    pub fn image(&self) -> Option<&Arc<crate::SessionImage>> {
+        self.image.as_ref()
     }
 
     /// Every command of this table first asks `admission` (see [`Admission`]).
@@ -232,6 +246,7 @@ impl ProcessTable {
                 &self.session,
                 &self.workspace,
                 launch.egress_socket.as_deref(),
+                launch.image.as_ref(),
                 group.as_deref(),
             )
             .await?;
@@ -288,6 +303,7 @@ impl ProcessTable {
             workdir: workdir.to_owned(),
             program,
             egress_socket,
+            image: self.image.clone(),
         })
     }
 

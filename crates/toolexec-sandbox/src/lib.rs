@@ -36,6 +36,7 @@ mod background;
 pub mod bash;
 pub mod cgroup;
 pub mod egress;
+mod environment;
 mod image;
 mod resident;
 mod run;
@@ -58,6 +59,7 @@ use serde::{Deserialize, Serialize};
 pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessTable};
 pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
+pub use environment::SessionImage;
 pub use run::{Finished, KillReason, RunLimits};
 pub use terminal::{TermError, TermExit, TermInfo, TermRead};
 
@@ -225,9 +227,19 @@ pub struct Launch {
     pub program: Program,
     /// The session's egress proxy socket, when the command may use the network.
     pub egress_socket: Option<PathBuf>,
+    /// The image the session runs in; `None`: the host's `/usr` and `/etc`.
+    pub image: Option<Arc<SessionImage>>,
 }
 
 /// What a command runs, and with which environment.
+impl Launch {
+    /// The shell of a `Program::Shell`: the image's (`/bin/sh` in one without bash), else
+    /// `/bin/bash`.
+    fn shell(&self) -> &'static str {
+        self.image.as_ref().map_or("/bin/bash", |i| i.shell)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Program {
     /// A session's own command: `/bin/bash -c COMMAND`, with `BASE_ENV`, the operator's
@@ -247,10 +259,10 @@ pub enum Program {
 }
 
 impl Program {
-    fn argv(&self) -> Vec<Vec<u8>> {
+    fn argv(&self, shell: &str) -> Vec<Vec<u8>> {
         match self {
             Program::Shell { command, .. } => vec![
-                b"/bin/bash".to_vec(),
+                shell.as_bytes().to_vec(),
                 b"-c".to_vec(),
                 command.as_bytes().to_vec(),
             ],
@@ -474,6 +486,7 @@ impl Sandbox {
                 env: BTreeMap::new(),
             },
             egress_socket: None,
+            image: None,
         };
         let group = match self.session_group("probe") {
             Ok(g) => g,
@@ -486,7 +499,10 @@ impl Sandbox {
             cancel: Default::default(),
         };
         let result = if resident {
-            match self.start_agent("probe", &dir, None, group.as_ref()).await {
+            match self
+                .start_agent("probe", &dir, None, None, group.as_ref())
+                .await
+            {
                 Ok(agent) => {
                     let r = self
                         .run_resident(&agent, &launch, group.as_ref(), &limits)
@@ -607,6 +623,11 @@ impl Sandbox {
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
             );
+            // The image's `Env` (its `PATH` first of all), then the operator's and the
+            // session's variables over it.
+            if let Some(image) = &launch.image {
+                env.extend(image.env.iter().cloned());
+            }
             env.extend(self.passthrough.iter().cloned());
         }
         if launch.egress_socket.is_some() {
@@ -643,6 +664,7 @@ impl Sandbox {
         &self,
         workspace: &Path,
         egress: Option<&Path>,
+        image: Option<&Arc<SessionImage>>,
     ) -> Result<init::Spec, SandboxError> {
         let launch = Launch {
             workspace: workspace.to_path_buf(),
@@ -652,6 +674,7 @@ impl Sandbox {
                 env: BTreeMap::new(),
             },
             egress_socket: egress.map(Path::to_path_buf),
+            image: image.cloned(),
         };
         let mut spec = self.spec(&launch)?;
         spec.agent = true;
@@ -664,7 +687,7 @@ impl Sandbox {
     fn command_spec(&self, launch: &Launch) -> init::CommandSpec {
         init::CommandSpec {
             workdir: launch.workdir.as_bytes().to_vec(),
-            argv: launch.program.argv(),
+            argv: launch.program.argv(launch.shell()),
             env: self
                 .command_env(launch)
                 .into_iter()
@@ -679,6 +702,7 @@ impl Sandbox {
         session: &str,
         workspace: &Path,
         egress: Option<&Path>,
+        image: Option<&Arc<SessionImage>>,
         limits: Option<&cgroup::SessionGroup>,
     ) -> Result<resident::Agent, SandboxError> {
         self.check_ready()?;
@@ -702,7 +726,7 @@ impl Sandbox {
         };
         procs.push(tree.agent_procs().map_err(|e| setup("session cgroup", e))?);
         let spec = self
-            .agent_spec(workspace, egress)?
+            .agent_spec(workspace, egress, image)?
             .encode()
             .map_err(|e| SandboxError::Setup(format!("the sandbox cannot be described: {e}")))?;
         let spec = image::spec_memfd(&spec).map_err(|e| setup("spec memfd", e))?;
@@ -802,13 +826,18 @@ impl Sandbox {
                     self.config.memory_bytes
                 },
             },
-            argv: launch.program.argv(),
+            argv: launch.program.argv(launch.shell()),
             env: self
                 .command_env(launch)
                 .into_iter()
                 .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
                 .collect(),
             agent: false,
+            image: launch
+                .image
+                .as_ref()
+                .map(|i| beneath(&i.rootfs, "image"))
+                .transpose()?,
         })
     }
 
@@ -842,6 +871,13 @@ impl Sandbox {
         let mut passed: Vec<(i32, i32)> = Vec::new();
         let mut spec_file = None;
         let mut cmd = if self.is_unsandboxed() {
+            if launch.image.is_some() {
+                return Err(SandboxError::Unavailable(
+                    "a session in an image needs the sandbox (sandbox.mode = \"enforce\"): \
+                     without it commands would run on the host's own files"
+                        .into(),
+                ));
+            }
             let mut c = match &launch.program {
                 Program::Shell { command, .. } => {
                     let mut c = tokio::process::Command::new("/bin/bash");

@@ -78,6 +78,7 @@ fn bash_spec(workspace: &str, script: &str) -> Spec {
         ],
         env: vec![(b"PATH".to_vec(), b"/usr/bin:/bin".to_vec())],
         agent: false,
+        image: None,
     }
 }
 

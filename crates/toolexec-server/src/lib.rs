@@ -225,6 +225,15 @@ pub async fn build_state_with(
         );
     }
     engine_config.sandbox = Some(sandbox);
+    // Sessions in OCI images, when the operator configured any (docs/environments.md); without
+    // `[environments]` every session sees the host's /usr and /etc, as before.
+    let envs = &config.environments;
+    if !envs.images.is_empty() || !envs.allow_registries.is_empty() {
+        let images = image_store(config)?;
+        engine_config.environments = Some(Arc::new(
+            toolexec_engine::environments::Environments::new(images, envs.clone()),
+        ));
+    }
     engine_config.web = web;
     let engine = Engine::start(store, registry, engine_config)
         .await
@@ -305,7 +314,7 @@ pub async fn serve(
     served
 }
 
-/// The image cache of `config.data_dir` (`<data_dir>/images`), reaching registries with
+/// The image cache of this node (`<workspace_root>/.images`), reaching registries with
 /// rustls and the Mozilla roots (plain HTTP for `environments.insecure_registries`), no proxy
 /// from the environment, at most 5 redirects (registries send blobs from a CDN), a connect
 /// timeout of 30 s and a read timeout of 60 s. The egress classification of the sandbox does
@@ -329,8 +338,11 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         max_image_entries: config.limits.max_image_entries,
         pull_timeout: std::time::Duration::from_millis(config.limits.image_pull_timeout_ms),
     };
-    toolexec_image::ImageStore::open(
-        &config.data_dir,
+    // Beneath the workspace root, beside `.egress` and `.uploads`: the sandbox's init reaches an
+    // image's tree the way it reaches a workspace, by a path beneath the one directory it may
+    // search (a data directory made by `mktemp -d` is 0700).
+    toolexec_image::ImageStore::open_at(
+        &config.workspace_root().join(".images"),
         limits,
         client,
         config.environments.insecure_registries.clone(),

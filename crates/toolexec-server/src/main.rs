@@ -64,7 +64,7 @@ enum Command {
     /// Print the effective configuration: every setting, its value and where it came from
     /// (default, file, environment), the database password redacted.
     Config,
-    /// OCI images in this node's cache (`<data_dir>/images`, docs/environments.md): pull one
+    /// OCI images in this node's cache (`<workspace_root>/.images`, docs/environments.md): pull one
     /// ahead of the sessions that will use it, list them, remove one.
     Images {
         #[command(subcommand)]

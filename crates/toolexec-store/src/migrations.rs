@@ -55,6 +55,11 @@ pub(crate) const POSTGRES: &[Embedded] = &[
         "reads",
         include_str!("../../../migrations/postgres/0009_reads.sql"),
     ),
+    (
+        10,
+        "environments",
+        include_str!("../../../migrations/postgres/0010_environments.sql"),
+    ),
 ];
 
 pub(crate) const SQLITE: &[Embedded] = &[
@@ -102,6 +107,11 @@ pub(crate) const SQLITE: &[Embedded] = &[
         9,
         "reads",
         include_str!("../../../migrations/sqlite/0009_reads.sql"),
+    ),
+    (
+        10,
+        "environments",
+        include_str!("../../../migrations/sqlite/0010_environments.sql"),
     ),
 ];
 

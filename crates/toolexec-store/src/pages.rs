@@ -211,7 +211,7 @@ macro_rules! listed_columns {
          CASE WHEN w.size <= $4 THEN s.metadata END AS s_metadata, \
          s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at, \
          s.origin_kind AS s_origin_kind, s.origin_session_id AS s_origin_session_id, \
-         s.origin_seq AS s_origin_seq"
+         s.origin_seq AS s_origin_seq, s.environment AS s_environment"
     };
 }
 
@@ -257,7 +257,7 @@ const PG_SESSION_EXCERPT: &str = "SELECT s.id AS s_id, s.tenant_id AS s_tenant_i
             left(s.env::text, $3) AS x_env, left(s.metadata::text, $3) AS x_metadata, \
             s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at, \
             s.origin_kind AS s_origin_kind, s.origin_session_id AS s_origin_session_id, \
-            s.origin_seq AS s_origin_seq \
+            s.origin_seq AS s_origin_seq, s.environment AS s_environment \
        FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2";
 
 const SQLITE_SESSION_EXCERPT: &str = "SELECT s.id AS s_id, s.tenant_id AS s_tenant_id, \
@@ -265,7 +265,7 @@ const SQLITE_SESSION_EXCERPT: &str = "SELECT s.id AS s_id, s.tenant_id AS s_tena
             substr(s.env, 1, $3) AS x_env, substr(s.metadata, 1, $3) AS x_metadata, \
             s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at, \
             s.origin_kind AS s_origin_kind, s.origin_session_id AS s_origin_session_id, \
-            s.origin_seq AS s_origin_seq \
+            s.origin_seq AS s_origin_seq, s.environment AS s_environment \
        FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2";
 
 fn event_row(session_id: Uuid, row: &impl Columns) -> Result<EventText> {

@@ -577,8 +577,8 @@ impl Store for PgStore {
         let last_seq = i64::try_from(events.len()).unwrap_or(i64::MAX);
         let row = sqlx::query(concat!(
             "INSERT INTO sessions AS s (id, tenant_id, status, tools, policy, env, metadata, \
-             last_seq, created_at, origin_kind, origin_session_id, origin_seq) \
-             SELECT $1, $2, 'active', $3, $4, $5, $6, $7, $8, $10, $11, $12 \
+             last_seq, created_at, origin_kind, origin_session_id, origin_seq, environment) \
+             SELECT $1, $2, 'active', $3, $4, $5, $6, $7, $8, $10, $11, $12, $13 \
              WHERE (SELECT count(*) FROM sessions o \
                     WHERE o.tenant_id = $2 AND o.status = 'active') < $9 \
              RETURNING ",
@@ -596,6 +596,12 @@ impl Store for PgStore {
         .bind(session.origin.map(|o| o.kind.as_str()))
         .bind(session.origin.map(|o| o.session_id))
         .bind(session.origin.map(|o| o.seq))
+        .bind(
+            session
+                .environment
+                .as_ref()
+                .map(|e| serde_json::to_string(e).unwrap_or_default()),
+        )
         .fetch_optional(&mut *tx)
         .await
         .map_err(not_found_on_fk)?

@@ -24,7 +24,7 @@ macro_rules! session_columns {
          s.policy AS s_policy, s.env AS s_env, s.metadata AS s_metadata, \
          s.last_seq AS s_last_seq, s.created_at AS s_created_at, s.closed_at AS s_closed_at, \
          s.origin_kind AS s_origin_kind, s.origin_session_id AS s_origin_session_id, \
-         s.origin_seq AS s_origin_seq"
+         s.origin_seq AS s_origin_seq, s.environment AS s_environment"
     };
 }
 
@@ -203,6 +203,13 @@ pub(crate) fn session_with(
                 seq,
             }),
             _ => None,
+        },
+        environment: match row.opt_text("s_environment")? {
+            Some(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| StoreError::Corrupt(format!("session environment: {e}")))?,
+            ),
+            None => None,
         },
         truncated: None,
     })

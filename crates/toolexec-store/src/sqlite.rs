@@ -453,8 +453,8 @@ impl Store for SqliteStore {
         }
         sqlx::query(
             "INSERT INTO sessions (id, tenant_id, status, tools, policy, env, metadata, last_seq, \
-             created_at, origin_kind, origin_session_id, origin_seq) \
-             VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             created_at, origin_kind, origin_session_id, origin_seq, environment) \
+             VALUES ($1, $2, 'active', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(session.id)
         .bind(session.tenant_id)
@@ -467,6 +467,12 @@ impl Store for SqliteStore {
         .bind(session.origin.map(|o| o.kind.as_str()))
         .bind(session.origin.map(|o| o.session_id))
         .bind(session.origin.map(|o| o.seq))
+        .bind(
+            session
+                .environment
+                .as_ref()
+                .map(|e| serde_json::to_string(e).unwrap_or_default()),
+        )
         .execute(&mut *tx)
         .await
         .map_err(not_found_on_fk)?;
@@ -1450,6 +1456,7 @@ mod tests {
             closed_at: None,
             last_seq: 0,
             origin: None,
+            environment: None,
             truncated: None,
         };
         store

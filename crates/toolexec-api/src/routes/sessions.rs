@@ -32,7 +32,8 @@ const DEFAULT_PAGE: u32 = 50;
     responses(
         (status = 201, description = "Created", body = Session),
         (status = 409, description = "The tenant already has as many open sessions as the operator allows (`too_many_open_sessions`, `limits.max_open_sessions_per_tenant`); close sessions it no longer needs and retry", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Unknown tool in `tools`, a policy above the operator's ceiling, a bad seed path or env name, a NUL character in `metadata` (`unknown_tool`, `policy_above_ceiling`, `invalid_seed_file`, `invalid_env`, `invalid_metadata`, `invalid_request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown tool in `tools`, a policy above the operator's ceiling, a bad seed path or env name, a NUL character in `metadata` (`unknown_tool`, `policy_above_ceiling`, `invalid_seed_file`, `invalid_env`, `invalid_metadata`, `invalid_request`); an `environment.image` the operator does not allow, that the registry does not have, for another platform, too large or not a valid image (`image_not_allowed`, `image_not_found`, `image_wrong_platform`, `image_too_large`, `invalid_image`)", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The image's registry refused the pull or could not be reached (`registry_unauthorized`, `registry_unreachable`); nothing was created", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn create_session(
     State(state): State<SharedState>,

@@ -1,0 +1,180 @@
+//! Sessions in OCI images (issue 26, docs/environments.md): the image a new session asks for
+//! (or the operator's default) is resolved to a manifest digest and pulled into the node's
+//! cache (one pull per digest however many sessions ask at once); the digest is recorded on the
+//! session, and every later runtime of it — a restart, a take-over by another replica, a fork,
+//! a replay — runs in that digest, pulled again by digest if this node does not have it.
+use std::sync::Arc;
+
+use toolexec_core::{EnvironmentRequest, ProblemCode, SessionEnvironment};
+use toolexec_image::{EnvironmentsConfig, Image, ImageError, ImageStore};
+use toolexec_sandbox::SessionImage;
+
+use crate::sessions::invalid;
+use crate::{Engine, EngineError, Result};
+
+/// The images sessions may run in and this node's cache of them.
+#[derive(Debug)]
+pub struct Environments {
+    pub store: ImageStore,
+    pub config: EnvironmentsConfig,
+}
+
+impl Environments {
+    pub fn new(store: ImageStore, config: EnvironmentsConfig) -> Self {
+        Self { store, config }
+    }
+}
+
+/// The problem an image error is answered with.
+pub(crate) fn problem(e: ImageError) -> EngineError {
+    let (code, detail) = match e {
+        ImageError::RegistryNotAllowed(d) => (ProblemCode::ImageNotAllowed, d),
+        ImageError::NotFound(d) => (ProblemCode::ImageNotFound, d),
+        ImageError::Unauthorized(d) => (ProblemCode::RegistryUnauthorized, d),
+        ImageError::Unreachable(d) => (ProblemCode::RegistryUnreachable, d),
+        ImageError::WrongPlatform(d) => (ProblemCode::ImageWrongPlatform, d),
+        ImageError::TooBig(d) => (ProblemCode::ImageTooLarge, d),
+        e @ (ImageError::InvalidReference(_)
+        | ImageError::DigestMismatch(_)
+        | ImageError::InvalidManifest(_)
+        | ImageError::InvalidLayer(_)) => (ProblemCode::InvalidImage, e.to_string()),
+        // The cache's own disk: the detail has host paths, for the log only.
+        ImageError::Io(d) => return EngineError::Internal(format!("image cache: {d}")),
+    };
+    invalid(code, detail)
+}
+
+fn open(image: &Image) -> Result<Arc<SessionImage>> {
+    SessionImage::open(&image.rootfs, &image.env, &image.digest)
+        .map(Arc::new)
+        .map_err(|e| {
+            EngineError::Internal(format!(
+                "the image {} cannot be opened in the cache: {e}",
+                image.digest
+            ))
+        })
+}
+
+impl Engine {
+    fn count_cache(&self, envs: &Environments) {
+        if let Ok(images) = envs.store.list() {
+            self.metrics
+                .image_cache_bytes(images.iter().map(|i| i.unpacked_bytes).sum());
+        }
+    }
+
+    /// The image a new session runs in: the one it asks for, else the operator's default, else
+    /// none. Pulled (unless cached) before the session exists, so that a session is never
+    /// recorded with an image it cannot have.
+    pub(crate) async fn new_environment(
+        &self,
+        asked: Option<&EnvironmentRequest>,
+    ) -> Result<Option<(SessionEnvironment, Arc<SessionImage>)>> {
+        let Some(envs) = &self.config.environments else {
+            return match asked {
+                None => Ok(None),
+                Some(r) => Err(invalid(
+                    ProblemCode::ImageNotAllowed,
+                    format!(
+                        "environment.image '{}': this service has no environments configured \
+                         (environments.images, environments.allow_registries); sessions see \
+                         the host's /usr and /etc",
+                        r.image
+                    ),
+                )),
+            };
+        };
+        let asked = match (asked, &envs.config.default) {
+            (Some(r), _) => r.image.clone(),
+            (None, Some(default)) => default.clone(),
+            (None, None) => return Ok(None),
+        };
+        if self
+            .config
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| s.is_unsandboxed())
+        {
+            return Err(EngineError::Unavailable(
+                "sessions in an image need the sandbox; this service runs commands unsandboxed \
+                 (sandbox.mode = \"unsandboxed\")"
+                    .into(),
+            ));
+        }
+        let reference = envs.config.resolve(&asked).map_err(problem)?;
+        let started = std::time::Instant::now();
+        let (image, cached) = envs.store.resolve(&reference).await.map_err(problem)?;
+        self.metrics
+            .image_resolved(cached, started.elapsed().as_secs_f64());
+        if !cached {
+            self.count_cache(envs);
+        }
+        let name = envs
+            .config
+            .images
+            .iter()
+            .any(|i| i.name == asked)
+            .then_some(asked);
+        let environment = SessionEnvironment {
+            image: reference,
+            digest: image.digest.clone(),
+            name,
+        };
+        Ok(Some((environment, open(&image)?)))
+    }
+
+    /// The image of an existing session: from this node's cache, or pulled again by its digest
+    /// (never by its tag, which may name another image by now).
+    pub(crate) async fn session_image(
+        &self,
+        environment: Option<&SessionEnvironment>,
+    ) -> Result<Option<Arc<SessionImage>>> {
+        let Some(env) = environment else {
+            return Ok(None);
+        };
+        let restore = |why: String| {
+            EngineError::Unavailable(format!(
+                "the session runs in the image {} ({}), which this node cannot have: {why}. \
+                 Restore it in the registry (push that digest to {}) or on this node \
+                 (toolexec images pull {}), then retry",
+                env.image,
+                env.digest,
+                env.pinned(),
+                env.pinned()
+            ))
+        };
+        let Some(envs) = &self.config.environments else {
+            return Err(restore(
+                "this node has no environments configured ([environments])".into(),
+            ));
+        };
+        let image = match envs.store.get(&env.digest).map_err(problem)? {
+            Some(image) => {
+                self.metrics.image_resolved(true, 0.0);
+                image
+            }
+            None => {
+                let started = std::time::Instant::now();
+                let (image, _) = envs
+                    .store
+                    .resolve(&env.pinned())
+                    .await
+                    .map_err(|e| match e {
+                        ImageError::Io(d) => EngineError::Internal(format!("image cache: {d}")),
+                        e => restore(e.to_string()),
+                    })?;
+                self.metrics
+                    .image_resolved(false, started.elapsed().as_secs_f64());
+                self.count_cache(envs);
+                image
+            }
+        };
+        if image.digest != env.digest {
+            return Err(restore(format!(
+                "pulling it by digest gave {} instead",
+                image.digest
+            )));
+        }
+        open(&image).map(Some)
+    }
+}

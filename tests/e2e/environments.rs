@@ -1,0 +1,414 @@
+//! Sessions in OCI images (issue 26), end to end: a real registry on loopback
+//! (`docker-registry`), images built here (busybox-static, the host's python3; GNU tar and an
+//! OCI image layout) and pushed with `skopeo`, the compiled binary configured as an operator
+//! would, driven over HTTP.
+//! A missing tool fails these tests (it is installed by `.ci/run`); none is skipped.
+use std::path::Path;
+
+use serde_json::{Value, json};
+use toolexec_tests::binary::{Served, serve, toolexec};
+use toolexec_tests::registry::{Registry, busybox_root, python_root};
+
+async fn post(served: &Served, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{}{path}", served.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+async fn get(served: &Served, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", served.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn session(served: &Served, body: Value) -> Value {
+    let (status, s) = post(served, "/v1/sessions", body).await;
+    assert_eq!(status, 201, "{s}");
+    s
+}
+
+/// `shell` in session `sid`: (exit code, output).
+async fn sh(served: &Served, sid: &str, id: &str, command: &str) -> (i64, String) {
+    let (status, body) = post(
+        served,
+        &format!("/v1/sessions/{sid}/calls"),
+        json!({"calls": [{"id": id, "name": "shell", "arguments": {"command": command}}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let content = body["results"][0]["content"].as_str().unwrap_or_default();
+    // "[exit code N after S s]\n--- stdout ---\n…\n--- stderr ---\n…"
+    let code = content
+        .strip_prefix("[exit code ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1);
+    let stdout = content
+        .split_once("--- stdout ---\n")
+        .map(|(_, r)| r.split("--- stderr ---\n").next().unwrap_or_default())
+        .unwrap_or_default();
+    assert!(code != -1, "{content}");
+    (code, stdout.to_owned())
+}
+
+/// A data directory as `mktemp -d` makes it (0700): the sandbox user cannot enter it, and
+/// still runs in the images cached beneath it.
+fn private_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    dir
+}
+
+/// The binary, allowed to pull from `registry` over plain HTTP, storing in `data`.
+fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Served {
+    let mut cmd = toolexec(data);
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data)
+        .env("TOOLEXEC_LOG_FORMAT", "json")
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    serve(cmd)
+}
+
+fn image_dirs(data: &Path) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(data.join("workspaces/.images/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_run_in_the_image_they_name_side_by_side() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    let bb_root = roots.path().join("bb");
+    busybox_root(&bb_root);
+    let bb_digest = registry.push(&bb_root, &["PATH=/bin", "FROM_IMAGE=busybox"], "bb:1");
+    let py_root = roots.path().join("py");
+    python_root(&py_root);
+    let py_digest = registry.push(
+        &py_root,
+        &["PATH=/usr/bin:/bin", "FROM_IMAGE=python"],
+        "py:3",
+    );
+    assert_ne!(bb_digest, py_digest);
+    let data = private_dir();
+    let served = serve_with(
+        &registry,
+        data.path(),
+        &[(
+            "TOOLEXEC_ENVIRONMENTS__IMAGES",
+            &format!(r#"[{{"name":"python","image":"{}/py:3"}}]"#, registry.host),
+        )],
+    );
+
+    let bb_ref = format!("{}/bb:1", registry.host);
+    let bb = session(
+        &served,
+        json!({"environment": {"image": bb_ref}, "env": {"MINE": "session"}}),
+    )
+    .await;
+    assert_eq!(
+        bb["environment"],
+        json!({"image": bb_ref, "digest": bb_digest}),
+        "{bb}"
+    );
+    let py = session(&served, json!({"environment": {"image": "python"}})).await;
+    assert_eq!(py["environment"]["digest"], py_digest, "{py}");
+    assert_eq!(py["environment"]["name"], "python", "{py}");
+    let host = session(&served, json!({})).await;
+    assert!(host.get("environment").is_none(), "{host}");
+    let (bb_id, py_id, host_id) = (
+        bb["id"].as_str().unwrap(),
+        py["id"].as_str().unwrap(),
+        host["id"].as_str().unwrap(),
+    );
+
+    // The busybox image: its shell (no bash), its PATH and Env, then the session's env; no
+    // python3 anywhere; the workspace as always.
+    let (code, out) = sh(
+        &served,
+        bb_id,
+        "b1",
+        "echo \"$PATH $FROM_IMAGE $MINE\"; test -e /bin/bash || echo no-bash; \
+         command -v python3 || echo no-python; ls /usr/bin/python3* 2>&1 | head -1; \
+         echo hi > f && cat /workspace/f && pwd",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("/bin busybox session"), "{out}");
+    assert!(out.contains("no-bash"), "{out}");
+    assert!(out.contains("no-python"), "{out}");
+    assert!(out.contains("hi\n/workspace"), "{out}");
+    // Read-only, and the host's /usr is not there.
+    let (code, out) = sh(
+        &served,
+        bb_id,
+        "b2",
+        "touch /bin/x 2>&1; touch /etc/x 2>&1; test -d /usr && echo has-usr; \
+         grep -E ' /(bin|etc) ' /proc/self/mounts",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(!out.contains("has-usr"), "{out}");
+    for mount in [" /bin ", " /etc "] {
+        let line = out.lines().find(|l| l.contains(mount)).unwrap_or_default();
+        assert!(
+            line.contains("ro,") && line.contains("nosuid") && line.contains("nodev"),
+            "{mount}: {out}"
+        );
+    }
+
+    // The Python image has python3, and runs it.
+    let (code, out) = sh(
+        &served,
+        py_id,
+        "p1",
+        "python3 -c 'import json, sys; print(json.dumps({\"v\": sys.version_info[0] * 14}))' 2>&1; \
+         echo $FROM_IMAGE",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("{\"v\": 42}"), "{out}");
+    assert!(out.contains("python"), "{out}");
+
+    // The host session beside them still sees the host's /usr (bash included).
+    let (code, out) = sh(
+        &served,
+        host_id,
+        "h1",
+        "echo $BASH_VERSION; ls /usr/bin | wc -l",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.lines().next().unwrap_or_default().is_empty(), "{out}");
+
+    // The record: `session.created` holds the digest, and so does the session.
+    let events = get(&served, &format!("/v1/sessions/{bb_id}/events")).await;
+    assert_eq!(
+        events["events"][0]["data"]["environment"]["digest"], bb_digest,
+        "{events}"
+    );
+    let got = get(&served, &format!("/v1/sessions/{py_id}")).await;
+    assert_eq!(got["environment"]["digest"], py_digest, "{got}");
+    assert_eq!(image_dirs(data.path()).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_sessions_on_one_image_share_one_copy() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    let digest = registry.push(roots.path(), &["PATH=/bin"], "bb:shared");
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let image = format!("{}/bb:shared", registry.host);
+    // Created at once: one pull for all of them.
+    let creates = (0..12).map(|_| session(&served, json!({"environment": {"image": image}})));
+    let sessions = futures::future::join_all(creates).await;
+    for (i, s) in sessions.iter().enumerate() {
+        assert_eq!(s["environment"]["digest"], digest, "{s}");
+        let sid = s["id"].as_str().unwrap();
+        let (code, out) = sh(&served, sid, "c1", &format!("echo {i} > mine; cat mine")).await;
+        assert_eq!((code, out.trim()), (0, i.to_string().as_str()), "{out}");
+    }
+    let dirs = image_dirs(data.path());
+    assert_eq!(dirs, vec![digest.trim_start_matches("sha256:").to_owned()]);
+    // One copy: the images folder is one image's size (busybox is ~2 MB), not twelve.
+    let du = std::process::Command::new("du")
+        .args(["-sk"])
+        .arg(data.path().join("workspaces/.images"))
+        .output()
+        .unwrap();
+    let kib: u64 = String::from_utf8_lossy(&du.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let busybox_kib = std::fs::metadata("/bin/busybox").unwrap().len() / 1024;
+    assert!(
+        kib < busybox_kib * 2,
+        "{kib} KiB of images for a {busybox_kib} KiB busybox"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", served.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    assert_eq!(
+        value("toolexec_image_pulls_total") + value("toolexec_image_cache_hits_total"),
+        12.0,
+        "{metrics}"
+    );
+    assert!(value("toolexec_image_cache_bytes") > 0.0, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_after_the_tag_moved_runs_in_the_old_digest() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    let (one, two) = (roots.path().join("one"), roots.path().join("two"));
+    for (root, version) in [(&one, "one"), (&two, "two")] {
+        busybox_root(root);
+        std::fs::write(root.join("etc/version"), format!("{version}\n")).unwrap();
+    }
+    let first = registry.push(&one, &["PATH=/bin"], "moving:latest");
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let image = format!("{}/moving:latest", registry.host);
+    let s = session(&served, json!({"environment": {"image": image}})).await;
+    let sid = s["id"].as_str().unwrap();
+    let (_, out) = sh(&served, sid, "c1", "cat /etc/version; echo kept > w").await;
+    assert_eq!(out.trim(), "one");
+
+    let second = registry.push(&two, &["PATH=/bin"], "moving:latest");
+    assert_ne!(first, second);
+    let (status, fork) = post(&served, &format!("/v1/sessions/{sid}/fork"), json!({})).await;
+    assert_eq!(status, 201, "{fork}");
+    assert_eq!(fork["environment"]["digest"], first, "{fork}");
+    let (_, out) = sh(
+        &served,
+        fork["id"].as_str().unwrap(),
+        "f1",
+        "cat /etc/version; cat w",
+    )
+    .await;
+    assert_eq!(out.trim(), "one\nkept");
+    // A new session on the tag gets what it names now.
+    let fresh = session(&served, json!({"environment": {"image": image}})).await;
+    assert_eq!(fresh["environment"]["digest"], second, "{fresh}");
+    let (_, out) = sh(
+        &served,
+        fresh["id"].as_str().unwrap(),
+        "n1",
+        "cat /etc/version",
+    )
+    .await;
+    assert_eq!(out.trim(), "two");
+
+    // The cache emptied (another node, a lost disk): the session's digest is pulled again by
+    // digest, not by the tag that moved.
+    drop(served);
+    std::fs::remove_dir_all(data.path().join("workspaces/.images")).unwrap();
+    let served = serve_with(&registry, data.path(), &[]);
+    let (_, out) = sh(&served, sid, "c2", "cat /etc/version; cat w").await;
+    assert_eq!(out.trim(), "one\nkept");
+    assert!(image_dirs(data.path()).contains(&first.trim_start_matches("sha256:").to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_that_cannot_be_had_are_refused_with_their_own_codes() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    registry.push(roots.path(), &["PATH=/bin"], "bb:1");
+    let data = private_dir();
+    // A registry that is allowed but where nothing listens.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LOG_FORMAT", "json")
+        .env(
+            "TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES",
+            format!("{},{closed}", registry.host),
+        )
+        .env(
+            "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
+            format!("{},{closed}", registry.host),
+        );
+    let served = serve(cmd);
+    for (image, status, code) in [
+        (format!("{}/bb:nope", registry.host), 422, "image_not_found"),
+        (
+            format!("{}/nothing:1", registry.host),
+            422,
+            "image_not_found",
+        ),
+        ("ghcr.io/o/r:1".to_owned(), 422, "image_not_allowed"),
+        (format!("{closed}/bb:1"), 502, "registry_unreachable"),
+        ("not a reference".to_owned(), 422, "invalid_image"),
+    ] {
+        let (got, body) = post(
+            &served,
+            "/v1/sessions",
+            json!({"environment": {"image": image}}),
+        )
+        .await;
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (status, Some(code)),
+            "{image}: {body}"
+        );
+    }
+    // Nothing was created by the refusals.
+    let list = get(&served, "/v1/sessions").await;
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(0), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_environments_configured_an_image_is_refused_and_sessions_see_the_host() {
+    let data = private_dir();
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LOG_FORMAT", "json");
+    let served = serve(cmd);
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": "127.0.0.1:5000/bb:1"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("image_not_allowed")),
+        "{body}"
+    );
+    let s = session(&served, json!({})).await;
+    assert!(s.get("environment").is_none(), "{s}");
+    let (code, out) = sh(
+        &served,
+        s["id"].as_str().unwrap(),
+        "h",
+        "echo $BASH_VERSION",
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(!out.trim().is_empty(), "{out}");
+    assert!(!data.path().join("workspaces/.images").exists());
+}

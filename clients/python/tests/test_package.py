@@ -37,6 +37,6 @@ def test_every_problem_code_of_the_document_has_its_class() -> None:
             404: errors.NotFoundError, 405: errors.NotFoundError, 408: errors.InvalidRequestError,
             409: errors.ConflictError, 413: errors.InvalidRequestError, 415: errors.InvalidRequestError,
             422: errors.InvalidRequestError, 429: errors.UnavailableError, 500: errors.UnavailableError,
-            503: errors.UnavailableError}
+            502: errors.UnavailableError, 503: errors.UnavailableError}
     for code, status in statuses.items():
         assert issubclass(errors.BY_CODE[code], base[status]), code

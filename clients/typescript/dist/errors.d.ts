@@ -7,7 +7,7 @@
  *     │   ├── AuthError             401, 403
  *     │   ├── NotFoundError         404, 405
  *     │   ├── ConflictError         409: the state forbids it; never retried
- *     │   └── UnavailableError      429, 500, 503: retried where safe
+ *     │   └── UnavailableError      429, 500, 502, 503: retried where safe
  *     ├── ConnectionFailed      no answer (refused, reset) after the retries
  *     └── DeadlineExceeded      the retries' total deadline passed
  *
@@ -59,7 +59,7 @@ export declare class NotFoundError extends ApiError {
 /** The state forbids it (409). Never retried. */
 export declare class ConflictError extends ApiError {
 }
-/** The service cannot serve it now (429, 500, 503); `retryAfter` says when to try again. */
+/** The service cannot serve it now (429, 500, 502, 503); `retryAfter` says when to try again. */
 export declare class UnavailableError extends ApiError {
 }
 /** `malformed_json` (400): Malformed JSON. */
@@ -206,6 +206,26 @@ export declare class InvalidSeedFile extends InvalidRequestError {
 export declare class InvalidArchive extends InvalidRequestError {
     static readonly code = "invalid_archive";
 }
+/** `image_not_allowed` (422): Image not allowed. */
+export declare class ImageNotAllowed extends InvalidRequestError {
+    static readonly code = "image_not_allowed";
+}
+/** `image_not_found` (422): Image not found. */
+export declare class ImageNotFound extends InvalidRequestError {
+    static readonly code = "image_not_found";
+}
+/** `image_wrong_platform` (422): Image for another platform. */
+export declare class ImageWrongPlatform extends InvalidRequestError {
+    static readonly code = "image_wrong_platform";
+}
+/** `image_too_large` (422): Image too large. */
+export declare class ImageTooLarge extends InvalidRequestError {
+    static readonly code = "image_too_large";
+}
+/** `invalid_image` (422): Invalid image. */
+export declare class InvalidImage extends InvalidRequestError {
+    static readonly code = "invalid_image";
+}
 /** `rate_limited` (429): Rate limited. */
 export declare class RateLimited extends UnavailableError {
     static readonly code = "rate_limited";
@@ -221,6 +241,14 @@ export declare class TooManyConcurrent extends UnavailableError {
 /** `internal` (500): Internal error. */
 export declare class Internal extends UnavailableError {
     static readonly code = "internal";
+}
+/** `registry_unauthorized` (502): Registry refused the pull. */
+export declare class RegistryUnauthorized extends UnavailableError {
+    static readonly code = "registry_unauthorized";
+}
+/** `registry_unreachable` (502): Registry unreachable. */
+export declare class RegistryUnreachable extends UnavailableError {
+    static readonly code = "registry_unreachable";
 }
 /** `unavailable` (503): Unavailable. */
 export declare class Unavailable extends UnavailableError {

@@ -7,7 +7,7 @@
  *     │   ├── AuthError             401, 403
  *     │   ├── NotFoundError         404, 405
  *     │   ├── ConflictError         409: the state forbids it; never retried
- *     │   └── UnavailableError      429, 500, 503: retried where safe
+ *     │   └── UnavailableError      429, 500, 502, 503: retried where safe
  *     ├── ConnectionFailed      no answer (refused, reset) after the retries
  *     └── DeadlineExceeded      the retries' total deadline passed
  *
@@ -72,7 +72,7 @@ export class AuthError extends ApiError {}
 export class NotFoundError extends ApiError {}
 /** The state forbids it (409). Never retried. */
 export class ConflictError extends ApiError {}
-/** The service cannot serve it now (429, 500, 503); `retryAfter` says when to try again. */
+/** The service cannot serve it now (429, 500, 502, 503); `retryAfter` says when to try again. */
 export class UnavailableError extends ApiError {}
 
 /** `malformed_json` (400): Malformed JSON. */
@@ -255,6 +255,31 @@ export class InvalidArchive extends InvalidRequestError {
   static override readonly code = "invalid_archive";
 }
 
+/** `image_not_allowed` (422): Image not allowed. */
+export class ImageNotAllowed extends InvalidRequestError {
+  static override readonly code = "image_not_allowed";
+}
+
+/** `image_not_found` (422): Image not found. */
+export class ImageNotFound extends InvalidRequestError {
+  static override readonly code = "image_not_found";
+}
+
+/** `image_wrong_platform` (422): Image for another platform. */
+export class ImageWrongPlatform extends InvalidRequestError {
+  static override readonly code = "image_wrong_platform";
+}
+
+/** `image_too_large` (422): Image too large. */
+export class ImageTooLarge extends InvalidRequestError {
+  static override readonly code = "image_too_large";
+}
+
+/** `invalid_image` (422): Invalid image. */
+export class InvalidImage extends InvalidRequestError {
+  static override readonly code = "invalid_image";
+}
+
 /** `rate_limited` (429): Rate limited. */
 export class RateLimited extends UnavailableError {
   static override readonly code = "rate_limited";
@@ -273,6 +298,16 @@ export class TooManyConcurrent extends UnavailableError {
 /** `internal` (500): Internal error. */
 export class Internal extends UnavailableError {
   static override readonly code = "internal";
+}
+
+/** `registry_unauthorized` (502): Registry refused the pull. */
+export class RegistryUnauthorized extends UnavailableError {
+  static override readonly code = "registry_unauthorized";
+}
+
+/** `registry_unreachable` (502): Registry unreachable. */
+export class RegistryUnreachable extends UnavailableError {
+  static override readonly code = "registry_unreachable";
 }
 
 /** `unavailable` (503): Unavailable. */
@@ -328,10 +363,17 @@ export const BY_CODE: Record<ProblemCode, typeof ApiError> = {
   too_many_files: TooManyFiles,
   invalid_seed_file: InvalidSeedFile,
   invalid_archive: InvalidArchive,
+  image_not_allowed: ImageNotAllowed,
+  image_not_found: ImageNotFound,
+  image_wrong_platform: ImageWrongPlatform,
+  image_too_large: ImageTooLarge,
+  invalid_image: InvalidImage,
   rate_limited: RateLimited,
   too_many_auth_failures: TooManyAuthFailures,
   too_many_concurrent: TooManyConcurrent,
   internal: Internal,
+  registry_unauthorized: RegistryUnauthorized,
+  registry_unreachable: RegistryUnreachable,
   unavailable: Unavailable,
   still_running: StillRunning,
   overloaded: Overloaded,};

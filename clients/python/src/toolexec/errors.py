@@ -6,7 +6,7 @@
     │   ├── AuthError             401, 403
     │   ├── NotFoundError         404, 405
     │   ├── ConflictError         409: the state forbids it; never retried
-    │   └── UnavailableError      429, 500, 503: retried where safe (toolexec.Retry)
+    │   └── UnavailableError      429, 500, 502, 503: retried where safe (toolexec.Retry)
     ├── ConnectionFailed      no answer (refused, reset, timed out) after the retries
     └── DeadlineExceeded      the retries' total deadline passed
 
@@ -71,7 +71,7 @@ class ConflictError(ApiError):
 
 
 class UnavailableError(ApiError):
-    """The service cannot serve it now (429, 500, 503); `retry_after` says when to try again."""
+    """The service cannot serve it now (429, 500, 502, 503); `retry_after` says when to try again."""
 
 
 class MalformedJson(InvalidRequestError):
@@ -254,6 +254,31 @@ class InvalidArchive(InvalidRequestError):
 
     code = "invalid_archive"
 
+class ImageNotAllowed(InvalidRequestError):
+    """`image_not_allowed` (422): Image not allowed."""
+
+    code = "image_not_allowed"
+
+class ImageNotFound(InvalidRequestError):
+    """`image_not_found` (422): Image not found."""
+
+    code = "image_not_found"
+
+class ImageWrongPlatform(InvalidRequestError):
+    """`image_wrong_platform` (422): Image for another platform."""
+
+    code = "image_wrong_platform"
+
+class ImageTooLarge(InvalidRequestError):
+    """`image_too_large` (422): Image too large."""
+
+    code = "image_too_large"
+
+class InvalidImage(InvalidRequestError):
+    """`invalid_image` (422): Invalid image."""
+
+    code = "invalid_image"
+
 class RateLimited(UnavailableError):
     """`rate_limited` (429): Rate limited."""
 
@@ -273,6 +298,16 @@ class Internal(UnavailableError):
     """`internal` (500): Internal error."""
 
     code = "internal"
+
+class RegistryUnauthorized(UnavailableError):
+    """`registry_unauthorized` (502): Registry refused the pull."""
+
+    code = "registry_unauthorized"
+
+class RegistryUnreachable(UnavailableError):
+    """`registry_unreachable` (502): Registry unreachable."""
+
+    code = "registry_unreachable"
 
 class Unavailable(UnavailableError):
     """`unavailable` (503): Unavailable."""
@@ -326,10 +361,17 @@ BY_CODE: dict[str, type[ApiError]] = {
     "too_many_files": TooManyFiles,
     "invalid_seed_file": InvalidSeedFile,
     "invalid_archive": InvalidArchive,
+    "image_not_allowed": ImageNotAllowed,
+    "image_not_found": ImageNotFound,
+    "image_wrong_platform": ImageWrongPlatform,
+    "image_too_large": ImageTooLarge,
+    "invalid_image": InvalidImage,
     "rate_limited": RateLimited,
     "too_many_auth_failures": TooManyAuthFailures,
     "too_many_concurrent": TooManyConcurrent,
     "internal": Internal,
+    "registry_unauthorized": RegistryUnauthorized,
+    "registry_unreachable": RegistryUnreachable,
     "unavailable": Unavailable,
     "still_running": StillRunning,
     "overloaded": Overloaded,

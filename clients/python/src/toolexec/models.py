@@ -146,6 +146,21 @@ class Divergence(BaseModel):
     """
 
 
+class EnvironmentRequest(BaseModel):
+    """
+    `environment` of `POST /v1/sessions`.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    image: str
+    """
+    A name of `environments.images` (`"py312"`), or `host/repo:tag`, `host/repo@sha256:…`
+    of a registry in `environments.allow_registries`.
+    """
+
+
 class FileBytes(RootModel[bytes]):
     root: bytes
     """
@@ -431,6 +446,29 @@ class SandboxReadiness(BaseModel):
     detail: str
     """
     What is enforced, or why the sandbox is unusable.
+    """
+
+
+class SessionEnvironment(BaseModel):
+    """
+    The image a session runs in, as it was resolved when the session was created: forks,
+    rewinds and replays run in `digest`, whatever `image`'s tag names today.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    image: str
+    """
+    The reference it was pulled as (a configured name resolved to its reference).
+    """
+    digest: str
+    """
+    The manifest digest for this host's platform (`sha256:…`).
+    """
+    name: str | None = None
+    """
+    The configured name it was asked for by, if it was.
     """
 
 
@@ -1580,7 +1618,7 @@ class Problem(BaseModel):
     """
     status: int = Field(..., ge=0)
     detail: str
-    code: Literal["malformed_json", "invalid_query", "unreadable_body", "unauthorized", "forbidden", "not_found", "no_route", "method_not_allowed", "request_timeout", "call_id_reused", "session_closed", "not_running_here", "unrestorable", "content_not_recorded", "state_too_large", "replay_running", "already_decided", "too_many_open_sessions", "archive_not_applied", "archive_too_large", "body_too_large", "unsupported_media_type", "invalid_request", "empty_batch", "batch_too_large", "invalid_call_id", "invalid_tool_name", "invalid_metadata", "invalid_env", "unknown_tool", "policy_above_ceiling", "seq_out_of_range", "policy_not_tighter", "too_many_files", "invalid_seed_file", "invalid_archive", "rate_limited", "too_many_auth_failures", "too_many_concurrent", "internal", "unavailable", "still_running", "overloaded"] = (
+    code: Literal["malformed_json", "invalid_query", "unreadable_body", "unauthorized", "forbidden", "not_found", "no_route", "method_not_allowed", "request_timeout", "call_id_reused", "session_closed", "not_running_here", "unrestorable", "content_not_recorded", "state_too_large", "replay_running", "already_decided", "too_many_open_sessions", "archive_not_applied", "archive_too_large", "body_too_large", "unsupported_media_type", "invalid_request", "empty_batch", "batch_too_large", "invalid_call_id", "invalid_tool_name", "invalid_metadata", "invalid_env", "unknown_tool", "policy_above_ceiling", "seq_out_of_range", "policy_not_tighter", "too_many_files", "invalid_seed_file", "invalid_archive", "image_not_allowed", "image_not_found", "image_wrong_platform", "image_too_large", "invalid_image", "rate_limited", "too_many_auth_failures", "too_many_concurrent", "internal", "registry_unauthorized", "registry_unreachable", "unavailable", "still_running", "overloaded"] = (
         Field(..., title="ProblemCode")
     )
     """
@@ -1689,6 +1727,10 @@ class Session(BaseModel):
     The `seq` of the newest event in the session's log.
     """
     origin: Origin | None = None
+    environment: SessionEnvironment | None = None
+    """
+    The OCI image its commands run in; absent when they see the host's `/usr` and `/etc`.
+    """
     truncated: Truncated | None = None
     """
     In a page of `GET /v1/sessions`, present when the session was larger than the page's
@@ -2051,6 +2093,7 @@ class NewSession(BaseModel):
     """
     Files to seed the workspace with: workspace-relative path → UTF-8 contents.
     """
+    environment: EnvironmentRequest | None = None
 
 
 class OpenAiItemResultOut(BaseModel):

@@ -58,6 +58,22 @@ async fn sh(served: &Served, sid: &str, id: &str, command: &str) -> (i64, String
     (code, stdout.to_owned())
 }
 
+/// One call of `name` in session `sid`: its result.
+async fn call(served: &Served, sid: &str, id: &str, name: &str, args: Value) -> Value {
+    let (status, body) = post(
+        served,
+        &format!("/v1/sessions/{sid}/calls"),
+        json!({"calls": [{"id": id, "name": name, "arguments": args}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["results"][0].clone()
+}
+
+fn content(result: &Value) -> &str {
+    result["content"].as_str().unwrap_or_default()
+}
+
 /// A data directory as `mktemp -d` makes it (0700): the sandbox user cannot enter it, and
 /// still runs in the images cached beneath it.
 fn private_dir() -> tempfile::TempDir {
@@ -189,6 +205,54 @@ async fn sessions_run_in_the_image_they_name_side_by_side() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("{\"v\": 42}"), "{out}");
     assert!(out.contains("python"), "{out}");
+
+    // The persistent bash shell and a terminal run in the Python image too (it has bash).
+    let r = call(
+        &served,
+        py_id,
+        "p2",
+        "bash",
+        json!({"command": "cd /tmp && export KEPT=yes"}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = call(
+        &served,
+        py_id,
+        "p3",
+        "bash",
+        json!({"command": "echo $KEPT $(pwd) $FROM_IMAGE; python3 -c 'print(6 * 7)'"}),
+    )
+    .await;
+    assert!(content(&r).contains("yes /tmp python\n42"), "{r}");
+    let r = call(
+        &served,
+        py_id,
+        "p4",
+        "exec_command",
+        json!({"cmd": "python3 -c 'import sys; print(sys.prefix)'; echo $FROM_IMAGE", "yield_time_ms": 5000}),
+    )
+    .await;
+    assert!(content(&r).contains("/usr\npython"), "{r}");
+    // A background process in the busybox image, read back.
+    let r = call(
+        &served,
+        bb_id,
+        "b3",
+        "shell",
+        json!({"command": "echo bg-$FROM_IMAGE; test -e /usr/bin/python3 || echo no-python", "background": true}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = call(
+        &served,
+        bb_id,
+        "b4",
+        "process_read",
+        json!({"process_id": "p1", "wait_ms": 5000}),
+    )
+    .await;
+    assert!(content(&r).contains("bg-busybox\nno-python"), "{r}");
 
     // The host session beside them still sees the host's /usr (bash included).
     let (code, out) = sh(

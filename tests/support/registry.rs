@@ -209,15 +209,43 @@ fn copy_in(root: &Path, path: &Path) {
 }
 
 /// A small root with the host's `python3` (its binary, the libraries `ldd` names and the
-/// modules it loads to run `json`), a busybox `sh` (no bash), and the host's merged-`/usr`
-/// links (`/bin` → `usr/bin`, …).
+/// modules it loads to run `json`) and `bash`, busybox for `sh` and a few tools, and the host's
+/// merged-`/usr` links (`/bin` → `usr/bin`, …).
 pub fn python_root(dir: &Path) {
     let python = tool("/usr/bin/python3");
     let real = std::fs::canonicalize(&python).unwrap();
     copy_in(dir, &real);
     let bin = dir.join("usr/bin");
     std::os::unix::fs::symlink(real.file_name().unwrap(), bin.join("python3")).unwrap();
-    for line in run(Command::new(tool("/usr/bin/ldd")).arg(&real)).lines() {
+    let bash = std::fs::canonicalize(tool("/bin/bash")).unwrap();
+    copy_in(dir, &bash);
+    for binary in [&real, &bash] {
+        copy_libraries(dir, binary);
+    }
+    let modules = run(Command::new(&python).args([
+        "-c",
+        "import sys, json\nfor m in list(sys.modules.values()):\n    f = getattr(m, '__file__', None)\n    if f: print(f)",
+    ]));
+    for m in modules.lines() {
+        copy_in(dir, Path::new(m));
+    }
+    std::fs::copy(tool("/bin/busybox"), bin.join("busybox")).unwrap();
+    for applet in ["sh", "ls", "cat", "echo", "test", "sleep", "env"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    for (name, target) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
+    }
+    std::fs::create_dir_all(dir.join("etc")).unwrap();
+}
+
+/// The shared libraries `ldd` names for `binary`, and the loader by the name it asks for.
+fn copy_libraries(dir: &Path, binary: &Path) {
+    for line in run(Command::new(tool("/usr/bin/ldd")).arg(binary)).lines() {
         // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)" or "/lib64/ld-linux….so.2 (0x…)"
         let path = line
             .split("=>")
@@ -239,23 +267,4 @@ pub fn python_root(dir: &Path) {
             }
         }
     }
-    let modules = run(Command::new(&python).args([
-        "-c",
-        "import sys, json\nfor m in list(sys.modules.values()):\n    f = getattr(m, '__file__', None)\n    if f: print(f)",
-    ]));
-    for m in modules.lines() {
-        copy_in(dir, Path::new(m));
-    }
-    std::fs::copy(tool("/bin/busybox"), bin.join("busybox")).unwrap();
-    for applet in ["sh", "ls", "cat", "echo", "test"] {
-        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-    }
-    for (name, target) in [
-        ("bin", "usr/bin"),
-        ("lib", "usr/lib"),
-        ("lib64", "usr/lib64"),
-    ] {
-        std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
-    }
-    std::fs::create_dir_all(dir.join("etc")).unwrap();
 }

@@ -476,3 +476,112 @@ async fn without_environments_configured_an_image_is_refused_and_sessions_see_th
     assert!(!out.trim().is_empty(), "{out}");
     assert!(!data.path().join("workspaces/.images").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_pull_reports_progress_and_the_first_session_finds_the_image_cached() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    python_root(roots.path());
+    let digest = registry.push(roots.path(), &["PATH=/usr/bin:/bin"], "py:pre");
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let image = format!("{}/py:pre", registry.host);
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/environments", served.base))
+        .header("accept", "text/event-stream")
+        .json(&json!({"image": image}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // `event: progress` … then one `event: pulled`, whose data names the digest.
+    let events: Vec<(&str, Value)> = text
+        .split("\n\n")
+        .filter_map(|block| {
+            let event = block.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = block.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((event, serde_json::from_str(data).unwrap()))
+        })
+        .collect();
+    let (last, pulled) = events.last().unwrap();
+    assert_eq!(*last, "pulled", "{text}");
+    assert_eq!(pulled["environment"]["digest"], digest, "{text}");
+    assert_eq!(pulled["cached"], false, "{text}");
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter(|(e, _)| *e == "progress")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(!progress.is_empty(), "{text}");
+    let total = progress[0]["bytes_total"].as_u64().unwrap();
+    assert!(total > 1_000_000, "{text}");
+    assert!(
+        progress
+            .windows(2)
+            .all(|w| w[0]["bytes_done"].as_u64() <= w[1]["bytes_done"].as_u64()),
+        "{text}"
+    );
+    assert!(
+        progress
+            .iter()
+            .all(|p| p["bytes_done"].as_u64().unwrap() <= total),
+        "{text}"
+    );
+    // Again, plain JSON: cached, nothing downloaded.
+    let (status, again) = post(&served, "/v1/environments", json!({"image": image})).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["cached"], true, "{again}");
+    assert_eq!(again["environment"]["digest"], digest, "{again}");
+    // Refusals come as problems (JSON) or as an `error` event (a stream).
+    let (status, refused) = post(
+        &served,
+        "/v1/environments",
+        json!({"image": "ghcr.io/o/r:1"}),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (422, Some("image_not_allowed")),
+        "{refused}"
+    );
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/environments", served.base))
+        .header("accept", "text/event-stream")
+        .json(&json!({"image": format!("{}/py:nope", registry.host)}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("event: error") && text.contains("image_not_found"),
+        "{text}"
+    );
+    // The first session finds it in the cache: a hit, not a pull.
+    let s = session(&served, json!({"environment": {"image": image}})).await;
+    assert_eq!(s["environment"]["digest"], digest, "{s}");
+    let metrics = reqwest::get(format!("{}/metrics", served.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line("toolexec_image_pulls_total").ends_with(" 1"),
+        "{metrics}"
+    );
+    assert!(
+        line("toolexec_image_cache_hits_total").ends_with(" 2"),
+        "{metrics}"
+    );
+}

@@ -70,6 +70,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/environments": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pull an image.
+         * @description Pulls an image into this node's cache (unless it is there), so that the first session in it
+         *     does not wait for the download: the same image a session's `environment.image` may name, by
+         *     the same rules. Concurrent pulls of one digest (sessions included) share one download.
+         *
+         *     With `Accept: text/event-stream`, the answer is a stream: `progress` events
+         *     (`PullProgress`, as bytes arrive), then one `pulled` event (`PulledEnvironment`) or one
+         *     `error` event (a `Problem`). Otherwise the answer waits for the pull and is the
+         *     `PulledEnvironment`. A cluster's nodes have a cache each: this fills the one of the node
+         *     that answers.
+         */
+        post: operations["pull_environment"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/invocations/{id}": {
         parameters: {
             query?: never;
@@ -1215,6 +1243,31 @@ export interface components {
          * @enum {string}
          */
         ProblemCode: "malformed_json" | "invalid_query" | "unreadable_body" | "unauthorized" | "forbidden" | "not_found" | "no_route" | "method_not_allowed" | "request_timeout" | "call_id_reused" | "session_closed" | "not_running_here" | "unrestorable" | "content_not_recorded" | "state_too_large" | "replay_running" | "already_decided" | "too_many_open_sessions" | "archive_not_applied" | "archive_too_large" | "body_too_large" | "unsupported_media_type" | "invalid_request" | "empty_batch" | "batch_too_large" | "invalid_call_id" | "invalid_tool_name" | "invalid_metadata" | "invalid_env" | "unknown_tool" | "policy_above_ceiling" | "seq_out_of_range" | "policy_not_tighter" | "too_many_files" | "invalid_seed_file" | "invalid_archive" | "image_not_allowed" | "image_not_found" | "image_wrong_platform" | "image_too_large" | "invalid_image" | "rate_limited" | "too_many_auth_failures" | "too_many_concurrent" | "internal" | "registry_unauthorized" | "registry_unreachable" | "unavailable" | "still_running" | "overloaded";
+        /** @description The body of `POST /v1/environments`. */
+        PullRequest: {
+            /**
+             * @description A name of `environments.images`, or a reference to a registry in
+             *     `environments.allow_registries` — what a session's `environment.image` may be.
+             */
+            image: string;
+        };
+        /** @description An image in this node's cache. */
+        PulledEnvironment: {
+            /**
+             * @description What a session created with the same `image` now records: the reference, the manifest
+             *     digest for this host's platform, the configured name.
+             */
+            environment: components["schemas"]["SessionEnvironment"];
+            /** @description Whether it was in the cache already (nothing was downloaded). */
+            cached: boolean;
+            /**
+             * Format: int64
+             * @description Bytes of its files unpacked, and of its blobs as downloaded.
+             */
+            unpacked_bytes: number;
+            /** Format: int64 */
+            download_bytes: number;
+        };
         Readiness: {
             /** @description `ready` or `not_ready`. */
             status: string;
@@ -2260,6 +2313,8 @@ export type PatchOperation = components['schemas']['PatchOperation'];
 export type Policy = components['schemas']['Policy'];
 export type Problem = components['schemas']['Problem'];
 export type ProblemCode = components['schemas']['ProblemCode'];
+export type PullRequest = components['schemas']['PullRequest'];
+export type PulledEnvironment = components['schemas']['PulledEnvironment'];
 export type Readiness = components['schemas']['Readiness'];
 export type Replay = components['schemas']['Replay'];
 export type ReplayMode = components['schemas']['ReplayMode'];
@@ -2457,6 +2512,129 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Readiness"];
+                };
+            };
+        };
+    };
+    pull_environment: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PullRequest"];
+            };
+        };
+        responses: {
+            /** @description In the cache (`text/event-stream`: progress events, then `pulled` or `error`) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PulledEnvironment"];
+                };
+            };
+            /** @description `malformed_json` (Malformed JSON): The body is not valid JSON. `unreadable_body` (Unreadable body): The body could not be read to its end (the connection broke). `invalid_query` (Invalid query parameter): A query parameter is unknown, repeated, of the wrong type or out of its documented range; the detail names it. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unauthorized` (Unauthorized): No API key, or one the service does not know (or that was revoked): send `Authorization: Bearer <key>`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `forbidden` (Forbidden): Refused for where it comes from, before anything else (DNS rebinding): its `Host` is none of the service's own addresses, loopback names or `allowed_hosts`, or a browser page's `Origin` is neither the service's own nor in `allowed_origins`. The detail names the setting that admits it. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `request_timeout` (Request timeout): The request body did not arrive in full within `body_read_timeout_ms`; nothing was acted on. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `body_too_large` (Body too large): The body (or its declared Content-Length) is over `body_limit_bytes`; send fewer or smaller calls. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unsupported_media_type` (Unsupported media type): The body is not sent as `Content-Type: application/json`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description An image the operator does not allow, that the registry does not have, for another platform, too large or not a valid image (`image_not_allowed`, `image_not_found`, `image_wrong_platform`, `image_too_large`, `invalid_image`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `rate_limited` (Rate limited): The tenant's request rate is over `rate_limit_per_second`; retry after `Retry-After` seconds. `too_many_auth_failures` (Too many failed authentications): Too many API keys the service does not know came from this client's address (`auth_failure_rate_per_second`); retry after `Retry-After` seconds with a valid key. Keys the service has verified before are not affected. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `internal` (Internal error): A fault of the service; its log has the cause under the request id in the detail. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The registry refused the pull or could not be reached (`registry_unauthorized`, `registry_unreachable`) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `unavailable` (Unavailable): The store or the session's node cannot serve the request now (or the node is out of descriptors); nothing was run. Retry after `Retry-After` seconds. `overloaded` (Overloaded): More requests in flight than `max_concurrent_requests` on this node (or, for the public routes together, than one tenant's share); retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
         };

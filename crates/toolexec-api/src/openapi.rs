@@ -30,6 +30,7 @@ use toolexec_core::ProblemCode;
         (name = "calls", description = "Running tool calls, and cancelling them"),
         (name = "log", description = "The recorded log: events (paged, or live), invocations, outputs"),
         (name = "history", description = "Time travel: the workspace at any event, rewind, fork, verify replay"),
+        (name = "environments", description = "OCI images sessions run in: pulling one ahead of its sessions"),
     )
 )]
 struct ApiDoc;
@@ -47,6 +48,7 @@ pub(crate) fn router() -> OpenApiRouter<SharedState> {
         .merge(routes::history::router())
         .merge(routes::todos::router())
         .merge(routes::archive::router())
+        .merge(routes::environments::router())
 }
 
 /// The router and its finished document: shared errors and the tool catalog's schemas added.

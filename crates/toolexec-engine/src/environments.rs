@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use toolexec_core::{EnvironmentRequest, ProblemCode, SessionEnvironment};
+pub use toolexec_image::Progress;
 use toolexec_image::{EnvironmentsConfig, Image, ImageError, ImageStore};
 use toolexec_sandbox::SessionImage;
 
@@ -23,6 +24,17 @@ impl Environments {
     pub fn new(store: ImageStore, config: EnvironmentsConfig) -> Self {
         Self { store, config }
     }
+}
+
+/// What a pre-pull brought into the cache.
+#[derive(Debug, Clone)]
+pub struct PulledEnvironment {
+    /// What a session asking for the same image now would record.
+    pub environment: SessionEnvironment,
+    /// Whether it was in the cache already (nothing was downloaded).
+    pub cached: bool,
+    pub unpacked_bytes: u64,
+    pub download_bytes: u64,
 }
 
 /// The problem an image error is answered with.
@@ -101,9 +113,25 @@ impl Engine {
                     .into(),
             ));
         }
-        let reference = envs.config.resolve(&asked).map_err(problem)?;
+        let (environment, image, _) = self.pull_asked(envs, &asked, |_| {}).await?;
+        Ok(Some((environment, open(&image)?)))
+    }
+
+    /// Resolves what a caller asked for (a configured name or an allowed reference) and pulls
+    /// it unless cached: the environment to record, the image, whether it was cached.
+    async fn pull_asked(
+        &self,
+        envs: &Environments,
+        asked: &str,
+        progress: impl Fn(Progress) + Send + Sync + 'static,
+    ) -> Result<(SessionEnvironment, Image, bool)> {
+        let reference = envs.config.resolve(asked).map_err(problem)?;
         let started = std::time::Instant::now();
-        let (image, cached) = envs.store.resolve(&reference).await.map_err(problem)?;
+        let (image, cached) = envs
+            .store
+            .resolve_watching(&reference, progress)
+            .await
+            .map_err(problem)?;
         self.metrics
             .image_resolved(cached, started.elapsed().as_secs_f64());
         if !cached {
@@ -114,13 +142,38 @@ impl Engine {
             .images
             .iter()
             .any(|i| i.name == asked)
-            .then_some(asked);
+            .then(|| asked.to_owned());
         let environment = SessionEnvironment {
             image: reference,
             digest: image.digest.clone(),
             name,
         };
-        Ok(Some((environment, open(&image)?)))
+        Ok((environment, image, cached))
+    }
+
+    /// Pulls an image into this node's cache ahead of the sessions that will run in it
+    /// (`POST /v1/environments`), reporting the download's progress.
+    pub async fn pull_environment(
+        &self,
+        asked: &str,
+        progress: impl Fn(Progress) + Send + Sync + 'static,
+    ) -> Result<PulledEnvironment> {
+        let Some(envs) = &self.config.environments else {
+            return Err(invalid(
+                ProblemCode::ImageNotAllowed,
+                format!(
+                    "image '{asked}': this service has no environments configured \
+                     (environments.images, environments.allow_registries)"
+                ),
+            ));
+        };
+        let (environment, image, cached) = self.pull_asked(envs, asked, progress).await?;
+        Ok(PulledEnvironment {
+            environment,
+            cached,
+            unpacked_bytes: image.unpacked_bytes,
+            download_bytes: image.download_bytes,
+        })
     }
 
     /// The image of an existing session: from this node's cache, or pulled again by its digest

@@ -100,7 +100,28 @@ pub struct Image {
     pub rootfs: PathBuf,
 }
 
-type Inflight = Arc<tokio::sync::OnceCell<Result<Image, ImageError>>>;
+/// A pull under way: its result once there, and its progress for every caller waiting on it.
+#[derive(Debug, Default)]
+struct Pull {
+    result: tokio::sync::OnceCell<Result<Image, ImageError>>,
+    progress: std::sync::OnceLock<tokio::sync::watch::Sender<Progress>>,
+}
+
+impl Pull {
+    fn progress(&self) -> &tokio::sync::watch::Sender<Progress> {
+        self.progress
+            .get_or_init(|| tokio::sync::watch::Sender::new(Progress::default()))
+    }
+}
+
+type Inflight = Arc<Pull>;
+
+/// How far a pull is: bytes of its blobs downloaded (and checked) of all it declares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Progress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
 
 /// The images of one data folder.
 #[derive(Debug, Clone)]
@@ -277,9 +298,20 @@ impl ImageStore {
     /// [`ImageStore::pull`], and whether the image was in the cache already (`false`: this
     /// call pulled it, or waited for the pull of another).
     pub async fn resolve(&self, reference: &str) -> Result<(Image, bool), ImageError> {
+        self.resolve_watching(reference, |_| {}).await
+    }
+
+    /// [`ImageStore::resolve`], calling `progress` as the download goes on (whoever started
+    /// the pull of that digest: every caller waiting on one pull sees its progress).
+    pub async fn resolve_watching(
+        &self,
+        reference: &str,
+        progress: impl Fn(Progress) + Send + Sync + 'static,
+    ) -> Result<(Image, bool), ImageError> {
         let timeout = self.inner.limits.pull_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        match tokio::time::timeout_at(deadline, self.pull_by(reference, deadline)).await {
+        let pulled = self.pull_by(reference, deadline, Arc::new(progress));
+        match tokio::time::timeout_at(deadline, pulled).await {
             Ok(result) => result,
             Err(_) => Err(too_slow(reference, timeout)),
         }
@@ -289,6 +321,7 @@ impl ImageStore {
         &self,
         reference: &str,
         deadline: tokio::time::Instant,
+        progress: Arc<dyn Fn(Progress) + Send + Sync>,
     ) -> Result<(Image, bool), ImageError> {
         let r = reference::parse(reference)?;
         if r.is_digest()
@@ -310,10 +343,20 @@ impl ImageStore {
                 .unwrap_or_else(|p| p.into_inner());
             map.entry(digest.clone()).or_default().clone()
         };
+        // This caller's view of the pull's progress, whoever runs it.
+        let mut watching = cell.progress().subscribe();
+        let forward = tokio::spawn(async move {
+            while watching.changed().await.is_ok() {
+                let now = *watching.borrow_and_update();
+                progress(now);
+            }
+        });
         let result = cell
-            .get_or_init(|| self.fetch(&registry, &r, manifest, &digest, deadline))
+            .result
+            .get_or_init(|| self.fetch(&registry, &r, manifest, &digest, deadline, cell.progress()))
             .await
             .clone();
+        forward.abort();
         {
             let mut map = self
                 .inner
@@ -335,6 +378,7 @@ impl ImageStore {
         manifest: Manifest,
         digest: &str,
         deadline: tokio::time::Instant,
+        progress: &tokio::sync::watch::Sender<Progress>,
     ) -> Result<Image, ImageError> {
         if let Some(image) = self.get(digest)? {
             return Ok(image);
@@ -383,7 +427,14 @@ impl ImageStore {
         // on writing once the pull has given up); either way `work` is removed below.
         let fetched = tokio::time::timeout_at(
             deadline,
-            self.fetch_into(registry, r, &layers, &work, limits, deadline.into_std()),
+            self.fetch_into(
+                registry,
+                r,
+                &layers,
+                &work,
+                deadline.into_std(),
+                (progress, total),
+            ),
         )
         .await
         .unwrap_or_else(|_| Err(too_slow(&r.to_string(), limits.pull_timeout)));
@@ -427,9 +478,15 @@ impl ImageStore {
         r: &Reference,
         layers: &[Descriptor],
         work: &Path,
-        limits: Limits,
         deadline: std::time::Instant,
+        (progress, total): (&tokio::sync::watch::Sender<Progress>, u64),
     ) -> Result<(u64, u64), ImageError> {
+        let limits = self.inner.limits;
+        let mut done_before = total - layers.iter().map(|l| l.size).sum::<u64>();
+        progress.send_replace(Progress {
+            bytes_done: done_before,
+            bytes_total: total,
+        });
         let rootfs = work.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(|e| io(&rootfs, e))?;
         let mut budget = unpack::Budget {
@@ -448,8 +505,14 @@ impl ImageStore {
                 })?;
             let blob = work.join(format!("{}.blob", digest_hex(&layer.digest)?));
             registry
-                .blob_to_file(&r.repository, &layer.digest, layer.size, &blob, |_| {})
+                .blob_to_file(&r.repository, &layer.digest, layer.size, &blob, |n| {
+                    progress.send_replace(Progress {
+                        bytes_done: done_before + n,
+                        bytes_total: total,
+                    });
+                })
                 .await?;
+            done_before += layer.size;
             let rootfs = rootfs.clone();
             let blob2 = blob.clone();
             let mut b = budget;

@@ -331,6 +331,21 @@ class OutputLimits(RootModel[int]):
     root: int = Field(..., ge=0)
 
 
+class PullRequest(BaseModel):
+    """
+    The body of `POST /v1/environments`.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    image: str
+    """
+    A name of `environments.images`, or a reference to a registry in
+    `environments.allow_registries` — what a session's `environment.image` may be.
+    """
+
+
 class ReplayRequest(BaseModel):
     """
     The body of `POST /v1/sessions/{id}/replay`.
@@ -1624,6 +1639,30 @@ class Problem(BaseModel):
     """
     Stable code to branch on (docs/problems.md lists them all, with when each happens).
     """
+
+
+class PulledEnvironment(BaseModel):
+    """
+    An image in this node's cache.
+    """
+
+    model_config = ConfigDict(
+        extra="ignore",
+    )
+    environment: SessionEnvironment
+    """
+    What a session created with the same `image` now records: the reference, the manifest
+    digest for this host's platform, the configured name.
+    """
+    cached: bool
+    """
+    Whether it was in the cache already (nothing was downloaded).
+    """
+    unpacked_bytes: int = Field(..., ge=0)
+    """
+    Bytes of its files unpacked, and of its blobs as downloaded.
+    """
+    download_bytes: int = Field(..., ge=0)
 
 
 class Readiness(BaseModel):

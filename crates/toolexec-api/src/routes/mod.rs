@@ -4,6 +4,7 @@ pub mod approvals;
 pub mod archive;
 pub mod calls;
 pub mod cancel;
+pub mod environments;
 pub mod health;
 pub mod history;
 pub mod log;

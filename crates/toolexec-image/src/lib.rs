@@ -2,15 +2,16 @@
 //! layers unpacked as hostile input (the `unpack` module) into a content-addressed directory under the
 //! data folder, one pull per manifest digest however many ask at once.
 //!
-//! Layout under `<data>/images/`:
+//! Layout under the cache's folder (the service's is `<workspace_root>/.images`):
 //! - `sha256/<hex>/` — one image, by the digest of its (platform) manifest: `rootfs/` (the
 //!   layers applied in order) and `image.json` ([`Image`]). It appears whole (a rename) or not
 //!   at all.
 //! - `tmp/` — downloads and unpackings under way, removed when they end and at start-up.
 //!
-//! What is not built yet: registry credentials (anonymous bearer tokens work), the egress
-//! classification of the registry (the caller's client decides what may be dialled), a bound on
-//! the cache and its eviction, and running sessions in an image.
+//! Sessions run in these trees (`toolexec-engine`'s `environments`, the sandbox init binds
+//! them). What is not built yet: registry credentials (anonymous bearer tokens work), the
+//! egress classification of the registry (the caller's client decides what may be dialled), a
+//! bound on the cache and its eviction.
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::os::fd::OwnedFd;

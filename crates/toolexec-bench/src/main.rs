@@ -7,6 +7,9 @@
 //!   the service's floor (a recorded call that does nothing) and the first command of a new
 //!   session (which starts its resident sandbox), with the goals of issue 12.
 //!
+//! - `images`: the first command of a session in a cached OCI image next to a host-view
+//!   session's (alternating, through the service), and the disk of 100 sessions on one image.
+//!
 //! - `history`: rebuilding a session at a seq (next to `cp -a` of its workspace), forks (latency
 //!   and disk), and the log streamed to 100 subscribers (next to the events the calls wrote).
 //! - `session`: one session grown to a million calls: the service's memory and a call's latency
@@ -31,6 +34,7 @@
 mod cluster;
 mod cpu;
 mod history;
+mod images;
 mod load;
 mod reads;
 mod session;
@@ -113,6 +117,16 @@ enum Command {
         /// Client counts to measure (concurrent loops, each with its own session).
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
+    },
+    /// Sessions in an OCI image (issue 26): the first command in a cached image next to a
+    /// host-view session's, and the disk of many sessions on one image.
+    Images {
+        /// Seconds of alternating first commands (at least 30 of each).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Sessions created on the image for the disk measurement.
+        #[arg(long, default_value_t = 100)]
+        sessions: usize,
     },
     /// Time travel: rebuild at a seq, forks, the live log to 100 subscribers.
     History {
@@ -251,6 +265,9 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             clients,
         } => terminals::run(&admin_url, Duration::from_secs(seconds), &clients).await,
+        Command::Images { seconds, sessions } => {
+            images::run(Duration::from_secs(seconds), sessions).await
+        }
         Command::History { admin_url, seconds } => {
             history::run(&admin_url, Duration::from_secs(seconds)).await
         }

@@ -355,6 +355,24 @@ async fn a_fork_after_the_tag_moved_runs_in_the_old_digest() {
 
     let second = registry.push(&two, &["PATH=/bin"], "moving:latest");
     assert_ne!(first, second);
+    // A verify replay re-runs the session's command in the recorded digest: same output ("one",
+    // not the "two" the tag names now), no divergence.
+    let (status, replay) = post(
+        &served,
+        &format!("/v1/sessions/{sid}/replay"),
+        json!({"mode": "verify"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{replay}");
+    assert_eq!(replay["status"], "finished", "{replay}");
+    assert_eq!(replay["calls_replayed"], 1, "{replay}");
+    assert_eq!(replay["calls_diverged"], 0, "{replay:#}");
+    let replayed = get(
+        &served,
+        &format!("/v1/sessions/{}", replay["session_id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(replayed["environment"]["digest"], first, "{replayed}");
     let (status, fork) = post(&served, &format!("/v1/sessions/{sid}/fork"), json!({})).await;
     assert_eq!(status, 201, "{fork}");
     assert_eq!(fork["environment"]["digest"], first, "{fork}");

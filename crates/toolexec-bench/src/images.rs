@@ -1,6 +1,7 @@
 //! `toolexec-bench images` (issue 26): the first command of a new session in a cached OCI image
 //! next to the first command of a new host-view session, measured alternately in the same run
-//! through the real service (HTTP, recorded), and the disk that 100 sessions on one image take.
+//! through the real service (HTTP, recorded); the pull and unpacking of a Python image next to
+//! `skopeo copy` + `umoci unpack` of it; and the disk that 100 sessions on one image take.
 //!
 //! The image is a busybox-static root pushed to Debian's `docker-registry` on loopback (started
 //! here; `apt-get install docker-registry skopeo busybox-static`), laid out as an OCI image
@@ -63,6 +64,25 @@ fn push_busybox(work: &Path, registry: &str, name: &str) -> anyhow::Result<()> {
             std::os::unix::fs::symlink("busybox", bin.join(applet))?;
         }
     }
+    push_root(work, &root, registry, name)
+}
+
+/// A Python root: the host's `/usr/bin/python3*` and its whole standard library
+/// (`/usr/lib/python3.*`): what a pull of a Python image moves and unpacks.
+fn push_python(work: &Path, registry: &str, name: &str) -> anyhow::Result<()> {
+    let root = work.join("root");
+    run_cmd(
+        Command::new("sh")
+            .arg("-c")
+            .arg("mkdir -p \"$1/usr/bin\" \"$1/usr/lib\" && cp -a /usr/bin/python3* \"$1/usr/bin/\" && cp -a /usr/lib/python3.* \"$1/usr/lib/\"")
+            .arg("sh")
+            .arg(&root),
+    )?;
+    push_root(work, &root, registry, name)
+}
+
+/// `root` as a one-layer OCI image layout (GNU tar, gzip), pushed with skopeo.
+fn push_root(work: &Path, root: &Path, registry: &str, name: &str) -> anyhow::Result<()> {
     let layout = work.join("layout");
     let blobs = layout.join("blobs/sha256");
     std::fs::create_dir_all(&blobs)?;
@@ -72,7 +92,7 @@ fn push_busybox(work: &Path, registry: &str, name: &str) -> anyhow::Result<()> {
             .args(["--numeric-owner", "--owner=0", "--group=0", "-cf"])
             .arg(&tar)
             .arg("-C")
-            .arg(&root)
+            .arg(root)
             .arg("."),
     )?;
     let diff_id = sha256(&tar)?;
@@ -147,6 +167,7 @@ async fn measure(data: &Path, dur: Duration, sessions_for_disk: usize) -> anyhow
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     push_busybox(&data.join("image"), &registry, "bench/busybox:1")?;
+    push_python(&data.join("python"), &registry, "bench/python:1")?;
 
     let workspaces = data.join("workspaces");
     open_up(&workspaces)?;
@@ -259,6 +280,56 @@ async fn measure_with(
             "NOT met"
         }
     );
+
+    // Pull and unpack of a Python image (the host's python3 and its whole standard library)
+    // by the service, next to `skopeo copy` + `umoci unpack` of the same image, alternating;
+    // the service's cache entry is removed between its runs.
+    let py = format!("{registry}/bench/python:1");
+    let scratch = workspaces.join("pull-baseline");
+    for round in 1..=3 {
+        let t = Instant::now();
+        let pulled: serde_json::Value = http
+            .post(format!("{base}/v1/environments"))
+            .json(&json!({"image": py}))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let ours = t.elapsed().as_secs_f64();
+        anyhow::ensure!(pulled["cached"] == false, "{pulled}");
+        let digest = pulled["environment"]["digest"].as_str().context("digest")?;
+        std::fs::remove_dir_all(
+            workspaces
+                .join(".images/sha256")
+                .join(digest.trim_start_matches("sha256:")),
+        )?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch)?;
+        let t = Instant::now();
+        run_cmd(
+            Command::new("skopeo")
+                .args(["copy", "--quiet", "--src-tls-verify=false"])
+                .arg(format!("docker://{py}"))
+                .arg(format!("oci:{}:py", scratch.join("layout").display())),
+        )?;
+        run_cmd(
+            Command::new("umoci")
+                .args(["unpack", "--rootless", "--image"])
+                .arg(format!("{}:py", scratch.join("layout").display()))
+                .arg(scratch.join("bundle")),
+        )?;
+        let theirs = t.elapsed().as_secs_f64();
+        println!(
+            "pull + unpack of the Python image ({} bytes downloaded, {} unpacked), round {round}: toolexec {:.2} s, skopeo copy + umoci unpack {:.2} s ({:.2}x)",
+            pulled["download_bytes"],
+            pulled["unpacked_bytes"],
+            ours,
+            theirs,
+            theirs / ours
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 
     // Disk: N sessions on the image, each writing a little; the cache holds one copy.
     let images = workspaces.join(".images");

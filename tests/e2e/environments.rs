@@ -273,6 +273,15 @@ async fn sessions_run_in_the_image_they_name_side_by_side() {
     );
     let got = get(&served, &format!("/v1/sessions/{py_id}")).await;
     assert_eq!(got["environment"]["digest"], py_digest, "{got}");
+    let list = get(&served, "/v1/sessions").await;
+    let listed = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == bb_id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed["environment"]["digest"], bb_digest, "{list}");
     assert_eq!(image_dirs(data.path()).len(), 2);
 }
 
@@ -602,4 +611,41 @@ async fn a_pre_pull_reports_progress_and_the_first_session_finds_the_image_cache
         line("toolexec_image_cache_hits_total").ends_with(" 2"),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_default_image_applies_to_sessions_that_name_none() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    let digest = registry.push(roots.path(), &["PATH=/bin"], "bb:default");
+    let data = private_dir();
+    let served = serve_with(
+        &registry,
+        data.path(),
+        &[
+            (
+                "TOOLEXEC_ENVIRONMENTS__IMAGES",
+                &format!(
+                    r#"[{{"name":"bb","image":"{}/bb:default"}}]"#,
+                    registry.host
+                ),
+            ),
+            ("TOOLEXEC_ENVIRONMENTS__DEFAULT", "bb"),
+        ],
+    );
+    let s = session(&served, json!({})).await;
+    assert_eq!(
+        s["environment"],
+        json!({"image": format!("{}/bb:default", registry.host), "digest": digest, "name": "bb"}),
+        "{s}"
+    );
+    let (code, out) = sh(
+        &served,
+        s["id"].as_str().unwrap(),
+        "d1",
+        "test -e /bin/bash || echo no-bash",
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "no-bash"), "{out}");
 }

@@ -139,7 +139,7 @@ async fn images_are_pulled_by_configured_name_listed_and_removed() {
     let pulled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(pulled["digest"], manifest.as_str());
     let rootfs = std::path::PathBuf::from(pulled["rootfs"].as_str().unwrap());
-    assert!(rootfs.starts_with(dir.path().join("data/images/sha256")));
+    assert!(rootfs.starts_with(dir.path().join("data/workspaces/.images/sha256")));
     assert_eq!(
         std::fs::read_to_string(rootfs.join("hello")).unwrap(),
         "from the image\n"

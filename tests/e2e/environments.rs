@@ -649,3 +649,53 @@ async fn the_operators_default_image_applies_to_sessions_that_name_none() {
     .await;
     assert_eq!((code, out.trim()), (0, "no-bash"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_cannot_replace_the_sandboxs_own_mounts() {
+    // An image whose root has the names the sandbox mounts itself, made to mislead: a
+    // `workspace` with a file, `tmp` a link to `/etc`, `proc` and `dev` of its own, and an
+    // absolute link out of the root (`host -> /`, which inside the sandbox is its own root).
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path();
+    busybox_root(root);
+    for dir in ["workspace", "proc", "dev"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        std::fs::write(root.join(dir).join("from-image"), "x").unwrap();
+    }
+    std::os::unix::fs::symlink("/etc", root.join("tmp")).unwrap();
+    std::os::unix::fs::symlink("/", root.join("host")).unwrap();
+    registry.push(root, &["PATH=/bin"], "tricky:1");
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let s = session(
+        &served,
+        json!({"environment": {"image": format!("{}/tricky:1", registry.host)},
+               "files": {"mine.txt": "mine\n"}}),
+    )
+    .await;
+    let sid = s["id"].as_str().unwrap();
+    let (code, out) = sh(
+        &served,
+        sid,
+        "t1",
+        "ls /workspace; test -L /tmp || echo tmp-is-a-dir; touch /tmp/w && echo tmp-writable; \
+         ls /proc/self/status >/dev/null && echo proc-ok; test -e /dev/from-image || echo dev-ok; \
+         test -e /proc/from-image || echo proc-own; ls /host/ | tr '\\n' ' '",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("mine.txt\n"), "{out}");
+    assert!(!out.contains("from-image"), "{out}");
+    for expected in [
+        "tmp-is-a-dir",
+        "tmp-writable",
+        "proc-ok",
+        "dev-ok",
+        "proc-own",
+    ] {
+        assert!(out.contains(expected), "{expected}: {out}");
+    }
+    // `/host` is a link to the sandbox's own root, not the host's.
+    assert!(out.contains("workspace") && !out.contains("root "), "{out}");
+}

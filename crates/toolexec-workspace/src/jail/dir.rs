@@ -90,7 +90,7 @@ impl WorkspaceDir {
         )
         .map_err(|e| errno_to_jail(e, &path, "open"))?;
         check_readable(&fstat(&fd, &path)?, &path)?;
-        let bytes = read_capped(fd, &path)?;
+        let bytes = read_capped(fd, &path, MAX_READ_BYTES)?;
         Ok(FileContents {
             sha256: sha256_hex(&bytes),
             path,

@@ -87,21 +87,21 @@ pub(super) fn check_streamable(st: &Stat, shown: &str) -> Result<(), JailError> 
 }
 
 /// Reads at most [`MAX_READ_BYTES`]; a file that grew past it since the `fstat` is refused too.
-pub(super) fn read_capped(fd: OwnedFd, shown: &str) -> Result<Vec<u8>, JailError> {
+pub(super) fn read_capped(fd: OwnedFd, shown: &str, limit: u64) -> Result<Vec<u8>, JailError> {
     let mut bytes = Vec::new();
     File::from(fd)
-        .take(MAX_READ_BYTES + 1)
+        .take(limit + 1)
         .read_to_end(&mut bytes)
         .map_err(|source| JailError::Io {
             path: shown.to_owned(),
             op: "read",
             source,
         })?;
-    if bytes.len() as u64 > MAX_READ_BYTES {
+    if bytes.len() as u64 > limit {
         return Err(JailError::TooLarge {
             path: shown.to_owned(),
             size: bytes.len() as u64,
-            limit: MAX_READ_BYTES,
+            limit,
         });
     }
     Ok(bytes)

@@ -65,12 +65,39 @@ impl Workspace {
         let resolved = self
             .relative_path_of(fd.as_fd())
             .unwrap_or_else(|| shown.clone());
-        let bytes = read_capped(fd, &resolved)?;
+        let bytes = read_capped(fd, &resolved, MAX_READ_BYTES)?;
         Ok(FileContents {
             sha256: sha256_hex(&bytes),
             path: resolved,
             bytes,
         })
+    }
+
+    /// [`Workspace::read`] of a file of at most `max` bytes, or `None` when it is larger (or
+    /// grew past `max` while it was read): then nothing is returned and the caller reads it
+    /// with [`Workspace::read`]. The open never waits (non-blocking, and FIFOs and devices are
+    /// refused before a byte is read) and at most `max + 1` bytes are read, so a caller on an
+    /// async worker may read a small file in place instead of handing it to a blocking thread.
+    pub fn read_if_small(&self, path: &str, max: u64) -> Result<Option<FileContents>, JailError> {
+        let target = parse_path(path)?;
+        let shown = &target.display;
+        let (fd, st) = self.open_for_reading(&target, check_readable)?;
+        if file_size(&st) > max {
+            return Ok(None);
+        }
+        let resolved = self
+            .relative_path_of(fd.as_fd())
+            .unwrap_or_else(|| shown.clone());
+        let bytes = match read_capped(fd, &resolved, max) {
+            Ok(bytes) => bytes,
+            Err(JailError::TooLarge { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(Some(FileContents {
+            sha256: sha256_hex(&bytes),
+            path: resolved,
+            bytes,
+        }))
     }
 
     /// Writes `contents` to `path` atomically, creating missing parent directories.
@@ -477,7 +504,7 @@ impl Workspace {
                 source: io::Error::other("the file changed while it was being replaced; try again"),
             });
         }
-        let bytes = read_capped(fd, shown)?;
+        let bytes = read_capped(fd, shown, MAX_READ_BYTES)?;
         let before = Before::File {
             sha256: sha256_hex(&bytes),
             size: bytes.len() as u64,

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use serde_json::{Value, json};
 use toolexec_tests::app::spawn_app_with;
-use toolexec_tools::custom::{CommandToolConfig, CustomToolsConfig};
+use toolexec_tools::operator::custom::{CommandToolConfig, CustomToolsConfig};
 
 /// An operator's folder outside /tmp (the sandbox's /tmp is its own).
 struct Folder(std::path::PathBuf);

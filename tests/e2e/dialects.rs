@@ -392,7 +392,7 @@ async fn a_sessions_tools_are_its_allow_list_in_any_format() {
 /// the built-in `bash` is not there, an operator's command tool of that name stands in for it.
 async fn app_with_a_bash_tool() -> (toolexec_tests::app::TestApp, tempfile::TempDir) {
     use std::os::unix::fs::PermissionsExt;
-    use toolexec_tools::custom::{CommandToolConfig, CustomToolsConfig};
+    use toolexec_tools::operator::custom::{CommandToolConfig, CustomToolsConfig};
     let dir = tempfile::Builder::new()
         .prefix("toolexec-bash-")
         .tempdir_in("/var/tmp")

@@ -21,7 +21,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Value, json};
 use toolexec_tests::app::{Backend, TestApp};
-use toolexec_tools::mcp_proxy::McpToolsConfig;
+use toolexec_tools::operator::mcp_proxy::McpToolsConfig;
 
 const TOKEN: &str = "mcp-token-77ab10";
 
@@ -448,14 +448,14 @@ async fn the_binary_takes_an_mcp_entry_from_its_config_file_and_the_token_from_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_tool_whose_schema_cannot_be_converted_is_left_out_and_the_start_goes_on() {
     let (url, _hits, _task) = upstream().await;
-    let net = toolexec_tools::openapi::LoadNet {
+    let net = toolexec_tools::operator::LoadNet {
         egress_allow: vec![],
         resolver: Arc::new(toolexec_net::StaticResolver::new()),
     };
     let mut e = entry(&url);
     e.tools = None;
     let started = std::time::Instant::now();
-    let tools = toolexec_tools::mcp_proxy::load(&e, &mut Default::default(), &net)
+    let tools = toolexec_tools::operator::mcp_proxy::load(&e, &mut Default::default(), &net)
         .await
         .unwrap();
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
@@ -468,7 +468,7 @@ async fn an_upstream_tool_whose_schema_cannot_be_converted_is_left_out_and_the_s
     // Named by the operator, such a tool stops the start with the reason.
     for (name, says) in [("loop", "refers to itself"), ("bomb", "schema nodes")] {
         e.tools = Some(vec![name.into()]);
-        let err = toolexec_tools::mcp_proxy::load(&e, &mut Default::default(), &net)
+        let err = toolexec_tools::operator::mcp_proxy::load(&e, &mut Default::default(), &net)
             .await
             .err()
             .unwrap();

@@ -13,7 +13,7 @@ use axum::extract::{Path, RawQuery, Request};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use toolexec_tests::app::{Backend, spawn_app_with};
-use toolexec_tools::openapi::OpenApiToolsConfig;
+use toolexec_tools::operator::openapi::OpenApiToolsConfig;
 
 pub const TOKEN: &str = "pets-token-4f1c9e";
 
@@ -425,7 +425,7 @@ async fn an_api_host_outside_the_network_policy_stops_the_start() {
     let config = toolexec_server::Config {
         bind: "127.0.0.1:0".into(),
         data_dir: data.path().to_owned(),
-        tools: toolexec_tools::custom::CustomToolsConfig {
+        tools: toolexec_tools::operator::custom::CustomToolsConfig {
             openapi: vec![entry.clone()],
             ..Default::default()
         },

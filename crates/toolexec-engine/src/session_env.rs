@@ -4,7 +4,7 @@
 //!
 //! A session's `env` reaches the session's own commands only (the `shell` tool's `bash -c`):
 //! code the tenant chose anyway. Nothing the operator runs gets it — a command tool starts with
-//! the operator's environment (`toolexec_tools::custom`), the sandbox's init with none. So this
+//! the operator's environment (`toolexec_tools::operator::custom`), the sandbox's init with none. So this
 //! list is a second layer, for the day something of the service or the operator runs in a
 //! session's environment after all, and it keeps the record honest: with `BASH_ENV` set, the
 //! log would say `ls` ran while a script ran first. Each refusal names the variable, the reason

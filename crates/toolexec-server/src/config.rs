@@ -79,7 +79,7 @@ pub struct Config {
     /// "Several replicas").
     pub cluster: toolexec_engine::ClusterConfig,
     /// Tools the operator adds (see docs/operator.md, "Custom tools").
-    pub tools: toolexec_tools::custom::CustomToolsConfig,
+    pub tools: toolexec_tools::operator::custom::CustomToolsConfig,
     /// Where traces go (see docs/operator.md, "Traces"); off by default.
     pub telemetry: crate::telemetry::TelemetryConfig,
     /// Where blobs live: the database (default) or S3-compatible object storage (see
@@ -122,7 +122,7 @@ impl Default for Config {
             sandbox: toolexec_sandbox::SandboxConfig::default(),
             web: toolexec_tools::web::WebConfig::default(),
             cluster: toolexec_engine::ClusterConfig::default(),
-            tools: toolexec_tools::custom::CustomToolsConfig::default(),
+            tools: toolexec_tools::operator::custom::CustomToolsConfig::default(),
             telemetry: crate::telemetry::TelemetryConfig::default(),
             blobs: toolexec_store::objects::BlobsConfig::default(),
             environments: toolexec_image::EnvironmentsConfig::default(),

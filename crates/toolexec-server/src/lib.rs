@@ -147,7 +147,7 @@ pub async fn build_state_with(
         )
         .map_err(|e| anyhow::anyhow!("web tools: {e}"))?,
     );
-    let net = toolexec_tools::openapi::LoadNet {
+    let net = toolexec_tools::operator::LoadNet {
         egress_allow: config.sandbox.egress_allow_cidrs.clone(),
         resolver: web.resolver.clone(),
     };

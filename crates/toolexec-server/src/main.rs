@@ -190,7 +190,7 @@ async fn run() -> anyhow::Result<()> {
             )
             .map_err(|e| anyhow::anyhow!("web: {e}"))?;
             // The operator's tools too, loaded and checked as `serve` does.
-            let net = toolexec_tools::openapi::LoadNet {
+            let net = toolexec_tools::operator::LoadNet {
                 egress_allow: config.sandbox.egress_allow_cidrs.clone(),
                 resolver: web.resolver.clone(),
             };

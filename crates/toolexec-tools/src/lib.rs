@@ -14,7 +14,8 @@
 //! and time), `text` (decoding files for editing, line endings, near-match hints) and
 //! [`deadline`] (a call's time limit, which long loops check and mutations commit against).
 //! [`web`] is the fetch of the web tools, through the network policy of toolexec-net.
-//! [`custom`], [`openapi`] and [`mcp_proxy`] are the tools an operator adds by configuration.
+//! [`operator`] holds the tools an operator adds by configuration (custom commands, OpenAPI
+//! operations, an MCP server's tools).
 //!
 //! A tool failure is data for the model ([`ToolOutput`] with an error status), never a Rust error
 //! that could turn into an HTTP error.
@@ -29,11 +30,9 @@ use toolexec_core::{CallStatus, Capability, EventKind, Policy, ToolSpec};
 use uuid::Uuid;
 
 pub mod builtin;
-pub mod custom;
 pub mod deadline;
-pub mod mcp_proxy;
 pub mod observe;
-pub mod openapi;
+pub mod operator;
 pub mod patch;
 pub mod reads;
 pub mod registry;

@@ -125,8 +125,8 @@ impl Registry {
     /// an error names the entry and what is wrong with it. `net` is what the operator's
     /// endpoints are checked against at load.
     pub async fn with_custom(
-        config: &crate::custom::CustomToolsConfig,
-        net: &crate::openapi::LoadNet,
+        config: &crate::operator::custom::CustomToolsConfig,
+        net: &crate::operator::LoadNet,
     ) -> Result<Self, String> {
         let builtin = crate::builtin::all();
         let mut taken: std::collections::BTreeSet<String> =
@@ -134,14 +134,14 @@ impl Registry {
         let names: Vec<String> = taken.iter().cloned().collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let mut tools = builtin;
-        let commands = crate::custom::load(config, &names)?;
+        let commands = crate::operator::custom::load(config, &names)?;
         taken.extend(commands.iter().map(|t| t.spec().name.clone()));
         tools.extend(commands);
         for api in &config.openapi {
-            tools.extend(crate::openapi::load(api, &mut taken, net).await?);
+            tools.extend(crate::operator::openapi::load(api, &mut taken, net).await?);
         }
         for server in &config.mcp {
-            tools.extend(crate::mcp_proxy::load(server, &mut taken, net).await?);
+            tools.extend(crate::operator::mcp_proxy::load(server, &mut taken, net).await?);
         }
         Self::new(tools).map_err(|e| e.to_string())
     }

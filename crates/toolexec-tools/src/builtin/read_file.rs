@@ -65,6 +65,10 @@ impl ReadFile {
     }
 }
 
+/// Files up to this size are read on the async worker that runs the call (a few system calls
+/// and at most this many bytes to render); larger ones on the blocking pool.
+const INLINE_READ_BYTES: u64 = 64 * 1024;
+
 /// `read_file`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -98,7 +102,14 @@ impl Tool for ReadFile {
         };
         let path = args.file_path;
         let budget = ReadBudget::new(ctx.max_read_bytes);
-        match blocking(move || read_and_render(&workspace, &path, window, &budget)).await {
+        // A small file is read and rendered right here: handing it to the blocking pool (a
+        // futex wake-up and two context switches each way) costs more than the read.
+        let read = match workspace.read_if_small(&path, INLINE_READ_BYTES) {
+            Ok(Some(file)) => Ok(render_read(file, window, &budget)),
+            Ok(None) => blocking(move || read_and_render(&workspace, &path, window, &budget)).await,
+            Err(jail) => Ok(Err(jail_failure(&jail))),
+        };
+        match read {
             Ok(Ok(shown)) => {
                 // Recorded here, as the result is delivered: a call the engine stopped waiting
                 // for never gets here, so an unseen file does not count as read.

@@ -44,11 +44,12 @@ use toolexec_core::{
 use toolexec_net::NetPolicy;
 use url::Url;
 
-use crate::observe::{Answer, Observed, Unserved};
-use crate::openapi::{
+use super::http::{
     LoadNet, Secret, bearer_token, check_endpoint, check_prefix, endpoint_policy, scrubbed,
-    tool_name, typed_input_schema, without_absent,
+    tool_name,
 };
+use crate::observe::{Answer, Observed, Unserved};
+use crate::schema::import::{typed_input_schema, without_absent};
 use crate::web::checked_client;
 use crate::{Tool, ToolContext, ToolOutput};
 

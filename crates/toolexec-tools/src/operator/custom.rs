@@ -75,9 +75,9 @@ pub struct CustomToolsConfig {
     /// Command tools.
     pub command: Vec<CommandToolConfig>,
     /// HTTP operation tools from OpenAPI documents (see [`crate::openapi`]).
-    pub openapi: Vec<crate::openapi::OpenApiToolsConfig>,
+    pub openapi: Vec<crate::operator::openapi::OpenApiToolsConfig>,
     /// Proxy tools of upstream MCP servers (see [`crate::mcp_proxy`]).
-    pub mcp: Vec<crate::mcp_proxy::McpToolsConfig>,
+    pub mcp: Vec<crate::operator::mcp_proxy::McpToolsConfig>,
 }
 
 /// One command tool.

@@ -12,6 +12,7 @@
 //! nullable, so `null` means "not given"), keep only the keywords the provider's strict mode
 //! supports, and move the constraints it does not (lengths, ranges, item counts) into the
 //! property's description, as the providers' own SDKs do: the service still enforces them.
+pub(crate) mod import;
 use schemars::JsonSchema;
 use serde_json::{Map, Value};
 

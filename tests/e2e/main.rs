@@ -47,6 +47,7 @@ mod sparse;
 mod store;
 mod tenancy;
 mod terminals;
+mod terminals_nonresident;
 mod text_editor;
 mod time_travel;
 mod todos;

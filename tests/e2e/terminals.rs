@@ -848,3 +848,110 @@ async fn a_rewind_ends_the_terminals_and_the_shell_and_says_so() {
     );
     assert!(content(&r).ends_with("[]\n"), "{r}");
 }
+
+/// Host PTYs in use (the kernel's count, every devpts instance of the host's included).
+fn host_ptys() -> (u64, usize) {
+    let nr = std::fs::read_to_string("/proc/sys/kernel/pty/nr")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    let listed = std::fs::read_dir("/dev/pts")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    (nr, listed)
+}
+
+/// A `tty: true` terminal's PTY is made inside the sandbox, from a devpts instance of its own:
+/// `tty` names it, `/dev/pts` lists only the session's terminals, the host's `/dev/pts` does
+/// not change while they are open, and pushing input into it is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminals_pty_comes_from_the_sandboxs_own_devpts() {
+    let app = spawn_app().await;
+    let sid = session(&app, json!({})).await;
+    let (_, host_listed_before) = host_ptys();
+    let r = app
+        .call(
+            &sid,
+            "p1",
+            "exec_command",
+            json!({"cmd": "cat", "tty": true, "yield_time_ms": 250}),
+        )
+        .await;
+    let first = running_id(&r);
+    let r = app
+        .call(
+            &sid,
+            "p2",
+            "exec_command",
+            json!({"cmd": "tty; ls /dev/pts | sort | tr '\\n' ' '; echo; ls -l /dev/ptmx; stat -c '%t:%T' /dev/pts/ptmx; echo x > /dev/tty && echo tty-ok", "tty": true, "yield_time_ms": 5000}),
+        )
+        .await;
+    let (head, output) = block(&r);
+    assert!(
+        head.contains(&"Process exited with code 0".to_owned()),
+        "{r}"
+    );
+    let lines: Vec<&str> = output.lines().map(str::trim_end).collect();
+    // The second terminal of the sandbox: /dev/pts/1, its instance's numbering.
+    assert_eq!(lines[0], "/dev/pts/1", "{r}");
+    // Only this session's two terminals and the instance's ptmx.
+    assert_eq!(lines[1].trim(), "0 1 ptmx", "{r}");
+    assert!(lines[2].ends_with("/dev/ptmx -> pts/ptmx"), "{r}");
+    assert_eq!(lines[3], "5:2", "{r}");
+    assert!(output.contains("tty-ok"), "{r}");
+    // The host's devpts: untouched while terminals are open.
+    let (_, host_listed_open) = host_ptys();
+    assert_eq!(
+        host_listed_open, host_listed_before,
+        "host /dev/pts changed"
+    );
+    // A second session's sandbox has its own instance: its first terminal is /dev/pts/0 again.
+    let other = session(&app, json!({})).await;
+    let r = app
+        .call(
+            &other,
+            "o1",
+            "exec_command",
+            json!({"cmd": "tty; ls /dev/pts | tr '\\n' ' '", "tty": true, "yield_time_ms": 5000}),
+        )
+        .await;
+    let (_, output) = block(&r);
+    assert!(output.starts_with("/dev/pts/0\n"), "{r}");
+    assert_eq!(output.lines().nth(1).map(str::trim), Some("0 ptmx"), "{r}");
+    // Without a terminal, /dev/tty is no way to one.
+    let r = app
+        .call(
+            &other,
+            "o2",
+            "exec_command",
+            json!({"cmd": "echo x > /dev/tty || echo no-tty", "yield_time_ms": 5000}),
+        )
+        .await;
+    assert!(block(&r).1.contains("no-tty"), "{r}");
+    // TIOCSTI into the sandbox's own terminal: refused.
+    let r = app
+        .call(
+            &sid,
+            "p3",
+            "exec_command",
+            json!({"cmd": "python3 -c \"import fcntl, termios\ntry:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x')\n    print('INJECTED')\nexcept OSError as e:\n    print('refused', e.errno)\"", "tty": true, "yield_time_ms": 5000}),
+        )
+        .await;
+    let (_, output) = block(&r);
+    assert!(
+        output.contains("refused") && !output.contains("INJECTED"),
+        "{r}"
+    );
+    // The first terminal still echoes what it is sent.
+    let r = app
+        .call(
+            &sid,
+            "p4",
+            "write_stdin",
+            json!({"session_id": first, "chars": "ping\n", "yield_time_ms": 1000}),
+        )
+        .await;
+    assert!(block(&r).1.contains("ping"), "{r}");
+    let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
+    assert!(closed.status().is_success());
+}

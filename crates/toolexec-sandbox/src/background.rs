@@ -933,36 +933,69 @@ impl ProcessTable {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
                 .map_err(|e| setup(what, e.into()))
         };
-        // The program's stdin, stdout, stderr; what the service keeps.
-        let (stdio, io_parts): ([OwnedFd; 3], IoParts) = match tty {
+        let resident = self.sandbox.is_resident();
+        if tty.is_some() && !resident && !self.sandbox.is_unsandboxed() {
+            return Err(SandboxError::Limit(NO_TTY_WITHOUT_RESIDENT.into()));
+        }
+        // The program's stdin, stdout, stderr (none for a resident sandbox's terminal: it is
+        // made inside); what the service keeps.
+        let (stdio, io_parts): (Option<[OwnedFd; 3]>, Option<IoParts>) = match tty {
+            Some(_) if resident => (None, None),
             Some((cols, rows)) => {
+                // Unsandboxed (the operator's choice, for development): there is no sandbox to
+                // make it in, the host's devpts is the only one.
                 let (master, slave) =
                     crate::terminal::open_pty(cols, rows).map_err(|e| setup("terminal", e))?;
                 let a = slave.try_clone().map_err(|e| setup("terminal", e))?;
                 let b = slave.try_clone().map_err(|e| setup("terminal", e))?;
-                ([slave, a, b], IoParts::Pty(master))
+                (Some([slave, a, b]), Some(IoParts::Pty(master)))
             }
             None => {
                 let (in_r, in_w) = pipe("input pipe")?;
                 let (out_r, out_w) = pipe("output pipe")?;
                 let err_w = out_w.try_clone().map_err(|e| setup("output pipe", e))?;
-                ([in_r, out_w, err_w], IoParts::Pipes(in_w, out_r))
+                (
+                    Some([in_r, out_w, err_w]),
+                    Some(IoParts::Pipes(in_w, out_r)),
+                )
             }
         };
-        let (process, cmd_group) = if self.sandbox.is_resident() {
+        let (process, cmd_group, io_parts) = if resident {
             let agent = self.agent(&launch).await?;
             let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
                 SandboxError::Setup(format!("the command cannot be passed on: {e}"))
             })?;
-            let [a, b, c] = &stdio;
-            let started = agent
-                .start_command(&spec, [a.as_fd(), b.as_fd(), c.as_fd()])
-                .await;
-            drop(stdio);
-            let Started { group, exit, .. } = started?;
-            (Process::Resident(Some(exit)), Some(group))
+            match (tty, stdio, io_parts) {
+                (Some((cols, rows)), _, _) => {
+                    let (Started { group, exit, .. }, master) =
+                        agent.start_tty_command(&spec, cols, rows).await?;
+                    (
+                        Process::Resident(Some(exit)),
+                        Some(group),
+                        IoParts::Pty(master),
+                    )
+                }
+                (None, Some(stdio), Some(parts)) => {
+                    let [a, b, c] = &stdio;
+                    let started = agent
+                        .start_command(&spec, [a.as_fd(), b.as_fd(), c.as_fd()])
+                        .await;
+                    drop(stdio);
+                    let Started { group, exit, .. } = started?;
+                    (Process::Resident(Some(exit)), Some(group), parts)
+                }
+                _ => {
+                    return Err(SandboxError::Setup(
+                        "the terminal's stdio is missing".into(),
+                    ));
+                }
+            }
         } else {
-            let [a, b, c] = stdio;
+            let (Some([a, b, c]), Some(parts)) = (stdio, io_parts) else {
+                return Err(SandboxError::Setup(
+                    "the terminal's stdio is missing".into(),
+                ));
+            };
             let spawned = self
                 .sandbox
                 .spawn(
@@ -979,7 +1012,7 @@ impl ProcessTable {
                     "the program's sandbox could not be set up".into(),
                 ));
             }
-            (Process::Child(spawned.child), spawned.group)
+            (Process::Child(spawned.child), spawned.group, parts)
         };
         let io = match io_parts {
             IoParts::Pty(master) => {
@@ -1090,6 +1123,12 @@ impl Drop for ProcessTable {
         }
     }
 }
+
+/// `exec_command` with `tty: true` where commands do not run in a resident sandbox.
+pub const NO_TTY_WITHOUT_RESIDENT: &str = "tty: true needs the session's resident sandbox \
+(sandbox.resident = true and a delegated cgroup tree): a terminal is made inside the sandbox's \
+own devpts instance by its resident agent, and this service runs each command in a sandbox of \
+its own; run the program with tty: false (pipes) instead";
 
 enum IoParts {
     Pty(OwnedFd),

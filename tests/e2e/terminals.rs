@@ -2,7 +2,7 @@
 //! `restart`, time limits, the hostile cases (a fake end marker, `exec 1>&-`, `kill -9 $$`) —
 //! and nothing left on the host once the session is closed.
 use serde_json::{Value, json};
-use toolexec_tests::app::{TestApp, spawn_app};
+use toolexec_tests::app::{TestApp, spawn_app, spawn_app_with, spawn_sqlite_app_with};
 use toolexec_tests::procs::{assert_no_host_process, sleep_arg, wait_for_sleep};
 
 fn content(r: &Value) -> &str {
@@ -954,4 +954,107 @@ async fn a_terminals_pty_comes_from_the_sandboxs_own_devpts() {
     assert!(block(&r).1.contains("ping"), "{r}");
     let closed = app.delete(&format!("/v1/sessions/{sid}")).await;
     assert!(closed.status().is_success());
+}
+
+/// Uses a new session so that the (single) cached runtime of another one is dropped.
+async fn evict_other(app: &TestApp, n: usize) {
+    let before = app.metric("toolexec_session_runtimes_evicted_total").await;
+    let other = session(app, json!({})).await;
+    let r = app
+        .call(
+            &other,
+            &format!("o{n}"),
+            "write_file",
+            json!({"file_path": "o.txt", "content": "o\n"}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(
+        app.metric("toolexec_session_runtimes_evicted_total").await > before,
+        "the session's runtime was not dropped"
+    );
+}
+
+/// The persistent shell lives in the session's runtime on one node: when that runtime is
+/// dropped (evicted from memory here; a restart and a take-over rebuild it the same way), the
+/// next `bash` call runs in a fresh shell and says that the state was lost — but not the
+/// session's first call, nor one after `restart: true`, nor in a session that never ran bash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_lost_with_its_runtime_is_said_by_the_next_call() {
+    // One cached runtime: using another session drops the first one's.
+    shell_lost_with_its_runtime(spawn_app_with(|c| c.limits.max_cached_sessions = 1).await).await;
+}
+
+/// The same on the embedded SQLite store (its own query of the session's last `bash` call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_lost_with_its_runtime_is_said_by_the_next_call_on_sqlite() {
+    shell_lost_with_its_runtime(spawn_sqlite_app_with(|c| c.limits.max_cached_sessions = 1).await)
+        .await;
+}
+
+async fn shell_lost_with_its_runtime(app: TestApp) {
+    let sid = session(&app, json!({"files": {"sub/a.txt": "x"}})).await;
+    // The session's first call: no notice.
+    let r = bash(
+        &app,
+        &sid,
+        "s1",
+        json!({"command": "cd sub && export KEEP=1 && pwd"}),
+    )
+    .await;
+    assert_eq!(content(&r), "/workspace/sub\n", "{r}");
+    evict_other(&app, 1).await;
+    let r = bash(
+        &app,
+        &sid,
+        "s2",
+        json!({"command": "pwd; echo \"[$KEEP]\""}),
+    )
+    .await;
+    let text = content(&r);
+    assert!(
+        text.starts_with(
+            "[the shell was restarted, state was lost: the session's runtime was rebuilt"
+        ),
+        "{r}"
+    );
+    assert!(
+        text.contains("exports, functions and aliases are back to their defaults"),
+        "{r}"
+    );
+    assert!(text.ends_with("/workspace\n[]\n"), "{r}");
+    // Said once: the next call in the same shell is plain.
+    let r = bash(
+        &app,
+        &sid,
+        "s3",
+        json!({"command": "export KEEP=2; echo same"}),
+    )
+    .await;
+    assert_eq!(content(&r), "same\n", "{r}");
+    // An explicit restart after the loss: no notice (the model asked for a fresh shell).
+    evict_other(&app, 2).await;
+    let r = bash(
+        &app,
+        &sid,
+        "s4",
+        json!({"command": "echo \"[$KEEP]\"", "restart": true}),
+    )
+    .await;
+    assert_eq!(content(&r), "[]\n", "{r}");
+    // A session whose runtime is rebuilt before it ever ran bash: its first call is plain.
+    let fresh = session(&app, json!({})).await;
+    evict_other(&app, 3).await;
+    let r = bash(&app, &fresh, "f1", json!({"command": "echo first"})).await;
+    assert_eq!(content(&r), "first\n", "{r}");
+    // A restart of the service: the same notice.
+    let app = app.restart().await;
+    let r = bash(&app, &sid, "s5", json!({"command": "echo after-restart"})).await;
+    assert!(
+        content(&r).starts_with(
+            "[the shell was restarted, state was lost: the session's runtime was rebuilt"
+        ),
+        "{r}"
+    );
+    assert!(content(&r).ends_with("after-restart\n"), "{r}");
 }

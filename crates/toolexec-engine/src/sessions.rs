@@ -261,15 +261,24 @@ impl Engine {
                 ))
             })
         };
-        let (workspace, gone) = match (from, self.workspaces.open(&name)) {
-            (None, Ok(ws)) => (ws, Vec::new()),
+        let took_over = from.is_some();
+        let (workspace, gone, took_over) = match (from, self.workspaces.open(&name)) {
+            (None, Ok(ws)) => (ws, Vec::new(), took_over),
             (Some(_), _) => {
                 let gone = self.take_over(session, from).await?;
-                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+                (
+                    self.workspaces.open(&name).map_err(unavailable)?,
+                    gone,
+                    true,
+                )
             }
             (None, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 let gone = self.take_over(session, None).await?;
-                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+                (
+                    self.workspaces.open(&name).map_err(unavailable)?,
+                    gone,
+                    true,
+                )
             }
             (None, Err(e)) => return Err(unavailable(e)),
         };
@@ -306,6 +315,24 @@ impl Engine {
         if let Some(table) = &rt.processes {
             for id in &gone {
                 table.first_report_of_gone(id);
+            }
+            // A persistent shell the session had (its last `bash` call ran a command) did not
+            // survive the runtime it lived in: its next call says so.
+            let had_shell = self
+                .store
+                .last_call_arguments(session.id, "bash")
+                .await?
+                .is_some_and(|args| {
+                    args.get("command")
+                        .and_then(|c| c.as_str())
+                        .is_some_and(|c| !c.trim().is_empty())
+                });
+            if had_shell {
+                table.shell_lost(if took_over {
+                    "this node took the session over from the one that served it, and the shell did not move with it"
+                } else {
+                    "the session's runtime was rebuilt (it was evicted from memory or the service restarted), and the shell went with it"
+                });
             }
         }
         let kept = self.keep_runtime(rt.clone());

@@ -1066,6 +1066,15 @@ impl ProcessTable {
         }
     }
 
+    /// The session had a persistent shell that is gone with the runtime it lived in (a
+    /// take-over, an eviction, a restart): the next `bash` call says why, unless it restarts
+    /// the shell on purpose.
+    pub fn shell_lost(&self, why: &str) {
+        if let Ok(mut e) = self.bash_ended.lock() {
+            e.get_or_insert_with(|| why.to_owned());
+        }
+    }
+
     /// The session's open terminals.
     pub fn terminals(&self) -> Vec<TermInfo> {
         self.terminals.list()

@@ -157,7 +157,7 @@ fn render(run: &BashRun, restarted_on_request: bool) -> ToolOutput {
         && !restarted_on_request
     {
         text.push_str(&format!(
-            "[the shell was restarted, state was lost: {why}. This command ran in a fresh shell in /workspace]\n"
+            "[the shell was restarted, state was lost: {why}. This command ran in a fresh shell: the working directory is /workspace, exports, functions and aliases are back to their defaults]\n"
         ));
     }
     text.push_str(&String::from_utf8_lossy(&run.output));

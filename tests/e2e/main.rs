@@ -48,6 +48,7 @@ mod store;
 mod tenancy;
 mod terminals;
 mod terminals_nonresident;
+mod terminals_scale;
 mod text_editor;
 mod time_travel;
 mod todos;

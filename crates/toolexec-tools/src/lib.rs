@@ -284,6 +284,11 @@ pub struct ToolOutput {
     pub content: String,
     pub changes: Vec<RecordedChange>,
     pub events: Vec<ToolEvent>,
+    /// Machine-readable parts of the result, beside the text: `shell`'s stdout and stderr
+    /// apart (what OpenAI's `shell_call_output` is built from, so no output can pass for a
+    /// section of the text), `bash`'s `shell_restarted`. Handed to the call's result in the
+    /// response that ran it; not stored.
+    pub structured: Option<serde_json::Value>,
 }
 
 impl ToolOutput {
@@ -293,6 +298,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -302,6 +308,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -312,6 +319,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -322,6 +330,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -331,6 +340,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -380,6 +390,7 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(
             ),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     })
 }

@@ -47,6 +47,7 @@ mod sparse;
 mod store;
 mod tenancy;
 mod terminals;
+mod terminals_lifetime;
 mod terminals_nonresident;
 mod terminals_scale;
 mod text_editor;

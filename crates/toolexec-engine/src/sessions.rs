@@ -199,12 +199,16 @@ impl SessionRuntime {
         Ok(())
     }
 
-    /// Whether background processes of the session still run (its runtime must then stay).
+    /// Whether background processes or terminals of the session still run (its runtime must
+    /// then stay: dropping it would kill them unrecorded). Terminals end by themselves, at the
+    /// latest after `limits.terminal_idle_timeout_ms` untouched; the persistent shell does not
+    /// keep a runtime (its loss is said by the next `bash` call).
     fn has_running_processes(&self) -> bool {
         self.processes.as_ref().is_some_and(|p| {
-            p.list()
-                .iter()
-                .any(|p| p.state == toolexec_sandbox::ProcessState::Running)
+            p.running_terminals() > 0
+                || p.list()
+                    .iter()
+                    .any(|p| p.state == toolexec_sandbox::ProcessState::Running)
         })
     }
 

@@ -1075,6 +1075,11 @@ impl ProcessTable {
         }
     }
 
+    /// How many of the session's terminals still run their program.
+    pub fn running_terminals(&self) -> usize {
+        self.terminals.running()
+    }
+
     /// The session's open terminals.
     pub fn terminals(&self) -> Vec<TermInfo> {
         self.terminals.list()

@@ -183,6 +183,14 @@ pub struct TermInfo {
 }
 
 impl Terminals {
+    /// Terminals whose program still runs (ended ones wait for a call to read their end).
+    pub(crate) fn running(&self) -> usize {
+        self.terms
+            .lock()
+            .map(|t| t.values().filter(|t| t.exit().is_none()).count())
+            .unwrap_or(0)
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.terms.lock().map(|t| t.len()).unwrap_or(0)
     }

@@ -1,7 +1,40 @@
-//! How long a session's terminals live on its node: a running terminal keeps the session's
-//! runtime (and with it the terminal) from being dropped from the node's cache.
+//! Terminals at their edges: a command too large for one message to the sandbox still gets
+//! its PTY made inside; a running terminal keeps the session's runtime (and with it the
+//! terminal) from being dropped from the node's cache.
 use serde_json::json;
-use toolexec_tests::app::spawn_app_with;
+use toolexec_tests::app::{spawn_app, spawn_app_with};
+
+/// A command over the 60 KiB that travel inside the message to the sandbox goes in a memfd
+/// (`TtyCommandInMemfd`): its terminal is still the sandbox's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_too_large_for_one_message_still_gets_the_sandboxs_own_pty() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let padding = "x".repeat(80 * 1024);
+    let cmd = format!(": {padding}; tty; stty size");
+    let r = app
+        .call(
+            &sid,
+            "big",
+            "exec_command",
+            json!({"cmd": cmd, "tty": true, "cols": 100, "rows": 30, "yield_time_ms": 5000}),
+        )
+        .await;
+    let text = r["content"].as_str().unwrap().replace("\r\n", "\n");
+    assert!(
+        text.contains("Process exited with code 0"),
+        "{}",
+        &text[..text.len().min(400)]
+    );
+    assert!(
+        text.ends_with("Output:\n/dev/pts/0\n30 100\n"),
+        "{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+}
 
 /// A session whose terminal still runs keeps its runtime on the node: using other sessions
 /// past `limits.max_cached_sessions` does not drop it (which would kill the terminal without a

@@ -417,6 +417,17 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
     // kill -9 of a node while a call of one of its sessions runs.
     let victim_sid = sessions[0].clone();
     let victim = owners[&victim_sid].clone();
+    // A persistent shell with state on the node when it dies: the next bash call says it
+    // was lost with the node.
+    let sh = c
+        .call(
+            &victim_sid,
+            "sh-before",
+            "bash",
+            json!({"command": "mkdir -p d && cd d && export ON_VICTIM=1"}),
+        )
+        .await;
+    assert_eq!(sh["status"], "ok", "{sh}");
     // A terminal alive on the node when it dies: recorded as ended by the take-over.
     let term = c
         .call(
@@ -491,6 +502,21 @@ async fn replicas_behind_the_gateway_forward_take_over_and_drain() {
         )
         .await;
     assert_eq!(again["status"], "interrupted", "{again}");
+    let sh = c
+        .call(
+            &victim_sid,
+            "sh-after",
+            "bash",
+            json!({"command": "pwd; echo \"[$ON_VICTIM]\""}),
+        )
+        .await;
+    let text = sh["content"].as_str().unwrap();
+    assert!(
+        text.starts_with(
+            "[the shell was restarted, state was lost: this node took the session over"
+        ) && text.ends_with("/workspace\n[]\n"),
+        "{sh}"
+    );
     let events = assert_gapless(&c, &victim_sid).await;
     let taken = events
         .iter()

@@ -702,3 +702,45 @@ async fn openai_shell_call_and_apply_patch_call_items_run_here_and_are_answered_
         "{problem}"
     );
 }
+
+/// A command that prints the `shell` result's own section markers cannot move its output from
+/// one stream to the other in `shell_call_output`: the streams come from the shell tool's
+/// structured result, not from its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_shell_call_output_streams_cannot_be_forged_by_the_command() {
+    let app = spawn_app().await;
+    let sid = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let forge = "printf 'a\\n--- stderr ---\\nb\\n'; printf -- '--- stdout ---\\nc\\n' >&2; exit 5";
+    let body = json!({"calls": [{"type": "shell_call", "call_id": "call_forge",
+        "action": {"commands": [forge, "printf -- '--- stderr ---\\n'"]}}]});
+    let resp = app
+        .post(&format!("/v1/sessions/{sid}/calls?format=openai"), &body)
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.unwrap();
+    let out = &body["results"][0]["rendered"];
+    assert_eq!(out["type"], "shell_call_output", "{body}");
+    assert_eq!(
+        out["output"][0]["stdout"], "a\n--- stderr ---\nb\n",
+        "{out}"
+    );
+    assert_eq!(out["output"][0]["stderr"], "--- stdout ---\nc\n", "{out}");
+    assert_eq!(
+        out["output"][0]["outcome"],
+        json!({"type": "exit", "exit_code": 5})
+    );
+    assert_eq!(out["output"][1]["stdout"], "--- stderr ---\n", "{out}");
+    assert_eq!(out["output"][1]["stderr"], "", "{out}");
+    // The text the record keeps is the shell tool's, with its sections.
+    let text = body["results"][0]["calls"][0]["content"].as_str().unwrap();
+    assert!(
+        text.starts_with("[exit code 5 after ")
+            && text.contains(
+                "--- stdout ---\na\n--- stderr ---\nb\n--- stderr ---\n--- stdout ---\nc\n"
+            ),
+        "{text}"
+    );
+}

@@ -125,6 +125,13 @@ impl Store for CountingStore {
     async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
         self.inner.call_ids(session_id, after, limit).await
     }
+    async fn last_call_arguments(
+        &self,
+        session_id: Uuid,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        self.inner.last_call_arguments(session_id, name).await
+    }
     async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
         self.inner.last_process_number(session_id).await
     }

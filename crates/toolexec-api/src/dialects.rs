@@ -402,8 +402,11 @@ pub fn apply_patch_output(call_id: &str, result: Result<&CallResult, &str>) -> V
 }
 
 /// The `shell_call_output` item answering `call_id`: one entry per command, from the `shell`
-/// calls' results. stdout and stderr are the sections of the `shell` result; a command that did
-/// not run (refused, waiting for approval) has its result as stderr and exit code 1.
+/// calls' results. stdout and stderr are the command's own streams, from the `shell` tool's
+/// structured result (so output that prints `--- stderr ---` is just output); a result without
+/// one — a retry of the same call id, answered from the record — is taken apart by its sections.
+/// A command that did not run (refused, waiting for approval) has its result as stderr and exit
+/// code 1.
 pub fn shell_output(
     call_id: &str,
     max_output_length: Option<u64>,
@@ -436,9 +439,10 @@ pub fn shell_output(
     item
 }
 
-/// A `shell` result taken apart: its status line, then `--- stdout ---` and `--- stderr ---`
-/// sections (see the `shell` tool). A stdout that itself prints a line `--- stderr ---` is
-/// split there: the text is all the result records.
+/// A `shell` result taken apart: from the tool's structured result when the call ran in this
+/// request; else (a result from the record) from its text: its status line, then
+/// `--- stdout ---` and `--- stderr ---` sections (see the `shell` tool), where a stdout that
+/// itself prints a line `--- stderr ---` is split there: the text is all the record keeps.
 #[derive(Debug, Default, PartialEq)]
 struct ShellRun {
     stdout: String,
@@ -450,6 +454,18 @@ struct ShellRun {
 impl ShellRun {
     fn of(r: &CallResult) -> Self {
         let timed_out = r.status == toolexec_core::CallStatus::TimedOut;
+        if let Some(s) = &r.structured
+            && let (Some(stdout), Some(stderr)) = (s["stdout"].as_str(), s["stderr"].as_str())
+        {
+            return Self {
+                stdout: stdout.to_owned(),
+                stderr: format!("{}{stderr}", s["note"].as_str().unwrap_or_default()),
+                exit_code: s["exit_code"]
+                    .as_i64()
+                    .unwrap_or(if r.is_error { 1 } else { 0 }),
+                timed_out: s["timed_out"].as_bool().unwrap_or(timed_out),
+            };
+        }
         let mut text = r.content.as_str();
         let mut notes = String::new();
         // The note of an unsandboxed service comes first.
@@ -539,7 +555,25 @@ mod tests {
             truncated: None,
             duration_ms: 1.0,
             seq: 1,
+            structured: None,
         }
+    }
+
+    #[test]
+    fn the_structured_streams_are_taken_as_they_are() {
+        let mut r = shell(
+            CallStatus::Error,
+            "[exit code 3 after 0.01 s]\n--- stdout ---\na\n--- stderr ---\nb\n--- stderr ---\nc\n",
+        );
+        r.structured = Some(serde_json::json!({
+            "stdout": "a\n--- stderr ---\nb\n", "stderr": "c\n", "exit_code": 3,
+            "timed_out": false, "note": "",
+        }));
+        let run = ShellRun::of(&r);
+        assert_eq!(
+            (run.stdout.as_str(), run.stderr.as_str(), run.exit_code),
+            ("a\n--- stderr ---\nb\n", "c\n", 3)
+        );
     }
 
     #[test]

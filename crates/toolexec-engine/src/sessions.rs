@@ -201,12 +201,16 @@ impl SessionRuntime {
         Ok(())
     }
 
-    /// Whether background processes of the session still run (its runtime must then stay).
+    /// Whether background processes or terminals of the session still run (its runtime must
+    /// then stay: dropping it would kill them unrecorded). Terminals end by themselves, at the
+    /// latest after `limits.terminal_idle_timeout_ms` untouched; the persistent shell does not
+    /// keep a runtime (its loss is said by the next `bash` call).
     fn has_running_processes(&self) -> bool {
         self.processes.as_ref().is_some_and(|p| {
-            p.list()
-                .iter()
-                .any(|p| p.state == toolexec_sandbox::ProcessState::Running)
+            p.running_terminals() > 0
+                || p.list()
+                    .iter()
+                    .any(|p| p.state == toolexec_sandbox::ProcessState::Running)
         })
     }
 
@@ -263,15 +267,24 @@ impl Engine {
                 ))
             })
         };
-        let (workspace, gone) = match (from, self.workspaces.open(&name)) {
-            (None, Ok(ws)) => (ws, Vec::new()),
+        let took_over = from.is_some();
+        let (workspace, gone, took_over) = match (from, self.workspaces.open(&name)) {
+            (None, Ok(ws)) => (ws, Vec::new(), took_over),
             (Some(_), _) => {
                 let gone = self.take_over(session, from).await?;
-                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+                (
+                    self.workspaces.open(&name).map_err(unavailable)?,
+                    gone,
+                    true,
+                )
             }
             (None, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                 let gone = self.take_over(session, None).await?;
-                (self.workspaces.open(&name).map_err(unavailable)?, gone)
+                (
+                    self.workspaces.open(&name).map_err(unavailable)?,
+                    gone,
+                    true,
+                )
             }
             (None, Err(e)) => return Err(unavailable(e)),
         };
@@ -311,6 +324,24 @@ impl Engine {
         if let Some(table) = &rt.processes {
             for id in &gone {
                 table.first_report_of_gone(id);
+            }
+            // A persistent shell the session had (its last `bash` call ran a command) did not
+            // survive the runtime it lived in: its next call says so.
+            let had_shell = self
+                .store
+                .last_call_arguments(session.id, "bash")
+                .await?
+                .is_some_and(|args| {
+                    args.get("command")
+                        .and_then(|c| c.as_str())
+                        .is_some_and(|c| !c.trim().is_empty())
+                });
+            if had_shell {
+                table.shell_lost(if took_over {
+                    "this node took the session over from the one that served it, and the shell did not move with it"
+                } else {
+                    "the session's runtime was rebuilt (it was evicted from memory or the service restarted), and the shell went with it"
+                });
             }
         }
         let kept = self.keep_runtime(rt.clone());

@@ -27,7 +27,8 @@ use landlock::{CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated, Sc
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::io::Errno;
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendFlags, recvmsg, send,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, recvmsg, send, sendmsg,
 };
 
 use crate::protocol::{
@@ -101,6 +102,28 @@ fn sigchld_fd() -> Result<OwnedFd, String> {
             return Err(format!("signalfd: {}", std::io::Error::last_os_error()));
         }
         Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// A message and one descriptor (`SCM_RIGHTS`).
+fn send_with_fd(fd: BorrowedFd<'_>, bytes: &[u8], with: BorrowedFd<'_>) -> Result<(), Errno> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [with];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(Errno::NOBUFS);
+    }
+    loop {
+        match sendmsg(
+            fd,
+            &[std::io::IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
     }
 }
 
@@ -303,9 +326,10 @@ fn become_command(limits: &InitLimits, scope: &RulesetCreated) -> Result<Never, 
             message.fds()
         ));
     }
+    let tty = message.tty();
     let bytes = match message {
-        ToSpare::Command { spec } => spec,
-        ToSpare::CommandInMemfd => {
+        ToSpare::Command { spec } | ToSpare::TtyCommand { spec, .. } => spec,
+        ToSpare::CommandInMemfd | ToSpare::TtyCommandInMemfd { .. } => {
             let mut bytes = Vec::new();
             let spec = fds.pop().ok_or("no spec descriptor")?;
             std::fs::File::from(spec)
@@ -318,11 +342,24 @@ fn become_command(limits: &InitLimits, scope: &RulesetCreated) -> Result<Never, 
             bytes
         }
     };
-    let [stdin, stdout, stderr]: [OwnedFd; 3] = fds
-        .try_into()
-        .map_err(|fds: Vec<OwnedFd>| format!("{} descriptors instead of 3", fds.len()))?;
     let command = CommandSpec::decode(&bytes)?;
     let prepared = Prepared::new(command.argv, command.env)?;
+    let [stdin, stdout, stderr]: [OwnedFd; 3] = match tty {
+        Some((cols, rows)) => {
+            let slave = crate::pty::open_in_sandbox(cols, rows, |master| {
+                send_with_fd(sock, &FromSpare::Pty.encode(), master)
+                    .map_err(|e| format!("handing the terminal over: {e}"))
+            })?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| format!("the terminal's slave: {e}"))
+            };
+            [dup(&slave)?, dup(&slave)?, slave]
+        }
+        None => fds
+            .try_into()
+            .map_err(|fds: Vec<OwnedFd>| format!("{} descriptors instead of 3", fds.len()))?,
+    };
     for (fd, target) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
         // SAFETY: dup2 between descriptors this process owns; the received ones are above 3.
         if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {

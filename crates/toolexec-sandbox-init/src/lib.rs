@@ -25,6 +25,7 @@
 mod agent;
 mod namespaces;
 pub mod protocol;
+mod pty;
 pub mod spec;
 
 pub use spec::{CommandSpec, InitLimits, ROOT_FD, SPEC_FD, STATUS_FD, Spec};

@@ -235,9 +235,10 @@ pub fn enter(layout: &Spec) -> Result<(), String> {
             open_source(&p).map(|s| (p, s))
         })
         .collect::<Result<_, _>>()?;
-    // No /dev/tty: the command has no controlling terminal (its own session), and a terminal
-    // shared with the service would be a way out (TIOCSTI).
-    const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+    // /dev/tty is a command's own controlling terminal, if it has one: only a `tty: true`
+    // terminal's, made in the sandbox's own devpts instance; never one shared with the service
+    // (TIOCSTI is refused anyway). Without one, opening it fails (ENXIO).
+    const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
     let devices: Vec<(&str, Source)> = DEVICES
         .iter()
         .filter_map(|d| open_source(&format!("/dev/{d}")).ok().map(|s| (*d, s)))
@@ -518,6 +519,10 @@ fn bind_image(entries: &[ImageEntry], at: &dyn Fn(&str) -> String) -> Result<(),
     Ok(())
 }
 
+/// Terminals one sandbox's devpts instance holds: `limits.max_terminals_per_session` (16 by
+/// default) and room for those its programs open themselves.
+const PTYS_PER_SANDBOX: u32 = 64;
+
 #[allow(clippy::too_many_arguments)]
 fn build_root(
     layout: &Spec,
@@ -603,6 +608,23 @@ fn build_root(
     ] {
         symlink(target, &at(&format!("/dev/{link}")))?;
     }
+    // A devpts instance of the sandbox's own (never the host's): `exec_command`'s terminals are
+    // made from its `ptmx` inside the sandbox, so `/dev/pts` lists the session's terminals and
+    // nothing else. No `gid=` (the tty group is not mapped in the user namespace: a slave belongs
+    // to the sandbox user's group); at most PTYS_PER_SANDBOX terminals, those a program inside
+    // opens (`script`, tmux) included.
+    mkdir(&at("/dev/pts"), 0o755)?;
+    let devpts = cstr("devpts")?;
+    mount(
+        Some(&devpts),
+        &at("/dev/pts"),
+        Some("devpts"),
+        (libc::MS_NOSUID | libc::MS_NOEXEC) as libc::c_ulong,
+        Some(&format!(
+            "newinstance,ptmxmode=0666,mode=0620,max={PTYS_PER_SANDBOX}"
+        )),
+    )?;
+    symlink("pts/ptmx", &at("/dev/ptmx"))?;
     mkdir(&at("/dev/shm"), 0o1777)?;
     mount(
         Some(&tmpfs),

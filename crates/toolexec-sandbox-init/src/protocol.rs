@@ -17,7 +17,13 @@
 //!   service → spare   Command{spec}               + 3 fds: stdin, stdout, stderr
 //!                     CommandInMemfd              + 4 fds: the same and a memfd with the spec
 //!                                                 (a spec too large for one message)
-//!   spare → service   Failed{reason}              the command could not be started
+//!                     TtyCommand{cols, rows, spec} no fd: the spare makes a pseudo-terminal in
+//!                                                 the sandbox's own devpts instance, the slave
+//!                                                 the command's stdio and controlling terminal
+//!                     TtyCommandInMemfd{cols, rows} + 1 fd: the memfd with the spec
+//!   spare → service   Pty                         + 1 fd: that terminal's master (tty only,
+//!                                                 before the exec)
+//!                     Failed{reason}              the command could not be started
 //!                     (end of file)               exec happened: the socket was close-on-exec
 //! ```
 //!
@@ -72,13 +78,22 @@ pub enum ToSpare {
     Command { spec: Vec<u8> },
     /// The spec is in the fourth descriptor.
     CommandInMemfd,
+    /// The command with a new `cols`×`rows` pseudo-terminal as its stdio, made by the spare
+    /// from the sandbox's own `/dev/ptmx`; its master goes back as [`FromSpare::Pty`].
+    TtyCommand { cols: u16, rows: u16, spec: Vec<u8> },
+    /// The same, the spec in the one descriptor that comes with it.
+    TtyCommandInMemfd { cols: u16, rows: u16 },
 }
 
 /// Spare → service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromSpare {
     Hello,
-    Failed { reason: String },
+    /// The master of the command's pseudo-terminal comes with it.
+    Pty,
+    Failed {
+        reason: String,
+    },
 }
 
 fn with_reason(kind: u8, slot: Option<u64>, reason: &str) -> Vec<u8> {
@@ -184,6 +199,20 @@ impl ToSpare {
                 out
             }
             ToSpare::CommandInMemfd => vec![b'M'],
+            ToSpare::TtyCommand { cols, rows, spec } => {
+                let mut out = Vec::with_capacity(spec.len() + 5);
+                out.push(b'T');
+                out.extend_from_slice(&cols.to_le_bytes());
+                out.extend_from_slice(&rows.to_le_bytes());
+                out.extend_from_slice(spec);
+                out
+            }
+            ToSpare::TtyCommandInMemfd { cols, rows } => {
+                let mut out = vec![b'U'];
+                out.extend_from_slice(&cols.to_le_bytes());
+                out.extend_from_slice(&rows.to_le_bytes());
+                out
+            }
         }
     }
 
@@ -195,6 +224,19 @@ impl ToSpare {
                 })
             }
             Some((b'M', [])) => Ok(ToSpare::CommandInMemfd),
+            Some((b'T', [c0, c1, r0, r1, spec @ ..]))
+                if !spec.is_empty() && spec.len() <= MAX_INLINE_SPEC =>
+            {
+                Ok(ToSpare::TtyCommand {
+                    cols: u16::from_le_bytes([*c0, *c1]),
+                    rows: u16::from_le_bytes([*r0, *r1]),
+                    spec: spec.to_vec(),
+                })
+            }
+            Some((b'U', [c0, c1, r0, r1])) => Ok(ToSpare::TtyCommandInMemfd {
+                cols: u16::from_le_bytes([*c0, *c1]),
+                rows: u16::from_le_bytes([*r0, *r1]),
+            }),
             _ => Err(format!(
                 "an unknown message to a spare ({} bytes)",
                 bytes.len()
@@ -207,6 +249,18 @@ impl ToSpare {
         match self {
             ToSpare::Command { .. } => 3,
             ToSpare::CommandInMemfd => 4,
+            ToSpare::TtyCommand { .. } => 0,
+            ToSpare::TtyCommandInMemfd { .. } => 1,
+        }
+    }
+
+    /// The pseudo-terminal's size, for a command that gets one.
+    pub fn tty(&self) -> Option<(u16, u16)> {
+        match self {
+            ToSpare::TtyCommand { cols, rows, .. } | ToSpare::TtyCommandInMemfd { cols, rows } => {
+                Some((*cols, *rows))
+            }
+            _ => None,
         }
     }
 }
@@ -215,6 +269,7 @@ impl FromSpare {
     pub fn encode(&self) -> Vec<u8> {
         match self {
             FromSpare::Hello => vec![b'H'],
+            FromSpare::Pty => vec![b'P'],
             FromSpare::Failed { reason } => with_reason(b'E', None, reason),
         }
     }
@@ -222,6 +277,7 @@ impl FromSpare {
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         match bytes.first() {
             Some(b'H') if bytes.len() == 1 => Ok(FromSpare::Hello),
+            Some(b'P') if bytes.len() == 1 => Ok(FromSpare::Pty),
             Some(b'E') => Ok(FromSpare::Failed {
                 reason: text_from(bytes, 1),
             }),
@@ -267,7 +323,22 @@ mod tests {
         };
         assert_eq!(ToSpare::decode(&inline.encode()).unwrap(), inline);
         for m in [
+            ToSpare::TtyCommand {
+                cols: 80,
+                rows: 24,
+                spec: b"arg=/bin/bash\0".to_vec(),
+            },
+            ToSpare::TtyCommandInMemfd {
+                cols: 300,
+                rows: 1000,
+            },
+        ] {
+            assert_eq!(ToSpare::decode(&m.encode()).unwrap(), m);
+            assert_eq!(m.fds() == 0, matches!(m, ToSpare::TtyCommand { .. }));
+        }
+        for m in [
             FromSpare::Hello,
+            FromSpare::Pty,
             FromSpare::Failed {
                 reason: "chdir /workspace/x: ENOENT".into(),
             },
@@ -289,7 +360,15 @@ mod tests {
         }
         let mut too_long = vec![b'C'];
         too_long.resize(MAX_INLINE_SPEC + 2, b'x');
-        for bad in [&b""[..], b"C", b"MM", b"X", &too_long] {
+        for bad in [
+            &b""[..],
+            b"C",
+            b"MM",
+            b"X",
+            b"T\x50\0\x18\0",
+            b"U\x50\0\x18",
+            &too_long,
+        ] {
             assert!(ToSpare::decode(bad).is_err(), "{} bytes", bad.len());
         }
     }

@@ -2,7 +2,7 @@
 //! (started with the first command, when the sandbox is resident), foreground commands, and its
 //! background processes with their output kept for polling.
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +17,10 @@ use crate::bash::{BOOTSTRAP, BashLimits, BashRun, Shell};
 use crate::cgroup::SessionGroup;
 use crate::resident::{Agent, Started};
 use crate::run::{Finished, Lost, Process, RunLimits, setup_failure};
-use crate::terminal::{Io, TermError, TermExit, TermInfo, TermRead, Terminals};
+use crate::terminal::{TermExit, TermInfo, Terminals};
 use crate::{Launch, Program, Sandbox, SandboxError, Spawned};
+
+mod terminals;
 
 /// The state of a background process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -909,136 +911,6 @@ impl ProcessTable {
         Ok(shell)
     }
 
-    /// Starts a program for `exec_command`: `shell_command` run by bash (the tool builds it),
-    /// its stdin a pipe or, with `tty`, the slave of a `cols`×`rows` pseudo-terminal; then
-    /// waits up to `yield_for` for it to end. Refused past `max_terminals` open ones.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn exec_terminal(
-        &self,
-        workdir: &str,
-        shell_command: &str,
-        display: &str,
-        tty: Option<(u16, u16)>,
-        env: &BTreeMap<String, String>,
-        network: bool,
-        max_terminals: usize,
-        idle: Duration,
-        yield_for: Duration,
-    ) -> Result<Result<TermRead, TermError>, SandboxError> {
-        let t0 = Instant::now();
-        let open = self.terminals.count();
-        if open >= max_terminals {
-            return Err(SandboxError::Limit(format!(
-                "this session already has {open} terminals open, its limit (limits.max_terminals_per_session = {max_terminals}); end one first: send \"\\u0003\" or an exit command with write_stdin, or wait for it to finish"
-            )));
-        }
-        let admitted = self.admit()?;
-        let group = self.group()?;
-        let mut env = env.clone();
-        for (k, v) in [
-            ("TERM", "dumb"),
-            ("NO_COLOR", "1"),
-            ("PAGER", "cat"),
-            ("GIT_PAGER", "cat"),
-        ] {
-            env.insert(k.to_owned(), v.to_owned());
-        }
-        let launch = self.launch(workdir, Self::shell(shell_command, &env), network)?;
-        let setup = |what: &str, e: std::io::Error| SandboxError::Setup(format!("{what}: {e}"));
-        let pipe = |what: &str| {
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-                .map_err(|e| setup(what, e.into()))
-        };
-        // The program's stdin, stdout, stderr; what the service keeps.
-        let (stdio, io_parts): ([OwnedFd; 3], IoParts) = match tty {
-            Some((cols, rows)) => {
-                let (master, slave) =
-                    crate::terminal::open_pty(cols, rows).map_err(|e| setup("terminal", e))?;
-                let a = slave.try_clone().map_err(|e| setup("terminal", e))?;
-                let b = slave.try_clone().map_err(|e| setup("terminal", e))?;
-                ([slave, a, b], IoParts::Pty(master))
-            }
-            None => {
-                let (in_r, in_w) = pipe("input pipe")?;
-                let (out_r, out_w) = pipe("output pipe")?;
-                let err_w = out_w.try_clone().map_err(|e| setup("output pipe", e))?;
-                ([in_r, out_w, err_w], IoParts::Pipes(in_w, out_r))
-            }
-        };
-        let (process, cmd_group) = if self.sandbox.is_resident() {
-            let agent = self.agent(&launch).await?;
-            let spec = self.sandbox.command_spec(&launch).encode().map_err(|e| {
-                SandboxError::Setup(format!("the command cannot be passed on: {e}"))
-            })?;
-            let [a, b, c] = &stdio;
-            let started = agent
-                .start_command(&spec, [a.as_fd(), b.as_fd(), c.as_fd()])
-                .await;
-            drop(stdio);
-            let Started { group, exit, .. } = started?;
-            (Process::Resident(Some(exit)), Some(group))
-        } else {
-            let [a, b, c] = stdio;
-            let spawned = self
-                .sandbox
-                .spawn(
-                    &launch,
-                    group.as_deref(),
-                    Stdio::from(a),
-                    Stdio::from(b),
-                    Stdio::from(c),
-                )
-                .await?;
-            if !spawned.started {
-                let _ = setup_failure(spawned.child).await;
-                return Err(SandboxError::Setup(
-                    "the program's sandbox could not be set up".into(),
-                ));
-            }
-            (Process::Child(spawned.child), spawned.group)
-        };
-        let io = match io_parts {
-            IoParts::Pty(master) => {
-                Io::Pty(crate::terminal::register(master).map_err(|e| setup("terminal", e))?)
-            }
-            IoParts::Pipes(in_w, out_r) => Io::Pipes {
-                // Held (never written: `tty: false` takes no input) so the program does not
-                // read end of file, as Codex's do.
-                stdin: Some(
-                    tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
-                        .map_err(|e| setup("input pipe", e))?,
-                ),
-                output: tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
-                    .map_err(|e| setup("output pipe", e))?,
-            },
-        };
-        let id = self.terminals.fresh_id();
-        self.terminals.add(
-            id,
-            display.to_owned(),
-            tty.is_some(),
-            io,
-            process,
-            cmd_group,
-            idle,
-            admitted,
-        );
-        Ok(self.terminals.interact(id, b"", yield_for, false, t0).await)
-    }
-
-    /// `write_stdin`: writes `chars` to a terminal, then waits (see `Terminals` in the terminal module).
-    pub async fn terminal_input(
-        &self,
-        id: u32,
-        chars: &[u8],
-        yield_for: Duration,
-        until_output: bool,
-    ) -> Result<TermRead, TermError> {
-        self.terminals
-            .interact(id, chars, yield_for, until_output, Instant::now())
-            .await
-    }
-
     /// Ends the persistent shell (a rewind): its next call starts a fresh one and says why.
     pub async fn end_bash(&self, why: &str) {
         if let Some(mut shell) = self.bash.lock().await.take() {
@@ -1047,6 +919,20 @@ impl ProcessTable {
                 *e = Some(why.to_owned());
             }
         }
+    }
+
+    /// The session had a persistent shell that is gone with the runtime it lived in (a
+    /// take-over, an eviction, a restart): the next `bash` call says why, unless it restarts
+    /// the shell on purpose.
+    pub fn shell_lost(&self, why: &str) {
+        if let Ok(mut e) = self.bash_ended.lock() {
+            e.get_or_insert_with(|| why.to_owned());
+        }
+    }
+
+    /// How many of the session's terminals still run their program.
+    pub fn running_terminals(&self) -> usize {
+        self.terminals.running()
     }
 
     /// The session's open terminals.
@@ -1105,11 +991,6 @@ impl Drop for ProcessTable {
             }
         }
     }
-}
-
-enum IoParts {
-    Pty(OwnedFd),
-    Pipes(OwnedFd, OwnedFd),
 }
 
 /// Puts how a command ended (or why it could not run) on its span.

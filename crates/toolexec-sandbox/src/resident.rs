@@ -189,7 +189,12 @@ async fn send_with_fds(
 
 /// One message: its length (0 at end of file) and, when the kernel attached them, the sender's
 /// pid in the service's PID namespace. Descriptors that came along are closed.
-async fn receive(sock: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<(usize, Option<i32>)> {
+/// One message: its length, the sender's pid (when the kernel attached its credentials) and the
+/// descriptors that came with it (close-on-exec).
+async fn receive(
+    sock: &AsyncFd<OwnedFd>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<i32>, Vec<OwnedFd>)> {
     loop {
         let mut guard = sock.readable().await?;
         let received = guard.try_io(|inner| {
@@ -204,12 +209,13 @@ async fn receive(sock: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<(usize, 
                 RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
             )?;
             let mut pid = None;
+            let mut fds = Vec::new();
             for m in control.drain() {
                 match m {
                     RecvAncillaryMessage::ScmCredentials(cred) => {
                         pid = Some(cred.pid.as_raw_nonzero().get());
                     }
-                    RecvAncillaryMessage::ScmRights(fds) => fds.for_each(drop),
+                    RecvAncillaryMessage::ScmRights(received) => fds.extend(received),
                     _ => {}
                 }
             }
@@ -219,13 +225,23 @@ async fn receive(sock: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<(usize, 
             {
                 return Err(io::Error::other("a message from the sandbox was cut short"));
             }
-            Ok((msg.bytes, pid))
+            Ok((msg.bytes, pid, fds))
         });
         match received {
             Ok(result) => return result,
             Err(_would_block) => continue,
         }
     }
+}
+
+/// A descriptor opened from a `ptmx` (a devpts instance's: character device 5:2), as a master
+/// handed over by a spare must be; anything else is refused.
+fn is_pty_master(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::CharacterDevice
+            && rustix::fs::major(st.st_rdev) == 5
+            && rustix::fs::minor(st.st_rdev) == 2
+    })
 }
 
 /// Reads the agent's messages until it is gone, then fails everything still waiting on it.
@@ -235,8 +251,8 @@ async fn read_control(shared: Arc<Shared>, ready: oneshot::Sender<Result<(), Str
     let mut why = None;
     loop {
         let n = match receive(&shared.ctl, &mut buf).await {
-            Ok((0, _)) => break,
-            Ok((n, _)) => n,
+            Ok((0, _, _)) => break,
+            Ok((n, _, _)) => n,
             Err(e) => {
                 why = Some(format!("its control socket failed: {e}"));
                 break;
@@ -422,53 +438,106 @@ impl Agent {
         spec: &[u8],
         stdio: [BorrowedFd<'_>; 3],
     ) -> Result<Started, SandboxError> {
+        let (started, _) = self.start_spare(spec, Some(stdio), None).await?;
+        Ok(started)
+    }
+
+    /// Starts a command in a new `cols`×`rows` pseudo-terminal, made inside the sandbox (from
+    /// its own devpts instance) by the command's process before its exec: the terminal's master
+    /// comes back (non-blocking), the slave is the command's stdio and controlling terminal.
+    pub(crate) async fn start_tty_command(
+        &self,
+        spec: &[u8],
+        cols: u16,
+        rows: u16,
+    ) -> Result<(Started, OwnedFd), SandboxError> {
+        let (started, master) = self.start_spare(spec, None, Some((cols, rows))).await?;
+        let master = master.ok_or_else(|| {
+            SandboxError::Setup("the command started without its terminal".into())
+        })?;
+        Ok((started, master))
+    }
+
+    async fn start_spare(
+        &self,
+        spec: &[u8],
+        stdio: Option<[BorrowedFd<'_>; 3]>,
+        tty: Option<(u16, u16)>,
+    ) -> Result<(Started, Option<OwnedFd>), SandboxError> {
         if !self.is_alive() {
             return Err(self.shared.gone());
         }
         let spare = self.take_spare().await?;
-        let [stdin, stdout, stderr] = stdio;
+        let stdio: Vec<BorrowedFd<'_>> = stdio.map(Vec::from).unwrap_or_default();
         // Small specs (every ordinary command) travel in the message; a large one in a memfd.
         let sent = if spec.len() <= MAX_INLINE_SPEC {
-            let message = ToSpare::Command {
-                spec: spec.to_vec(),
+            let message = match tty {
+                Some((cols, rows)) => ToSpare::TtyCommand {
+                    cols,
+                    rows,
+                    spec: spec.to_vec(),
+                },
+                None => ToSpare::Command {
+                    spec: spec.to_vec(),
+                },
             };
-            send_with_fds(&spare.sock, &message.encode(), &[stdin, stdout, stderr]).await
+            send_with_fds(&spare.sock, &message.encode(), &stdio).await
         } else {
             let memfd = crate::image::spec_memfd(spec).map_err(|e| setup("spec memfd", e))?;
-            send_with_fds(
-                &spare.sock,
-                &ToSpare::CommandInMemfd.encode(),
-                &[stdin, stdout, stderr, memfd.as_fd()],
-            )
-            .await
+            let message = match tty {
+                Some((cols, rows)) => ToSpare::TtyCommandInMemfd { cols, rows },
+                None => ToSpare::CommandInMemfd,
+            };
+            let mut fds = stdio;
+            fds.push(memfd.as_fd());
+            send_with_fds(&spare.sock, &message.encode(), &fds).await
         };
         if let Err(e) = sent {
             return Err(self.lost_or(setup("handing the command to its process", e)));
         }
         let mut buf = vec![0u8; MAX_MESSAGE];
-        match tokio::time::timeout(SETUP_TIMEOUT, receive(&spare.sock, &mut buf)).await {
-            // End of file: the socket was close-on-exec, the command runs.
-            Ok(Ok((0, _))) => Ok(Started {
-                group: spare.group,
-                exit: spare.exit,
-                pid: spare.pid,
-            }),
-            Ok(Ok((n, _))) => match FromSpare::decode(&buf[..n]) {
-                Ok(FromSpare::Failed { reason }) => Err(SandboxError::Setup(reason)),
-                Ok(FromSpare::Hello) | Err(_) => {
-                    spare.group.kill();
-                    Err(SandboxError::Setup(
-                        "the command's process answered out of turn; it was stopped".into(),
-                    ))
-                }
-            },
-            Ok(Err(e)) => Err(self.lost_or(setup("starting the command", e))),
-            Err(_) => {
+        let mut master: Option<OwnedFd> = None;
+        let deadline = tokio::time::Instant::now() + SETUP_TIMEOUT;
+        loop {
+            let out_of_turn = || {
                 spare.group.kill();
-                Err(SandboxError::Setup(format!(
-                    "the command did not start within {} s",
-                    SETUP_TIMEOUT.as_secs()
-                )))
+                SandboxError::Setup(
+                    "the command's process answered out of turn; it was stopped".into(),
+                )
+            };
+            match tokio::time::timeout_at(deadline, receive(&spare.sock, &mut buf)).await {
+                // End of file: the socket was close-on-exec, the command runs.
+                Ok(Ok((0, _, fds))) if fds.is_empty() => {
+                    return Ok((
+                        Started {
+                            group: spare.group,
+                            exit: spare.exit,
+                            pid: spare.pid,
+                        },
+                        master,
+                    ));
+                }
+                Ok(Ok((n, _, mut fds))) => match FromSpare::decode(&buf[..n]) {
+                    Ok(FromSpare::Failed { reason }) => return Err(SandboxError::Setup(reason)),
+                    // Once, asked for, with exactly one descriptor, which must be a PTY master.
+                    Ok(FromSpare::Pty) if tty.is_some() && master.is_none() && fds.len() == 1 => {
+                        let fd = fds.pop().ok_or_else(out_of_turn)?;
+                        if !is_pty_master(&fd) {
+                            return Err(out_of_turn());
+                        }
+                        rustix::io::ioctl_fionbio(&fd, true).map_err(|e| setup("terminal", e))?;
+                        master = Some(fd);
+                    }
+                    Ok(FromSpare::Pty | FromSpare::Hello) | Err(_) => return Err(out_of_turn()),
+                },
+                Ok(Err(e)) => return Err(self.lost_or(setup("starting the command", e))),
+                Err(_) => {
+                    spare.group.kill();
+                    return Err(SandboxError::Setup(format!(
+                        "the command did not start within {} s",
+                        SETUP_TIMEOUT.as_secs()
+                    )));
+                }
             }
         }
     }
@@ -540,11 +609,16 @@ async fn prepare(shared: Arc<Shared>, tree: Arc<SessionTree>) -> Result<Spare, S
     }
     let mut buf = vec![0u8; MAX_MESSAGE];
     let pid = match tokio::time::timeout(SETUP_TIMEOUT, receive(&sock, &mut buf)).await {
-        Ok(Ok((n, pid))) if n > 0 => match FromSpare::decode(&buf[..n]) {
+        Ok(Ok((n, pid, _))) if n > 0 => match FromSpare::decode(&buf[..n]) {
             Ok(FromSpare::Hello) => pid.ok_or_else(|| {
                 SandboxError::Setup("the command's process came without credentials".into())
             })?,
             Ok(FromSpare::Failed { reason }) => return Err(SandboxError::Setup(reason)),
+            Ok(FromSpare::Pty) => {
+                return Err(SandboxError::Setup(
+                    "the command's process answered out of turn".into(),
+                ));
+            }
             Err(e) => return Err(SandboxError::Setup(e)),
         },
         Ok(Ok(_)) => {

@@ -5,9 +5,12 @@
 //! - A terminal is a command of the session's sandbox like any other (its own cgroup, the same
 //!   layers); its stdin is a pipe, or the PTY's slave (and its controlling terminal), and its
 //!   stdout and stderr are one stream.
-//! - The PTY is made by the service (`/dev/ptmx`) and only its slave end goes into the sandbox,
-//!   as the command's stdio: the sandbox has no `/dev/pts` of its own, so nothing inside can open
-//!   another terminal, and pushing input into one (`TIOCSTI`) is refused by the seccomp filter.
+//! - The PTY is made inside the session's resident sandbox, from its own devpts instance (its
+//!   `/dev/pts`, mounted when the sandbox was built): the command's process opens `/dev/ptmx`
+//!   before its exec, keeps the slave as its stdio and controlling terminal and hands the master
+//!   to the service over its socket. The host's devpts is never used (but unsandboxed, where
+//!   there is no sandbox); pushing input into a terminal (`TIOCSTI`) is refused by the seccomp
+//!   filter.
 //! - Unread output is kept up to a cap (1 MiB): its first half and its last half, the bytes
 //!   dropped between them counted and said.
 //! - Ids are random in 1000–99999, unique in the session (as Codex allocates them).
@@ -180,6 +183,14 @@ pub struct TermInfo {
 }
 
 impl Terminals {
+    /// Terminals whose program still runs (ended ones wait for a call to read their end).
+    pub(crate) fn running(&self) -> usize {
+        self.terms
+            .lock()
+            .map(|t| t.values().filter(|t| t.exit().is_none()).count())
+            .unwrap_or(0)
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.terms.lock().map(|t| t.len()).unwrap_or(0)
     }
@@ -481,8 +492,8 @@ impl Reader {
     }
 }
 
-/// A pseudo-terminal of `cols`×`rows`: the master (non-blocking, for the service) and the
-/// slave (for the program's stdio).
+/// A pseudo-terminal of `cols`×`rows` from the host's `/dev/ptmx`, for an unsandboxed service
+/// only: the master (non-blocking, for the service) and the slave (for the program's stdio).
 pub(crate) fn open_pty(cols: u16, rows: u16) -> std::io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
     let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;

@@ -445,6 +445,16 @@ pub trait Store: Send + Sync + 'static {
     /// reads the session's background processes, not its calls.
     async fn last_process_number(&self, session_id: Uuid) -> Result<u64>;
 
+    /// The arguments of the session's latest call of the tool `name` (by start), if it has
+    /// one: how a rebuilt runtime learns that the session had a persistent shell, which did
+    /// not survive. Reads the session's entries of the `(session_id, call_id)` index; asked
+    /// once per runtime a node builds for the session.
+    async fn last_call_arguments(
+        &self,
+        session_id: Uuid,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>>;
+
     /// Applies a batch of writes in one transaction (group commit). The outer error means nothing
     /// was written: [`StoreError::Unavailable`] (store down; the same batch may succeed later) or
     /// [`StoreError::Refused`] (something in the batch cannot be stored: the caller retries the

@@ -1012,6 +1012,22 @@ impl Store for PgStore {
         .await?)
     }
 
+    async fn last_call_arguments(
+        &self,
+        session_id: Uuid,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
+            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
+             ORDER BY started_seq DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|Json(args)| args))
+    }
+
     async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
         // The kind is a literal, so that the partial index `events_process_started`
         // (migration 0002) serves it; only well-formed ids are read as numbers.

@@ -283,6 +283,11 @@ pub struct ToolOutput {
     pub content: String,
     pub changes: Vec<RecordedChange>,
     pub events: Vec<ToolEvent>,
+    /// Machine-readable parts of the result, beside the text: `shell`'s stdout and stderr
+    /// apart (what OpenAI's `shell_call_output` is built from, so no output can pass for a
+    /// section of the text), `bash`'s `shell_restarted`. Handed to the call's result in the
+    /// response that ran it; not stored.
+    pub structured: Option<serde_json::Value>,
 }
 
 impl ToolOutput {
@@ -292,6 +297,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -301,6 +307,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -311,6 +318,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -321,6 +329,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -330,6 +339,7 @@ impl ToolOutput {
             content: content.into(),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     }
 
@@ -379,6 +389,7 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(
             ),
             changes: Vec::new(),
             events: Vec::new(),
+            structured: None,
         }
     })
 }

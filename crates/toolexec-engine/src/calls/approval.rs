@@ -65,6 +65,7 @@ pub(super) fn pending_result(inv: &Invocation) -> CallResult {
         truncated: None,
         duration_ms: 0.0,
         seq: inv.started_seq,
+        structured: None,
     }
 }
 
@@ -128,6 +129,7 @@ impl Engine {
                     truncated: None,
                     duration_ms: 0.0,
                     seq,
+                    structured: None,
                 };
                 // A retry of the id that came meanwhile waits on this slot: it gets the same.
                 pending.guard.publish(&result);

@@ -193,6 +193,7 @@ fn refused_result(mut result: CallResult, outcome: &Outcome) -> CallResult {
     result.is_error = outcome.status.is_error();
     result.content = outcome.content.clone();
     result.truncated = None;
+    result.structured = None;
     result
 }
 

@@ -135,6 +135,7 @@ impl Engine {
                 truncated: truncated.clone(),
                 duration_ms,
                 seq: 0,
+                structured: out.structured,
             },
             outcome: Outcome {
                 status: out.status,

@@ -103,5 +103,6 @@ pub(super) fn result_of(inv: &Invocation) -> Option<CallResult> {
         truncated: inv.truncated.clone(),
         duration_ms: inv.duration_ms.unwrap_or(0.0),
         seq: inv.finished_seq.unwrap_or(inv.started_seq),
+        structured: None,
     })
 }

@@ -167,6 +167,7 @@ impl Engine {
                 content,
                 changes: Vec::new(),
                 events: Vec::new(),
+                structured: None,
             })
         };
         let Some(tool) = tool else {

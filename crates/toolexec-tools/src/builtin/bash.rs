@@ -147,17 +147,20 @@ fn invalid(text: &str) -> ToolOutput {
         content: text.to_owned(),
         changes: Vec::new(),
         events: Vec::new(),
+        structured: None,
     }
 }
 
 /// The model's view of one call.
 fn render(run: &BashRun, restarted_on_request: bool) -> ToolOutput {
     let mut text = String::new();
-    if let Some(why) = &run.previous_lost
-        && !restarted_on_request
-    {
+    let lost_before = run
+        .previous_lost
+        .as_deref()
+        .filter(|_| !restarted_on_request);
+    if let Some(why) = lost_before {
         text.push_str(&format!(
-            "[the shell was restarted, state was lost: {why}. This command ran in a fresh shell in /workspace]\n"
+            "[the shell was restarted, state was lost: {why}. This command ran in a fresh shell: the working directory is /workspace, exports, functions and aliases are back to their defaults]\n"
         ));
     }
     text.push_str(&String::from_utf8_lossy(&run.output));
@@ -214,5 +217,47 @@ fn render(run: &BashRun, restarted_on_request: bool) -> ToolOutput {
         content: text,
         changes: Vec::new(),
         events: Vec::new(),
+        // `shell_restarted`: this command ran in a fresh shell because the previous one was
+        // lost (not on request), `lost_because` why; `shell_lost_after`: the shell ended during
+        // the call, the next one starts fresh.
+        structured: Some(serde_json::json!({
+            "shell_restarted": lost_before.is_some(),
+            "lost_because": lost_before,
+            "shell_lost_after": run.restarted || run.shell_ended.is_some(),
+            "exit_code": run.exit_code,
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_shell_is_flagged_in_the_structured_result_unless_restarted_on_request() {
+        let run = BashRun {
+            output: b"hi\n".to_vec(),
+            exit_code: Some(0),
+            previous_lost: Some("the session's runtime was rebuilt".into()),
+            fresh: true,
+            ..BashRun::default()
+        };
+        let out = render(&run, false);
+        let s = out.structured.clone().unwrap_or_default();
+        assert_eq!(s["shell_restarted"], true, "{s}");
+        assert_eq!(s["lost_because"], "the session's runtime was rebuilt");
+        assert_eq!(s["shell_lost_after"], false);
+        assert!(
+            out.content.starts_with(
+                "[the shell was restarted, state was lost: the session's runtime was rebuilt."
+            ),
+            "{}",
+            out.content
+        );
+        let asked = render(&run, true);
+        let s = asked.structured.unwrap_or_default();
+        assert_eq!(s["shell_restarted"], false, "{s}");
+        assert!(s["lost_because"].is_null());
+        assert_eq!(asked.content, "hi\n");
     }
 }

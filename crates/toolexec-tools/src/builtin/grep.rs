@@ -278,6 +278,7 @@ fn compile_regex(pattern: &str, case_insensitive: bool) -> Result<RegexMatcher, 
         content,
         changes: Vec::new(),
         events: Vec::new(),
+        structured: None,
     };
     RegexMatcherBuilder::new()
         .case_insensitive(case_insensitive)

@@ -205,6 +205,7 @@ pub(crate) fn compile_glob(
         ),
         changes: Vec::new(),
         events: Vec::new(),
+        structured: None,
     };
     let compiled = builder.build().map_err(|e| refuse(&e))?;
     globset::GlobSetBuilder::new()

@@ -159,6 +159,7 @@ impl Tool for Shell {
                 ),
                 changes: Vec::new(),
                 events: Vec::new(),
+                structured: None,
             };
         }
         let unsandboxed = table.sandbox().is_unsandboxed();
@@ -252,6 +253,48 @@ pub(crate) fn network_events(table: &toolexec_sandbox::ProcessTable) -> Vec<Tool
 pub(crate) const UNSANDBOXED_NOTE: &str =
     "[UNSANDBOXED: the operator disabled the sandbox; this command ran directly on the host]\n";
 
+/// Characters of each of stdout and stderr kept in the structured result (the beginning and
+/// the end, as the text's limit).
+const STRUCTURED_STREAM_CHARS: usize = 50_000;
+
+/// A finished command's streams apart, for renderings that hand them over separately (OpenAI's
+/// `shell_call_output`): `stdout`, `stderr` (each cut to its beginning and end past
+/// [`STRUCTURED_STREAM_CHARS`]), `exit_code` (128 + the signal for a signal; `null` when the
+/// command was stopped before it ended), `timed_out`, and `note`: the status line when the
+/// command did not simply exit (a limit, a signal, the memory limit, an unsandboxed service).
+fn structured_run(f: &Finished, unsandboxed: bool, status: &str) -> serde_json::Value {
+    let limit = OutputLimit::new(STRUCTURED_STREAM_CHARS, TruncationMode::HeadTail);
+    let cut = |bytes: &[u8]| {
+        toolexec_core::truncate::truncate(
+            &String::from_utf8_lossy(bytes),
+            limit,
+            "the call's full output has the rest",
+        )
+        .0
+    };
+    let mut note = String::new();
+    if unsandboxed {
+        note.push_str(UNSANDBOXED_NOTE);
+    }
+    if f.killed.is_some() || !status.starts_with("[exit code ") || status.contains(':') {
+        note.push_str(status);
+        note.push('\n');
+    }
+    let exit_code = match (f.killed, f.exit_code, f.signal) {
+        (Some(_), ..) => None,
+        (None, Some(code), _) => Some(code),
+        (None, None, Some(sig)) => Some(128 + sig),
+        (None, None, None) => None,
+    };
+    serde_json::json!({
+        "stdout": cut(&f.stdout),
+        "stderr": cut(&f.stderr),
+        "exit_code": exit_code,
+        "timed_out": matches!(f.killed, Some(KillReason::Timeout(_) | KillReason::Idle(_))),
+        "note": note,
+    })
+}
+
 /// The model's view of a finished command.
 /// When the session's disk quota is (all but) used up after a command: what the model should
 /// know, since the command's own error (`No space left on device`) does not say it is a quota.
@@ -308,6 +351,7 @@ fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
     };
     text.push_str(&status);
     text.push('\n');
+    let structured = structured_run(f, unsandboxed, &status);
     let section = |name: &str, bytes: &[u8], text: &mut String| {
         if bytes.is_empty() {
             return;
@@ -334,5 +378,6 @@ fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
         content: text,
         changes: Vec::new(),
         events: Vec::new(),
+        structured: Some(structured),
     }
 }

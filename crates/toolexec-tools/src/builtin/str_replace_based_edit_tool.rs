@@ -159,6 +159,7 @@ fn required(parameter: &str, command: &str) -> ToolOutput {
         content: format!("Parameter `{parameter}` is required for command: {command}"),
         changes: Vec::new(),
         events: Vec::new(),
+        structured: None,
     }
 }
 

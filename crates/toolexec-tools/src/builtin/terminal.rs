@@ -183,6 +183,7 @@ fn invalid(text: String) -> ToolOutput {
         content: text,
         changes: Vec::new(),
         events: Vec::new(),
+        structured: None,
     }
 }
 
@@ -408,6 +409,7 @@ fn respond(read: &TermRead, max_output_tokens: Option<u64>) -> ToolOutput {
         content: lines.join("\n"),
         changes: Vec::new(),
         events,
+        structured: None,
     }
 }
 

@@ -282,6 +282,7 @@ impl Tool for CommandTool {
                 ),
                 changes: Vec::new(),
                 events: Vec::new(),
+                structured: None,
             };
         }
         let Some(path) = self.path.to_str() else {
@@ -324,6 +325,7 @@ impl Tool for CommandTool {
                 ),
                 changes: Vec::new(),
                 events: Vec::new(),
+                structured: None,
             },
             (Some(KillReason::Cancelled), _) => {
                 ToolOutput::cancelled(format!("[cancelled; output so far below]\n{stdout}"))

@@ -652,6 +652,7 @@ impl Tool for OperationTool {
                     content: format!("Invalid arguments for {name}: {why}."),
                     changes: Vec::new(),
                     events: Vec::new(),
+                    structured: None,
                 };
             }
         };

@@ -1023,6 +1023,20 @@ impl ProcessTable {
             .await
     }
 
+    /// `write_stdin` with `until`: as [`ProcessTable::terminal_input`], returning as soon as
+    /// the output matches (see `Terminals::interact_until`), with the pattern that matched.
+    pub async fn terminal_input_until(
+        &self,
+        id: u32,
+        chars: &[u8],
+        yield_for: Duration,
+        until: &dyn crate::terminal::Until,
+    ) -> Result<(TermRead, Option<usize>), TermError> {
+        self.terminals
+            .interact_until(id, chars, yield_for, until, Instant::now())
+            .await
+    }
+
     /// Ends the persistent shell (a rewind): its next call starts a fresh one and says why.
     pub async fn end_bash(&self, why: &str) {
         if let Some(mut shell) = self.bash.lock().await.take() {

@@ -59,7 +59,7 @@ pub use background::{Admission, ProcessInfo, ProcessRead, ProcessState, ProcessT
 pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
 pub use run::{Finished, KillReason, RunLimits};
-pub use terminal::{TermError, TermExit, TermInfo, TermRead};
+pub use terminal::{TermError, TermExit, TermInfo, TermRead, UNTIL_WINDOW, Until};
 
 /// Whether commands run sandboxed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,15 @@ use crate::run::{Lost, Process};
 /// Unread output kept per terminal.
 pub const BUFFER_BYTES: usize = 1024 * 1024;
 
+/// How far back [`Terminals::interact_until`] looks for a match that spans reads.
+pub const UNTIL_WINDOW: usize = 64 * 1024;
+
+/// What `write_stdin`'s `until` waits for in a terminal's output (raw bytes, escape sequences
+/// included): the end of the earliest match in `haystack` and which pattern it was.
+pub trait Until: Send + Sync {
+    fn find(&self, haystack: &[u8]) -> Option<(usize, usize)>;
+}
+
 /// How a terminal ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TermExit {
@@ -404,6 +413,104 @@ impl Terminals {
             exit,
             wall: t0.elapsed(),
         })
+    }
+
+    /// [`Terminals::interact`] that also returns as soon as the output matches `until`: the
+    /// output up to the end of the match is returned (with which pattern matched), and what
+    /// came after it stays unread, for the next call. Output already unread when it starts is
+    /// searched too (as `expect` searches what a program printed before it was called).
+    pub(crate) async fn interact_until(
+        &self,
+        id: u32,
+        chars: &[u8],
+        yield_for: Duration,
+        until: &dyn Until,
+        t0: Instant,
+    ) -> Result<(TermRead, Option<usize>), TermError> {
+        let term = self.get(id)?;
+        term.touch();
+        if !chars.is_empty() {
+            if !term.tty {
+                return Err(TermError::StdinClosed);
+            }
+            let mut stdin = term.stdin.lock().await;
+            let Some(w) = stdin.as_mut() else {
+                return Err(TermError::StdinClosed);
+            };
+            match tokio::time::timeout(Duration::from_secs(5), w.write_all(chars)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(TermError::Write(e.to_string())),
+                Err(_) => {
+                    return Err(TermError::Write(
+                        "the program did not read its input within 5 s".into(),
+                    ));
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + yield_for;
+        // What this call returns (bounded like the terminal's own buffer), and the end of the
+        // stream it searches: a match may span chunks, not more than UNTIL_WINDOW bytes back.
+        let mut got = Unread {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            dropped: 0,
+            cap: BUFFER_BYTES,
+        };
+        let mut window: Vec<u8> = Vec::new();
+        let mut matched = None;
+        loop {
+            let notified = term.changed.notified();
+            let finished = term.finished();
+            let (chunk, dropped) = term.unread.lock().map(|mut u| u.take()).unwrap_or_default();
+            got.dropped += dropped;
+            if !chunk.is_empty() {
+                let before = window.len();
+                window.extend_from_slice(&chunk);
+                if let Some((end, which)) = until.find(&window) {
+                    let keep = end.saturating_sub(before).min(chunk.len());
+                    got.push(&chunk[..keep]);
+                    if keep < chunk.len()
+                        && let Ok(mut u) = term.unread.lock()
+                    {
+                        // Ahead of whatever the reader added since: the stream's order holds.
+                        u.head.splice(0..0, chunk[keep..].iter().copied());
+                    }
+                    matched = Some(which);
+                    break;
+                }
+                got.push(&chunk);
+                if window.len() > UNTIL_WINDOW {
+                    window.drain(..window.len() - UNTIL_WINDOW);
+                }
+            }
+            if finished {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+        term.touch();
+        let finished = matched.is_none() && term.finished();
+        let (output, dropped) = got.take();
+        let exit = if finished {
+            if let Ok(mut terms) = self.terms.lock() {
+                terms.remove(&id);
+            }
+            term.exit()
+        } else {
+            None
+        };
+        Ok((
+            TermRead {
+                id,
+                output,
+                dropped,
+                exit,
+                wall: t0.elapsed(),
+            },
+            matched,
+        ))
     }
 
     /// Kills every terminal (the session closes): their ends, for recording.

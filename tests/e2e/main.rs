@@ -45,6 +45,7 @@ mod shapes;
 mod shell;
 mod sparse;
 mod store;
+mod swerex;
 mod tenancy;
 mod terminals;
 mod text_editor;

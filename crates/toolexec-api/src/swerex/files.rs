@@ -129,7 +129,7 @@ async fn run_command(ctx: &mut Ctx, cmd: Command) -> Result<Value, Failure> {
                 s.push(' ');
                 s.push_str(&ansi_c_quote(&format!("{k}={v}")));
             }
-            s.push_str(" -- ");
+            s.push(' ');
             s
         }
         None => String::new(),

@@ -293,23 +293,11 @@ impl Ctx {
         // decision, as an MCP call does.
         let wait = std::time::Duration::from_millis(engine.config().limits.request_timeout_ms);
         let result = engine.after_approval(self.tenant.id, result, wait).await;
-        match result.status {
-            CallStatus::PendingApproval => {
-                return Err(Failure::http(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the call waits for a person's approval (the session's policy.approval); send the request again with the same X-Request-ID once it is decided",
-                ));
-            }
-            CallStatus::Denied => {
-                return Err(Failure::exception(
-                    class::PERMISSION,
-                    format!(
-                        "a person denied this call (the session's policy.approval): {}",
-                        result.content
-                    ),
-                ));
-            }
-            _ => {}
+        if result.status == CallStatus::PendingApproval {
+            return Err(Failure::http(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the call waits for a person's approval (the session's policy.approval); send the request again with the same X-Request-ID once it is decided",
+            ));
         }
         let text = if result.truncated.is_some() {
             engine

@@ -178,11 +178,7 @@ struct WriteArgs {
     /// Most tokens of output to return (default 10000).
     #[schemars(range(min = 1, max = 1_000_000))]
     max_output_tokens: Option<u64>,
-    /// Return as soon as the output matches one of these regular expressions (Rust regex
-    /// syntax, on the raw output), like `expect`: the output up to the end of the match is
-    /// returned, with a `Matched: N` line naming the pattern; what follows stays unread for the
-    /// next call. `yield_time_ms` is then the most to wait (250-300000, default 30000). An
-    /// extension of Codex's arguments.
+    /// Return as soon as the output matches one of these regular expressions (Rust syntax, on the raw output), like `expect`: the output up to the end of the match comes back with a `Matched: N` line, the rest stays unread; `yield_time_ms` is then the most to wait (250-300000, default 30000). An extension of Codex's arguments.
     #[schemars(length(min = 1, max = 16))]
     until: Option<Vec<String>>,
 }
@@ -588,6 +584,18 @@ mod tests {
     fn colours_titles_and_progress_bars_become_plain_text() {
         let raw = b"\x1b[1;31mred\x1b[0m\r\n\x1b]0;title\x07 10%\r 50%\r100%\nab\x08c\n";
         assert_eq!(plain_text(raw), "red\n100%\nac\n");
+    }
+
+    #[test]
+    fn until_finds_the_earliest_match_then_the_first_pattern() {
+        use toolexec_sandbox::Until;
+        let p = patterns(&["b+".into(), "a".into(), "ab".into()]).unwrap();
+        // "a" starts first; "ab" starts there too but is listed after it.
+        assert_eq!(p.find(b"xxabbb"), Some((3, 1)));
+        assert_eq!(p.find(b"xxbbb"), Some((5, 0)));
+        assert_eq!(p.find(b"zzz"), None);
+        assert!(patterns(&["(".into()]).is_err());
+        assert!(patterns(&["x".repeat(1001)]).is_err());
     }
 
     #[test]

@@ -212,6 +212,10 @@ async def other_tenant(sid):
             raise AssertionError("another tenant's key was served")
     assert http("GET", f"/v1/sessions/{sid}/swerex/is_alive") == (401, {"detail": "Not authenticated"})
     assert http("GET", f"/v1/sessions/{sid}/swerex/is_alive", "tx_wrong") == (401, {"detail": "Invalid API Key"})
+    # X-API-Key is this prefix's only: the REST API still wants a bearer token.
+    status, _ = http("GET", f"/v1/sessions/{sid}", KEY_A)
+    assert status == 401, status
+    assert http("GET", f"/v1/sessions/{sid}", KEY_A, auth="bearer")[0] == 200
 
 
 def request_ids(sid):

@@ -138,9 +138,10 @@ impl Failure {
 
 impl From<ApiError> for Failure {
     fn from(e: ApiError) -> Self {
-        // 5xx details are generic already (the cause is in the log): the same here.
+        // An internal error's detail is never shown (the cause goes to the log), as the REST
+        // API's; a 503's says when to retry, and is kept.
         let status = e.status();
-        let detail = if status.is_server_error() {
+        let detail = if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(code = e.code.as_str(), detail = %e.detail, "a SWE-ReX request failed");
             "the service could not answer this request; the cause is in its log".to_owned()
         } else {

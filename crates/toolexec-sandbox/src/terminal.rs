@@ -647,6 +647,73 @@ mod tests {
 }
 
 #[cfg(test)]
+mod until_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    struct Literal(&'static [u8]);
+
+    impl Until for Literal {
+        fn find(&self, hay: &[u8]) -> Option<(usize, usize)> {
+            hay.windows(self.0.len())
+                .position(|w| w == self.0)
+                .map(|at| (at + self.0.len(), 0))
+        }
+    }
+
+    /// The output up to the match comes back at once; what follows it stays unread, in order,
+    /// for the next call; without a match the call waits its time and returns what came.
+    #[tokio::test]
+    async fn until_returns_at_the_match_and_leaves_the_rest_unread() {
+        let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let output = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).unwrap();
+        let (_tx, rx) = tokio::sync::oneshot::channel();
+        let terms = Terminals::default();
+        terms.add(
+            1000,
+            "test".into(),
+            false,
+            Io::Pipes {
+                stdin: None,
+                output,
+            },
+            Process::Resident(Some(rx)),
+            None,
+            Duration::from_secs(60),
+            None,
+        );
+        rustix::io::write(&out_w, b"abc-MA").unwrap();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            rustix::io::write(&out_w, b"TCH-rest").unwrap();
+            out_w
+        });
+        let t0 = Instant::now();
+        let (read, matched) = terms
+            .interact_until(1000, b"", Duration::from_secs(20), &Literal(b"MATCH"), t0)
+            .await
+            .unwrap();
+        assert_eq!(matched, Some(0));
+        assert_eq!(read.output, b"abc-MATCH");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let _out_w = writer.await.unwrap();
+        let (read, matched) = terms
+            .interact_until(
+                1000,
+                b"",
+                Duration::from_millis(300),
+                &Literal(b"never"),
+                Instant::now(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(matched, None);
+        assert_eq!(read.output, b"-rest");
+        assert!(read.exit.is_none());
+    }
+}
+
+#[cfg(test)]
 mod kill_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;

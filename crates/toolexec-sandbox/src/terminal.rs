@@ -32,7 +32,7 @@ use crate::run::{Lost, Process};
 /// Unread output kept per terminal.
 pub const BUFFER_BYTES: usize = 1024 * 1024;
 
-/// How far back [`Terminals::interact_until`] looks for a match that spans reads.
+/// How far back `write_stdin` with `until` looks for a match that spans reads.
 pub const UNTIL_WINDOW: usize = 64 * 1024;
 
 /// What `write_stdin`'s `until` waits for in a terminal's output (raw bytes, escape sequences

@@ -46,6 +46,7 @@ mod shapes;
 mod shell;
 mod sparse;
 mod store;
+mod swerex;
 mod tenancy;
 mod terminals;
 mod terminals_lifetime;

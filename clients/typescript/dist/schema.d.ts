@@ -2244,6 +2244,8 @@ export interface components {
          * write_stdin arguments
          * @description Writes `chars` to a running exec_command session (Codex's write_stdin) and returns its output since the last call: after `yield_time_ms` (default 250) or when it exits. Empty `chars` polls: it waits until output arrives or `yield_time_ms` passes (5000-300000 ms for a poll). End lines with \n; \u0003 is Ctrl-C, \u0004 Ctrl-D (end of input). Only tty: true sessions take input.
          *
+         *     `until` (a list of regular expressions) returns as soon as the output matches one, like `expect`; the block then says `Matched: N` (or `none`).
+         *
          *     Examples:
          *     {"session_id": 4711, "chars": "print(6*7)\n"}
          *     {"session_id": 4711, "chars": "", "yield_time_ms": 30000}
@@ -2255,6 +2257,8 @@ export interface components {
             max_output_tokens?: number | null;
             /** @description Identifier of the running exec_command session. */
             session_id: number;
+            /** @description Return as soon as the output matches one of these regular expressions (Rust syntax, on the raw output), like `expect`: the output up to the end of the match comes back with a `Matched: N` line, the rest stays unread; `yield_time_ms` is then the most to wait (250-300000, default 30000). An extension of Codex's arguments. */
+            until?: string[] | null;
             /** @description How long to wait for output before returning, ms (default 250; a poll 5000-300000). */
             yield_time_ms?: number | null;
         };

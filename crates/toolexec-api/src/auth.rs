@@ -120,13 +120,24 @@ async fn authenticate(parts: &Parts, state: &Arc<AppState>) -> Result<AuthTenant
             ))
         }
         AuthMode::ApiKeys => {
-            let header = parts
+            // The SWE-ReX client sends its key as `X-API-Key`: taken on that API's prefix only.
+            let api_key = crate::swerex::is_swerex_path(parts.uri.path())
+                .then(|| parts.headers.get("x-api-key"))
+                .flatten()
+                .and_then(|v| v.to_str().ok());
+            let header = match api_key {
+                Some(key) if !parts.headers.contains_key(axum::http::header::AUTHORIZATION) => {
+                    format!("Bearer {key}")
+                }
+                _ => parts
                     .headers
                     .get(axum::http::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
                     .ok_or_else(|| {
                         unauthorized("send an API key as 'Authorization: Bearer <key>' (create one with `toolexec keys create --tenant NAME`)")
-                    })?;
+                    })?
+                    .to_owned(),
+            };
             let key = header
                 .strip_prefix("Bearer ")
                 .or_else(|| header.strip_prefix("bearer "))

@@ -64,7 +64,9 @@ fn target(method: &Method, path: &str) -> Option<Target> {
         let session = id(parts.next()?)?;
         return match (method, parts.next(), parts.next()) {
             (&Method::POST, Some("calls" | "mcp" | "rewind" | "cancel" | "fork"), None)
-            | (&Method::DELETE, None, None) => Some(Target::Session(session)),
+            | (&Method::DELETE, None, None)
+            // The SWE-ReX API's calls (its bash sessions are terminals of the session's node).
+            | (&Method::POST, Some("swerex"), Some(_)) => Some(Target::Session(session)),
             (&Method::PUT, Some("archive"), None) => Some(Target::Upload(session)),
             _ => None,
         };

@@ -15,6 +15,7 @@ mod observe;
 mod openapi;
 pub mod problem;
 mod routes;
+pub mod swerex;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,6 +145,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(docs)
         // JSON-RPC, described by the MCP specification rather than the OpenAPI document.
         .merge(mcp::router(&state))
+        // The SWE-ReX remote API (docs/swerex.md): its client's own routes and shapes.
+        .merge(swerex::router())
         .fallback(|| async {
             ApiError::new(
                 ProblemCode::NoRoute,

@@ -61,7 +61,7 @@ pub use bash::{BashLimits, BashRun};
 pub use cgroup::CgroupLimits;
 pub use environment::SessionImage;
 pub use run::{Finished, KillReason, RunLimits};
-pub use terminal::{TermError, TermExit, TermInfo, TermRead};
+pub use terminal::{TermError, TermExit, TermInfo, TermRead, UNTIL_WINDOW, Until};
 
 /// Whether commands run sandboxed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

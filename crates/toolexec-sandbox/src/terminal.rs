@@ -35,6 +35,15 @@ use crate::run::{Lost, Process};
 /// Unread output kept per terminal.
 pub const BUFFER_BYTES: usize = 1024 * 1024;
 
+/// How far back `write_stdin` with `until` looks for a match that spans reads.
+pub const UNTIL_WINDOW: usize = 64 * 1024;
+
+/// What `write_stdin`'s `until` waits for in a terminal's output (raw bytes, escape sequences
+/// included): the end of the earliest match in `haystack` and which pattern it was.
+pub trait Until: Send + Sync {
+    fn find(&self, haystack: &[u8]) -> Option<(usize, usize)>;
+}
+
 /// How a terminal ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TermExit {
@@ -417,6 +426,104 @@ impl Terminals {
         })
     }
 
+    /// [`Terminals::interact`] that also returns as soon as the output matches `until`: the
+    /// output up to the end of the match is returned (with which pattern matched), and what
+    /// came after it stays unread, for the next call. Output already unread when it starts is
+    /// searched too (as `expect` searches what a program printed before it was called).
+    pub(crate) async fn interact_until(
+        &self,
+        id: u32,
+        chars: &[u8],
+        yield_for: Duration,
+        until: &dyn Until,
+        t0: Instant,
+    ) -> Result<(TermRead, Option<usize>), TermError> {
+        let term = self.get(id)?;
+        term.touch();
+        if !chars.is_empty() {
+            if !term.tty {
+                return Err(TermError::StdinClosed);
+            }
+            let mut stdin = term.stdin.lock().await;
+            let Some(w) = stdin.as_mut() else {
+                return Err(TermError::StdinClosed);
+            };
+            match tokio::time::timeout(Duration::from_secs(5), w.write_all(chars)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(TermError::Write(e.to_string())),
+                Err(_) => {
+                    return Err(TermError::Write(
+                        "the program did not read its input within 5 s".into(),
+                    ));
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + yield_for;
+        // What this call returns (bounded like the terminal's own buffer), and the end of the
+        // stream it searches: a match may span chunks, not more than UNTIL_WINDOW bytes back.
+        let mut got = Unread {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            dropped: 0,
+            cap: BUFFER_BYTES,
+        };
+        let mut window: Vec<u8> = Vec::new();
+        let mut matched = None;
+        loop {
+            let notified = term.changed.notified();
+            let finished = term.finished();
+            let (chunk, dropped) = term.unread.lock().map(|mut u| u.take()).unwrap_or_default();
+            got.dropped += dropped;
+            if !chunk.is_empty() {
+                let before = window.len();
+                window.extend_from_slice(&chunk);
+                if let Some((end, which)) = until.find(&window) {
+                    let keep = end.saturating_sub(before).min(chunk.len());
+                    got.push(&chunk[..keep]);
+                    if keep < chunk.len()
+                        && let Ok(mut u) = term.unread.lock()
+                    {
+                        // Ahead of whatever the reader added since: the stream's order holds.
+                        u.head.splice(0..0, chunk[keep..].iter().copied());
+                    }
+                    matched = Some(which);
+                    break;
+                }
+                got.push(&chunk);
+                if window.len() > UNTIL_WINDOW {
+                    window.drain(..window.len() - UNTIL_WINDOW);
+                }
+            }
+            if finished {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+        term.touch();
+        let finished = matched.is_none() && term.finished();
+        let (output, dropped) = got.take();
+        let exit = if finished {
+            if let Ok(mut terms) = self.terms.lock() {
+                terms.remove(&id);
+            }
+            term.exit()
+        } else {
+            None
+        };
+        Ok((
+            TermRead {
+                id,
+                output,
+                dropped,
+                exit,
+                wall: t0.elapsed(),
+            },
+            matched,
+        ))
+    }
+
     /// Kills every terminal (the session closes): their ends, for recording.
     pub(crate) async fn shutdown(&self, why: &str) -> Vec<(TermInfo, TermExit)> {
         let terms: Vec<Arc<Term>> = self
@@ -547,6 +654,73 @@ mod tests {
         assert_eq!(dropped, 6);
         u.push(b"xy");
         assert_eq!(u.take(), (b"xy".to_vec(), 0));
+    }
+}
+
+#[cfg(test)]
+mod until_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    struct Literal(&'static [u8]);
+
+    impl Until for Literal {
+        fn find(&self, hay: &[u8]) -> Option<(usize, usize)> {
+            hay.windows(self.0.len())
+                .position(|w| w == self.0)
+                .map(|at| (at + self.0.len(), 0))
+        }
+    }
+
+    /// The output up to the match comes back at once; what follows it stays unread, in order,
+    /// for the next call; without a match the call waits its time and returns what came.
+    #[tokio::test]
+    async fn until_returns_at_the_match_and_leaves_the_rest_unread() {
+        let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let output = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).unwrap();
+        let (_tx, rx) = tokio::sync::oneshot::channel();
+        let terms = Terminals::default();
+        terms.add(
+            1000,
+            "test".into(),
+            false,
+            Io::Pipes {
+                stdin: None,
+                output,
+            },
+            Process::Resident(Some(rx)),
+            None,
+            Duration::from_secs(60),
+            None,
+        );
+        rustix::io::write(&out_w, b"abc-MA").unwrap();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            rustix::io::write(&out_w, b"TCH-rest").unwrap();
+            out_w
+        });
+        let t0 = Instant::now();
+        let (read, matched) = terms
+            .interact_until(1000, b"", Duration::from_secs(20), &Literal(b"MATCH"), t0)
+            .await
+            .unwrap();
+        assert_eq!(matched, Some(0));
+        assert_eq!(read.output, b"abc-MATCH");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let _out_w = writer.await.unwrap();
+        let (read, matched) = terms
+            .interact_until(
+                1000,
+                b"",
+                Duration::from_millis(300),
+                &Literal(b"never"),
+                Instant::now(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(matched, None);
+        assert_eq!(read.output, b"-rest");
+        assert!(read.exit.is_none());
     }
 }
 

@@ -174,6 +174,20 @@ impl ProcessTable {
             .interact(id, chars, yield_for, until_output, Instant::now())
             .await
     }
+
+    /// `write_stdin` with `until`: as [`ProcessTable::terminal_input`], returning as soon as
+    /// the output matches (see `Terminals::interact_until`), with the pattern that matched.
+    pub async fn terminal_input_until(
+        &self,
+        id: u32,
+        chars: &[u8],
+        yield_for: Duration,
+        until: &dyn crate::terminal::Until,
+    ) -> Result<(TermRead, Option<usize>), TermError> {
+        self.terminals
+            .interact_until(id, chars, yield_for, until, Instant::now())
+            .await
+    }
 }
 
 /// `exec_command` with `tty: true` where commands do not run in a resident sandbox.

@@ -47,6 +47,9 @@ since the last call: after `yield_time_ms` (default 250) or when it exits. Empty
 it waits until output arrives or `yield_time_ms` passes (5000-300000 ms for a poll). End lines \
 with \\n; \\u0003 is Ctrl-C, \\u0004 Ctrl-D (end of input). Only tty: true sessions take input.
 
+`until` (a list of regular expressions) returns as soon as the output matches one, like \
+`expect`; the block then says `Matched: N` (or `none`).
+
 Examples:
 {\"session_id\": 4711, \"chars\": \"print(6*7)\\n\"}
 {\"session_id\": 4711, \"chars\": \"\", \"yield_time_ms\": 30000}";
@@ -175,6 +178,47 @@ struct WriteArgs {
     /// Most tokens of output to return (default 10000).
     #[schemars(range(min = 1, max = 1_000_000))]
     max_output_tokens: Option<u64>,
+    /// Return as soon as the output matches one of these regular expressions (Rust syntax, on the raw output), like `expect`: the output up to the end of the match comes back with a `Matched: N` line, the rest stays unread; `yield_time_ms` is then the most to wait (250-300000, default 30000). An extension of Codex's arguments.
+    #[schemars(length(min = 1, max = 16))]
+    until: Option<Vec<String>>,
+}
+
+/// Most characters of one `until` pattern.
+const MAX_UNTIL_CHARS: usize = 1000;
+/// Default wait with `until`.
+const DEFAULT_UNTIL_YIELD_MS: u64 = 30_000;
+
+/// `until`'s patterns, compiled: the earliest match wins, then the first pattern listed.
+struct Patterns(Vec<regex::bytes::Regex>);
+
+impl toolexec_sandbox::Until for Patterns {
+    fn find(&self, haystack: &[u8]) -> Option<(usize, usize)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(i, re)| re.find(haystack).map(|m| (m.start(), m.end(), i)))
+            .min_by_key(|(start, _, i)| (*start, *i))
+            .map(|(_, end, i)| (end, i))
+    }
+}
+
+fn patterns(until: &[String]) -> Result<Patterns, String> {
+    until
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if p.chars().count() > MAX_UNTIL_CHARS {
+                return Err(format!(
+                    "`until[{i}]` is longer than {MAX_UNTIL_CHARS} characters."
+                ));
+            }
+            regex::bytes::RegexBuilder::new(p)
+                .size_limit(1 << 20)
+                .build()
+                .map_err(|e| format!("`until[{i}]` is not a regular expression: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Patterns)
 }
 
 fn invalid(text: String) -> ToolOutput {
@@ -291,6 +335,40 @@ impl Tool for WriteStdin {
             return no_sandbox();
         };
         let chars = args.chars.unwrap_or_default();
+        if let Some(until) = &args.until {
+            let until = match patterns(until) {
+                Ok(p) => p,
+                Err(e) => return invalid(e),
+            };
+            let yield_ms = args
+                .yield_time_ms
+                .unwrap_or(DEFAULT_UNTIL_YIELD_MS)
+                .clamp(MIN_YIELD_MS, MAX_POLL_MS);
+            return match table
+                .terminal_input_until(
+                    args.session_id,
+                    chars.as_bytes(),
+                    Duration::from_millis(yield_ms),
+                    &until,
+                )
+                .await
+            {
+                Err(e) => term_failure(&e),
+                Ok((read, matched)) => {
+                    let mut out = respond(&read, args.max_output_tokens);
+                    let line = match matched {
+                        Some(i) => format!("Matched: {i}"),
+                        None => "Matched: none".to_owned(),
+                    };
+                    // Before "Output:", among the block's header lines.
+                    if let Some(at) = out.content.find("\nOriginal token count: ") {
+                        out.content.insert_str(at, &format!("\n{line}"));
+                    }
+                    out.events.extend(network_events(&table));
+                    out
+                }
+            };
+        }
         let (yield_ms, until_output) = if chars.is_empty() {
             (
                 args.yield_time_ms
@@ -508,6 +586,18 @@ mod tests {
     fn colours_titles_and_progress_bars_become_plain_text() {
         let raw = b"\x1b[1;31mred\x1b[0m\r\n\x1b]0;title\x07 10%\r 50%\r100%\nab\x08c\n";
         assert_eq!(plain_text(raw), "red\n100%\nac\n");
+    }
+
+    #[test]
+    fn until_finds_the_earliest_match_then_the_first_pattern() {
+        use toolexec_sandbox::Until;
+        let p = patterns(&["b+".into(), "a".into(), "ab".into()]).unwrap();
+        // "a" starts first; "ab" starts there too but is listed after it.
+        assert_eq!(p.find(b"xxabbb"), Some((3, 1)));
+        assert_eq!(p.find(b"xxbbb"), Some((5, 0)));
+        assert_eq!(p.find(b"zzz"), None);
+        assert!(patterns(&["(".into()]).is_err());
+        assert!(patterns(&["x".repeat(1001)]).is_err());
     }
 
     #[test]

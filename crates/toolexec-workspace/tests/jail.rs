@@ -343,7 +343,9 @@ fn a_fifo_is_refused_without_hanging() {
     }
     for path in ["pipe", "pipe-link"] {
         let ws = s.ws.clone();
-        let result = within(Duration::from_secs(5), move || ws.read_if_small(path, 1 << 16));
+        let result = within(Duration::from_secs(5), move || {
+            ws.read_if_small(path, 1 << 16)
+        });
         assert!(
             matches!(result, Err(JailError::NotARegularFile { .. })),
             "read_if_small {path}: {result:?}"

@@ -126,7 +126,10 @@ fn a_written_file_reads_back_with_its_hash() {
 fn a_small_file_is_read_whole_and_a_larger_one_is_left_for_a_full_read() {
     let (_dir, ws) = workspace();
     ws.write("small.txt", b"0123456789").unwrap();
-    let small = ws.read_if_small("/workspace/small.txt", 10).unwrap().unwrap();
+    let small = ws
+        .read_if_small("/workspace/small.txt", 10)
+        .unwrap()
+        .unwrap();
     assert_eq!(small, ws.read("small.txt").unwrap());
     assert_eq!(ws.read_if_small("small.txt", 9).unwrap(), None);
     // Errors are the full read's: missing files, paths outside, directories.

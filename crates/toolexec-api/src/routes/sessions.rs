@@ -149,11 +149,12 @@ async fn close_session(
     Path(id): Path<String>,
 ) -> Result<Json<Session>, ApiError> {
     let id = parse_id(&id, "session")?;
-    Ok(Json(
-        state
-            .engine
-            .close_session(tenant.id, id)
-            .await
-            .map_err(or_not_found("session"))?,
-    ))
+    let closed = state
+        .engine
+        .close_session(tenant.id, id)
+        .await
+        .map_err(or_not_found("session"))?;
+    // Its terminals ended with it: the names its SWE-ReX clients gave them go too.
+    crate::swerex::names::forget_session(id);
+    Ok(Json(closed))
 }

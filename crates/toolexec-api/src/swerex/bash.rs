@@ -3,61 +3,16 @@
 //! Each named bash session is one terminal of the toolexec session (`exec_command` with a
 //! pseudo-terminal, running `bash --noediting`), driven with `write_stdin` and its `until`
 //! patterns (see [`super::frame`] for what is typed and how the answer is read). The names are
-//! kept by this node, beside the terminals themselves (which live on the node that runs the
-//! session, and end with it): a name whose terminal ended is a session that does not exist.
-use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
-
+//! kept by this node ([`super::names`]).
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::frame::{self, Ended, PS1};
+use super::names::{self, MAX_SHELLS, Shell, forget, shell};
 use super::{Ctx, Failure, Outcome, class, handle, json_body, py_repr, timeout_ms};
 use crate::SharedState;
-
-/// The bash sessions of each toolexec session this node serves: name → terminal.
-static SHELLS: LazyLock<Mutex<HashMap<Uuid, HashMap<String, Shell>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// Most named bash sessions one toolexec session may have (its terminals are capped too).
-const MAX_SHELLS: usize = 64;
-
-#[derive(Debug, Clone)]
-struct Shell {
-    terminal: u64,
-    /// The key of the request that created it (a repeat of that request is answered, not
-    /// refused as a session that exists).
-    created_by: String,
-}
-
-fn shell(session: Uuid, name: &str) -> Option<Shell> {
-    SHELLS
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&session).and_then(|s| s.get(name).cloned()))
-}
-
-fn forget(session: Uuid, name: &str) {
-    if let Ok(mut m) = SHELLS.lock()
-        && let Some(s) = m.get_mut(&session)
-    {
-        s.remove(name);
-        if s.is_empty() {
-            m.remove(&session);
-        }
-    }
-}
-
-fn names(session: Uuid) -> Vec<String> {
-    SHELLS
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&session).map(|s| s.keys().cloned().collect()))
-        .unwrap_or_default()
-}
 
 fn default_session() -> String {
     "default".to_owned()
@@ -240,7 +195,7 @@ pub(crate) async fn create_session(
                 format!("session {} already exists", req.session),
             ));
         }
-        if names(ctx.session.id).len() >= MAX_SHELLS {
+        if names::all(ctx.session.id).len() >= MAX_SHELLS {
             return Err(Failure::http(
                 axum::http::StatusCode::TOO_MANY_REQUESTS,
                 format!("a session may have {MAX_SHELLS} bash sessions; close one first"),
@@ -270,15 +225,14 @@ pub(crate) async fn create_session(
                     format!("the bash session could not start: {}", opened.text.trim()),
                 )
             })?;
-        if let Ok(mut m) = SHELLS.lock() {
-            m.entry(ctx.session.id).or_default().insert(
-                req.session.clone(),
-                Shell {
-                    terminal,
-                    created_by: ctx.key.clone(),
-                },
-            );
-        }
+        names::insert(
+            ctx.session.id,
+            req.session.clone(),
+            Shell {
+                terminal,
+                created_by: ctx.key.clone(),
+            },
+        );
         let nonce = ctx.nonce();
         let wait = timeout_ms(Some(req.startup_timeout.max(1.0)));
         let setup = frame::setup(&nonce, &req.startup_source);
@@ -564,7 +518,7 @@ pub(crate) async fn close(
     req: Request,
 ) -> Response {
     handle(state, id, req, |mut ctx, _body| async move {
-        let mut all: Vec<(String, u64)> = names(ctx.session.id)
+        let mut all: Vec<(String, u64)> = names::all(ctx.session.id)
             .into_iter()
             .filter_map(|n| shell(ctx.session.id, &n).map(|s| (n, s.terminal)))
             .collect();

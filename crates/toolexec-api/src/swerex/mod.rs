@@ -41,6 +41,7 @@ mod bash;
 mod files;
 mod frame;
 mod multipart;
+pub(crate) mod names;
 mod upload;
 
 /// The most a command may run when the client sets no timeout (`timeout: null`, which

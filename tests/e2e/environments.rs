@@ -665,12 +665,32 @@ async fn an_image_cannot_replace_the_sandboxs_own_mounts() {
     }
     std::os::unix::fs::symlink("/etc", root.join("tmp")).unwrap();
     std::os::unix::fs::symlink("/", root.join("host")).unwrap();
+    // Links where the init makes or mounts something itself, aimed at the workspace root (the
+    // init's working directory while it builds the root): the egress socket's name, and the
+    // first component of an operator's read-only bind.
+    std::os::unix::fs::symlink(
+        "/proc/self/cwd/escaped-sock",
+        root.join(".toolexec-egress.sock"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/proc/self/cwd/escaped-var", root.join("var")).unwrap();
     registry.push(root, &["PATH=/bin"], "tricky:1");
     let data = private_dir();
-    let served = serve_with(&registry, data.path(), &[]);
+    let ro = tempfile::Builder::new()
+        .prefix("toolexec-ro-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::write(ro.path().join("tool.txt"), "operator's\n").unwrap();
+    let ro_binds = format!("/etc,{}", ro.path().display());
+    let served = serve_with(
+        &registry,
+        data.path(),
+        &[("TOOLEXEC_SANDBOX__RO_BINDS", ro_binds.as_str())],
+    );
     let s = session(
         &served,
         json!({"environment": {"image": format!("{}/tricky:1", registry.host)},
+               "policy": {"network": "allow"},
                "files": {"mine.txt": "mine\n"}}),
     )
     .await;
@@ -698,4 +718,31 @@ async fn an_image_cannot_replace_the_sandboxs_own_mounts() {
     }
     // `/host` is a link to the sandbox's own root, not the host's.
     assert!(out.contains("workspace") && !out.contains("root "), "{out}");
+    // The init's own socket and the operator's bind are where they belong, and nothing was
+    // made through the image's links outside the sandbox.
+    let (code, out) = sh(
+        &served,
+        sid,
+        "t2",
+        &format!(
+            "test -S /.toolexec-egress.sock && echo sock-ok; cat {}/tool.txt",
+            ro.path().display()
+        ),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("sock-ok") && out.contains("operator's"),
+        "{out}"
+    );
+    let mut escaped = Vec::new();
+    for dir in [data.path().to_path_buf(), data.path().join("workspaces")] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if name.starts_with("escaped") {
+                escaped.push(dir.join(name));
+            }
+        }
+    }
+    assert!(escaped.is_empty(), "made outside the sandbox: {escaped:?}");
 }

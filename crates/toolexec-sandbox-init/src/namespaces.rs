@@ -164,7 +164,7 @@ fn touch(path: &str) -> Result<(), String> {
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+            libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_WRONLY | libc::O_CLOEXEC,
             0o644,
         )
     };
@@ -495,6 +495,18 @@ fn image_entries(path: &[u8]) -> Result<Vec<ImageEntry>, String> {
 fn bind_image(entries: &[ImageEntry], at: &dyn Fn(&str) -> String) -> Result<(), String> {
     let bind = (libc::MS_BIND | libc::MS_REC) as libc::c_ulong;
     for entry in entries {
+        let name = match entry {
+            ImageEntry::Dir(name, _) | ImageEntry::File(name, _) | ImageEntry::Link(name, _) => {
+                name
+            }
+        };
+        // A name the sandbox made itself (or that an operator's read-only bind begins with)
+        // stays the sandbox's. Nothing else runs in this mount namespace yet, so what is absent
+        // now is still absent when it is made below (and mkdir, a link and an O_EXCL create
+        // fail rather than follow one).
+        if std::fs::symlink_metadata(at(&format!("/{name}"))).is_ok() {
+            continue;
+        }
         let (name, src) = match entry {
             ImageEntry::Link(name, target) => {
                 symlink(target, &at(&format!("/{name}")))?;
@@ -555,9 +567,6 @@ fn build_root(
             &at("/usr"),
             MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         )?;
-    }
-    if let Some(entries) = image {
-        bind_image(entries, &at)?;
     }
     for (name, target) in links {
         symlink(target, &at(&format!("/{name}")))?;
@@ -649,6 +658,14 @@ fn build_root(
         (libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC) as libc::c_ulong,
         None,
     )?;
+
+    // The image's entries last, each only where the sandbox made nothing: no path the init
+    // itself makes or mounts on (the egress socket, the operator's read-only binds, /workspace,
+    // /tmp, /dev, /proc) can lead through a link the image supplied, and the image cannot take
+    // any of those names.
+    if let Some(entries) = image {
+        bind_image(entries, &at)?;
+    }
 
     // Swap roots and forget the old one.
     std::env::set_current_dir(root).map_err(|e| format!("chdir {root}: {e}"))?;

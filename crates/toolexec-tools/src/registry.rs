@@ -121,7 +121,7 @@ impl Registry {
         Self::new(crate::builtin::all())
     }
 
-    /// The built-ins and the operator's tools (see [`crate::custom`] and [`crate::openapi`]);
+    /// The built-ins and the operator's tools (see [`crate::operator::custom`] and [`crate::operator::openapi`]);
     /// an error names the entry and what is wrong with it. `net` is what the operator's
     /// endpoints are checked against at load.
     pub async fn with_custom(

@@ -27,8 +27,8 @@
 //! service. The folder is bound read-only into every session's sandbox (at its own path), so the
 //! sandbox runs the operator's file, not a copy the model could change.
 //!
-//! **HTTP operation tools** (`[[tools.openapi]]`) are [`crate::openapi`]'s, **MCP proxy
-//! tools** (`[[tools.mcp]]`) [`crate::mcp_proxy`]'s.
+//! **HTTP operation tools** (`[[tools.openapi]]`) are [`crate::operator::openapi`]'s, **MCP proxy
+//! tools** (`[[tools.mcp]]`) [`crate::operator::mcp_proxy`]'s.
 #![allow(
     clippy::disallowed_methods,
     reason = "the operator's tool folder and entrypoints are host paths from the configuration, not a model's"
@@ -74,9 +74,9 @@ pub struct CustomToolsConfig {
     pub dir: Option<PathBuf>,
     /// Command tools.
     pub command: Vec<CommandToolConfig>,
-    /// HTTP operation tools from OpenAPI documents (see [`crate::openapi`]).
+    /// HTTP operation tools from OpenAPI documents (see [`crate::operator::openapi`]).
     pub openapi: Vec<crate::operator::openapi::OpenApiToolsConfig>,
-    /// Proxy tools of upstream MCP servers (see [`crate::mcp_proxy`]).
+    /// Proxy tools of upstream MCP servers (see [`crate::operator::mcp_proxy`]).
     pub mcp: Vec<crate::operator::mcp_proxy::McpToolsConfig>,
 }
 

@@ -5,9 +5,9 @@
 //! - [`mcp_proxy`]: the tools of an MCP server the operator names (`[[tools.mcp]]`);
 //! - [`custom`]: command tools (`[[tools.custom]]`), a program run in the session's sandbox.
 //!
-//! [`http`] is what the HTTP-backed ones share (the secret kept out of the record, the endpoint
+//! `http` is what the HTTP-backed ones share (the secret kept out of the record, the endpoint
 //! checked against the network policy, the tools' names); their input schemas are imported
-//! through [`crate::schema::import`].
+//! through `schema::import`.
 pub mod custom;
 pub(crate) mod http;
 pub mod mcp_proxy;

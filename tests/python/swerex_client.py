@@ -235,6 +235,14 @@ def request_ids(sid):
     second = post("rid-2", "echo twice >> /workspace/counter; wc -l < /workspace/counter")
     assert second[1]["output"] == "2\n", second
     assert post("rid-1", "echo once >> /workspace/counter; wc -l < /workspace/counter") == first
+    # More expect strings than write_stdin's patterns take: refused, saying why (not a timeout).
+    many = http(
+        "POST",
+        f"/v1/sessions/{sid}/swerex/run_in_session",
+        KEY_A,
+        {"command": "true", "action_type": "bash", "expect": [f"x{i}" for i in range(16)]},
+    )
+    assert many[0] == 422 and "at most 15" in many[1]["detail"], many
     failed = post("rid-3", "exit_code_three() { return 3; }; exit_code_three")
     assert failed[0] == 511 and failed[1]["swerexception"]["class_path"].endswith("NonZeroExitCodeError"), failed
     assert post("rid-3", "exit_code_three() { return 3; }; exit_code_three") == failed

@@ -313,7 +313,25 @@ fn before_match<'a>(text: &'a str, pattern: &str) -> &'a str {
     }
 }
 
+/// Most `expect` strings one action may give: `write_stdin`'s 16 `until` patterns, less the
+/// one this module adds (the prompt, or the command's end marker).
+const MAX_EXPECT: usize = 15;
+
+fn check_expect(expect: &[String]) -> Result<(), Failure> {
+    if expect.len() > MAX_EXPECT {
+        return Err(Failure::http(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "body/expect: at most {MAX_EXPECT} strings (got {}); match a common prefix or an alternation instead",
+                expect.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 async fn run(ctx: &mut Ctx, action: BashAction) -> Result<Value, Failure> {
+    check_expect(&action.expect)?;
     let terminal = terminal_of(ctx, &action.session).await?;
     if !["raise", "silent", "ignore"].contains(&action.check.as_str()) {
         return Err(Failure::http(
@@ -448,6 +466,7 @@ async fn run(ctx: &mut Ctx, action: BashAction) -> Result<Value, Failure> {
 }
 
 async fn interrupt(ctx: &mut Ctx, action: BashInterruptAction) -> Result<Value, Failure> {
+    check_expect(&action.expect)?;
     let terminal = terminal_of(ctx, &action.session).await?;
     let mut until = action.expect.clone();
     until.push(regex::escape(PS1));

@@ -23,6 +23,7 @@ sys.path.insert(0, generated)
 import toolexec_gen as gen  # noqa: E402
 from toolexec_gen.api import (  # noqa: E402
     CallsApi,
+    EnvironmentsApi,
     HealthApi,
     HistoryApi,
     LogApi,
@@ -237,6 +238,18 @@ op("approve")
 denied = calls.deny(waiting[1].invocation_id, gen.ApprovalDecision(by="ci", reason="not now"))
 assert denied.status.value == "denied", denied
 op("deny")
+
+# Pre-pulling an image: this service has no environments configured, so the answer is the
+# document's 422 problem, which the generated client raises with its status and body.
+try:
+    EnvironmentsApi(client).pull_environment(gen.PullRequest(image="registry.example/tool:1"))
+except gen.ApiException as e:
+    assert e.status == 422, e
+    problem = json.loads(e.body)
+    assert problem["code"] == "image_not_allowed" and "no environments configured" in problem["detail"], problem
+else:
+    raise AssertionError("an image was pulled by a service with no environments")
+op("pull_environment")
 
 # Closing, then the log as a live stream (it ends after `session.closed`).
 closed = sessions.close_session(sid)

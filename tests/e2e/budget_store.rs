@@ -563,6 +563,7 @@ async fn an_unknown_process_id_costs_one_indexed_lookup_or_none(backend: Backend
                 finished_at: chrono::Utc::now(),
                 duration_ms: 1.0,
                 reads: Vec::new(),
+                structured: None,
             },
             side_effects,
             blobs: vec![],

@@ -488,6 +488,7 @@ async fn read_records_are_a_sessions_reads_and_rewinds_newest_first(db: &TestSto
             finished_at: chrono::Utc::now(),
             duration_ms: 1.0,
             reads,
+            structured: None,
         },
         side_effects: vec![],
         blobs: vec![],

@@ -152,6 +152,7 @@ fn ok(content: &str) -> Outcome {
         finished_at: Utc::now(),
         duration_ms: 12.5,
         reads: Vec::new(),
+        structured: None,
     }
 }
 

@@ -403,8 +403,9 @@ pub fn apply_patch_output(call_id: &str, result: Result<&CallResult, &str>) -> V
 
 /// The `shell_call_output` item answering `call_id`: one entry per command, from the `shell`
 /// calls' results. stdout and stderr are the command's own streams, from the `shell` tool's
-/// structured result (so output that prints `--- stderr ---` is just output); a result without
-/// one — a retry of the same call id, answered from the record — is taken apart by its sections.
+/// structured result (so output that prints `--- stderr ---` is just output), which the record
+/// keeps for a retry of the same call id; a result without one (recorded before the record kept
+/// it) is taken apart by its sections.
 /// A command that did not run (refused, waiting for approval) has its result as stderr and exit
 /// code 1.
 pub fn shell_output(
@@ -439,8 +440,8 @@ pub fn shell_output(
     item
 }
 
-/// A `shell` result taken apart: from the tool's structured result when the call ran in this
-/// request; else (a result from the record) from its text: its status line, then
+/// A `shell` result taken apart: from the tool's structured result (the live one, or the one
+/// its `invocation.finished` event recorded); else (an older record) from its text: its status line, then
 /// `--- stdout ---` and `--- stderr ---` sections (see the `shell` tool), where a stdout that
 /// itself prints a line `--- stderr ---` is split there: the text is all the record keeps.
 #[derive(Debug, Default, PartialEq)]

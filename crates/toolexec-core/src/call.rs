@@ -168,8 +168,9 @@ pub struct CallResult {
     /// The `seq` of this invocation's `invocation.finished` event.
     pub seq: i64,
     /// The tool's machine-readable parts of the result (see `ToolOutput::structured`), for the
-    /// service's own renderings of it (`shell_call_output`): only in the response of the
-    /// request that ran the call, neither stored nor part of the API's result.
+    /// service's own renderings of it (`shell_call_output`): recorded as the `structured` of the
+    /// call's `invocation.finished` event (a retry answered from the record reads it back), not
+    /// part of the API's result.
     #[serde(skip)]
     pub structured: Option<serde_json::Value>,
 }

@@ -291,6 +291,7 @@ mod tests {
                 finished_at: chrono::Utc::now(),
                 duration_ms: 0.0,
                 reads: Vec::new(),
+                structured: None,
             },
             side_effects: vec![],
             blobs: vec![],

@@ -188,6 +188,7 @@ fn refused_outcome(original: &Outcome, reason: &str, kept: usize, total: usize) 
         duration_ms: original.duration_ms,
         // The model is not shown what the call read: none of it counts as read.
         reads: Vec::new(),
+        structured: None,
     }
 }
 
@@ -281,6 +282,7 @@ mod tests {
                 finished_at: chrono::Utc::now(),
                 duration_ms: 5.0,
                 reads: Vec::new(),
+                structured: None,
             },
             side_effects: vec![good.clone(), bad],
             blobs: vec![blob],

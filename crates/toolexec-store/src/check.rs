@@ -321,6 +321,7 @@ mod tests {
             finished_at: Utc::now(),
             duration_ms: 0.0,
             reads: Vec::new(),
+            structured: None,
         }
     }
 

@@ -139,6 +139,10 @@ pub struct Outcome {
     /// The files the call read (and wrote), in the order it did, for read-before-write: the
     /// `reads` of its `invocation.finished` event (left out when empty).
     pub reads: Vec<toolexec_core::FileRead>,
+    /// The tool's machine-readable result (`ToolOutput::structured`, bounded by the tool): the
+    /// `structured` of its `invocation.finished` event (left out when `None`), so that a retry
+    /// answered from the record renders exactly what the first answer did.
+    pub structured: Option<serde_json::Value>,
 }
 
 /// One event a session's read-state is folded from ([`Store::read_records`]).

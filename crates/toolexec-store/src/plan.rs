@@ -172,6 +172,9 @@ pub(crate) fn finished_data(call_id: &str, name: &str, outcome: &Outcome) -> ser
     {
         map.insert("reads".into(), json!(outcome.reads));
     }
+    if let (Some(structured), serde_json::Value::Object(map)) = (&outcome.structured, &mut data) {
+        map.insert("structured".into(), structured.clone());
+    }
     data
 }
 
@@ -619,6 +622,7 @@ pub(crate) fn interrupted(
             finished_at: now,
             duration_ms,
             reads: Vec::new(),
+            structured: None,
         },
         side_effects: Vec::new(),
         blobs: Vec::new(),
@@ -721,6 +725,7 @@ mod tests {
             finished_at: Utc::now(),
             duration_ms: 1.0,
             reads: Vec::new(),
+            structured: None,
         }
     }
 

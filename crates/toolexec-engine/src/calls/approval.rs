@@ -518,6 +518,7 @@ impl Engine {
                 finished_at: Utc::now(),
                 duration_ms: 0.0,
                 reads: Vec::new(),
+                structured: None,
             },
             side_effects: Vec::new(),
             blobs: Vec::new(),
@@ -694,6 +695,7 @@ fn denial(inv: &Invocation, decision: &Decision) -> Outcome {
         finished_at: Utc::now(),
         duration_ms: waited,
         reads: Vec::new(),
+        structured: None,
     }
 }
 

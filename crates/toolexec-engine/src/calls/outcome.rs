@@ -135,7 +135,7 @@ impl Engine {
                 truncated: truncated.clone(),
                 duration_ms,
                 seq: 0,
-                structured: out.structured,
+                structured: out.structured.clone(),
             },
             outcome: Outcome {
                 status: out.status,
@@ -146,6 +146,7 @@ impl Engine {
                 finished_at: chrono::Utc::now(),
                 duration_ms,
                 reads: Vec::new(),
+                structured: out.structured,
             },
             side_effects,
             blobs,

@@ -18,7 +18,7 @@ impl Engine {
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<CallResult> {
-        if let Some(r) = result_of(inv) {
+        if let Some(r) = self.from_record(tenant_id, inv).await? {
             return Ok(r);
         }
         if let Some(rx) = self.inflight.peek(inv.session_id, &inv.call_id) {
@@ -50,10 +50,30 @@ impl Engine {
             arguments_sha256: args_hash.to_owned(),
             invocation_id: other,
         });
-        match result_of(&inv) {
+        match self.from_record(rt.session.tenant_id, &inv).await? {
             Some(r) => Ok(r),
             None => self.poll_until_finished(rt.session.tenant_id, other).await,
         }
+    }
+
+    /// The result a finished invocation gave, as [`result_of`], with the tool's structured
+    /// result read back from its `invocation.finished` event: a retry renders exactly what the
+    /// first answer did (`shell_call_output`'s streams, not a split of the text).
+    async fn from_record(&self, tenant_id: Uuid, inv: &Invocation) -> Result<Option<CallResult>> {
+        let Some(mut r) = result_of(inv) else {
+            return Ok(None);
+        };
+        if let Some(seq) = inv.finished_seq {
+            let finished = self
+                .store
+                .events(tenant_id, inv.session_id, seq - 1, 1)
+                .await?;
+            r.structured = finished
+                .into_iter()
+                .find(|e| e.seq == seq)
+                .and_then(|e| e.data.get("structured").cloned());
+        }
+        Ok(Some(r))
     }
 
     /// Waits for an invocation that another instance runs (or ran) to finish.
@@ -66,7 +86,7 @@ impl Engine {
         let mut delay = Duration::from_millis(20);
         loop {
             let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
-            if let Some(r) = result_of(&inv) {
+            if let Some(r) = self.from_record(tenant_id, &inv).await? {
                 return Ok(r);
             }
             // Waiting for a node that is gone would wait the whole FOREIGN_WAIT: this node takes

@@ -981,6 +981,20 @@ async fn shell_lost_with_its_runtime(app: TestApp) {
     evict_other(&app, 3).await;
     let r = bash(&app, &fresh, "f1", json!({"command": "echo first"})).await;
     assert_eq!(content(&r), "first\n", "{r}");
+    // A session whose only `bash` call was refused before it ran (its arguments invalid, its
+    // command given) never had a shell: after its runtime is rebuilt, its next call is plain.
+    let refused = session(&app, json!({})).await;
+    let r = bash(
+        &app,
+        &refused,
+        "r1",
+        json!({"command": "export KEEP=3", "restart": "yes"}),
+    )
+    .await;
+    assert_eq!(r["status"], "invalid_arguments", "{r}");
+    evict_other(&app, 4).await;
+    let r = bash(&app, &refused, "r2", json!({"command": "echo plain"})).await;
+    assert_eq!(content(&r), "plain\n", "{r}");
     // A restart of the service: the same notice.
     let app = app.restart().await;
     let r = bash(&app, &sid, "s5", json!({"command": "echo after-restart"})).await;

@@ -449,9 +449,10 @@ pub trait Store: Send + Sync + 'static {
     /// reads the session's background processes, not its calls.
     async fn last_process_number(&self, session_id: Uuid) -> Result<u64>;
 
-    /// The arguments of the session's latest call of the tool `name` (by start), if it has
-    /// one: how a rebuilt runtime learns that the session had a persistent shell, which did
-    /// not survive. Reads the session's entries of the `(session_id, call_id)` index; asked
+    /// The arguments of the session's latest call of the tool `name` (by start) that ran or
+    /// runs — not one refused before it ran (invalid arguments, an unknown tool, denied) or
+    /// waiting for approval — if it has one: how a rebuilt runtime learns that the session had
+    /// a persistent shell, which did not survive. Reads the session's entries of the `(session_id, call_id)` index; asked
     /// once per runtime a node builds for the session.
     async fn last_call_arguments(
         &self,

@@ -841,7 +841,8 @@ impl Store for SqliteStore {
     ) -> Result<Option<serde_json::Value>> {
         Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
             "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
-             ORDER BY started_seq DESC LIMIT 1",
+             AND status NOT IN ('pending_approval', 'invalid_arguments', 'unknown_tool', \
+             'denied') ORDER BY started_seq DESC LIMIT 1",
         )
         .bind(session_id)
         .bind(name)

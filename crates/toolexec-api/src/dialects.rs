@@ -441,9 +441,9 @@ pub fn shell_output(
 }
 
 /// A `shell` result taken apart: from the tool's structured result (the live one, or the one
-/// its `invocation.finished` event recorded); else (an older record) from its text: its status line, then
-/// `--- stdout ---` and `--- stderr ---` sections (see the `shell` tool), where a stdout that
-/// itself prints a line `--- stderr ---` is split there: the text is all the record keeps.
+/// its `invocation.finished` event recorded); else (a record made before it kept one) from its
+/// text: its status line, then `--- stdout ---` and `--- stderr ---` sections (see the `shell`
+/// tool), where a stdout that itself prints a line `--- stderr ---` is split there.
 #[derive(Debug, Default, PartialEq)]
 struct ShellRun {
     stdout: String,

@@ -38,6 +38,35 @@ pub const BUFFER_BYTES: usize = 1024 * 1024;
 /// How far back `write_stdin` with `until` looks for a match that spans reads.
 pub const UNTIL_WINDOW: usize = 64 * 1024;
 
+/// Longest text `until`'s patterns are searched in on the calling (async) thread; a longer one
+/// is searched on the blocking pool. A search is linear in the text (the `regex` crate), but a
+/// pattern that defeats its lazy DFA runs at a few MB/s: 1 KiB costs well under a millisecond.
+pub const INLINE_SEARCH_BYTES: usize = 1024;
+
+/// A search that took longer than this makes the call wait as long before the next one.
+const SEARCH_PACE_AFTER: Duration = Duration::from_millis(1);
+
+/// Searches `window` for `until`, off the async workers when it is long: the window back, the
+/// match, and how long the search took.
+async fn search(
+    window: Vec<u8>,
+    until: &Arc<dyn Until>,
+) -> (Vec<u8>, Option<(usize, usize)>, Duration) {
+    let run = |window: Vec<u8>, until: &dyn Until| {
+        let t = Instant::now();
+        let found = until.find(&window);
+        (window, found, t.elapsed())
+    };
+    if window.len() <= INLINE_SEARCH_BYTES {
+        return run(window, until.as_ref());
+    }
+    let until = until.clone();
+    tokio::task::spawn_blocking(move || run(window, until.as_ref()))
+        .await
+        // The search panicked (a bug in a pattern engine): no match, the window starts over.
+        .unwrap_or_else(|_| (Vec::new(), None, Duration::ZERO))
+}
+
 /// What `write_stdin`'s `until` waits for in a terminal's output (raw bytes, escape sequences
 /// included): the end of the earliest match in `haystack` and which pattern it was.
 pub trait Until: Send + Sync {
@@ -402,7 +431,11 @@ impl Terminals {
             if until_output && term.unread.lock().is_ok_and(|u| !u.is_empty()) {
                 break;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            // `timeout_at` polls its future first: with output arriving all the time, only
+            // this check ends the wait at its deadline.
+            if tokio::time::Instant::now() >= deadline
+                || tokio::time::timeout_at(deadline, notified).await.is_err()
+            {
                 break;
             }
         }
@@ -430,12 +463,18 @@ impl Terminals {
     /// output up to the end of the match is returned (with which pattern matched), and what
     /// came after it stays unread, for the next call. Output already unread when it starts is
     /// searched too (as `expect` searches what a program printed before it was called).
+    ///
+    /// The patterns are the caller's (regular expressions a tenant wrote): a search longer than
+    /// [`INLINE_SEARCH_BYTES`] runs on the blocking pool, never on the async workers that serve
+    /// other sessions, and after a search that took more than a millisecond the call waits as
+    /// long before the next (the output gathers meanwhile and is searched in one go): however
+    /// the output trickles in and whatever the patterns, one call searches at most half a core.
     pub(crate) async fn interact_until(
         &self,
         id: u32,
         chars: &[u8],
         yield_for: Duration,
-        until: &dyn Until,
+        until: Arc<dyn Until>,
         t0: Instant,
     ) -> Result<(TermRead, Option<usize>), TermError> {
         let term = self.get(id)?;
@@ -477,7 +516,9 @@ impl Terminals {
             if !chunk.is_empty() {
                 let before = window.len();
                 window.extend_from_slice(&chunk);
-                if let Some((end, which)) = until.find(&window) {
+                let (searched, found, took) = search(window, &until).await;
+                window = searched;
+                if let Some((end, which)) = found {
                     let keep = end.saturating_sub(before).min(chunk.len());
                     got.push(&chunk[..keep]);
                     if keep < chunk.len()
@@ -493,11 +534,18 @@ impl Terminals {
                 if window.len() > UNTIL_WINDOW {
                     window.drain(..window.len() - UNTIL_WINDOW);
                 }
+                if took > SEARCH_PACE_AFTER {
+                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + took))
+                        .await;
+                }
             }
             if finished {
                 break;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            // As in `interact`: output that never pauses must not keep the call past its time.
+            if tokio::time::Instant::now() >= deadline
+                || tokio::time::timeout_at(deadline, notified).await.is_err()
+            {
                 break;
             }
         }
@@ -701,7 +749,13 @@ mod until_tests {
         });
         let t0 = Instant::now();
         let (read, matched) = terms
-            .interact_until(1000, b"", Duration::from_secs(20), &Literal(b"MATCH"), t0)
+            .interact_until(
+                1000,
+                b"",
+                Duration::from_secs(20),
+                Arc::new(Literal(b"MATCH")),
+                t0,
+            )
             .await
             .unwrap();
         assert_eq!(matched, Some(0));
@@ -713,7 +767,7 @@ mod until_tests {
                 1000,
                 b"",
                 Duration::from_millis(300),
-                &Literal(b"never"),
+                Arc::new(Literal(b"never")),
                 Instant::now(),
             )
             .await
@@ -721,6 +775,84 @@ mod until_tests {
         assert_eq!(matched, None);
         assert_eq!(read.output, b"-rest");
         assert!(read.exit.is_none());
+    }
+
+    /// A search as slow as a pattern that defeats the regex engine's DFA (here: 200 ms each).
+    struct Slow(std::sync::atomic::AtomicUsize);
+
+    impl Until for Slow {
+        fn find(&self, _hay: &[u8]) -> Option<(usize, usize)> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(200));
+            None
+        }
+    }
+
+    /// A tenant's slow pattern over a long output costs its own call, not the async thread
+    /// other sessions' calls run on; while output keeps trickling in, the call searches at
+    /// most half the time (each slow search is followed by as long a wait), and output that
+    /// never pauses does not keep it past its time.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_search_never_holds_the_async_thread() {
+        let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let output = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).unwrap();
+        let (_tx, rx) = tokio::sync::oneshot::channel();
+        let terms = Terminals::default();
+        terms.add(
+            1000,
+            "test".into(),
+            false,
+            Io::Pipes {
+                stdin: None,
+                output,
+            },
+            Process::Resident(Some(rx)),
+            None,
+            Duration::from_secs(60),
+            None,
+        );
+        // Output that keeps coming, each piece past the inline bound.
+        let writer = std::thread::spawn(move || {
+            for _ in 0..40 {
+                rustix::io::write(&out_w, &[b'x'; 4 * INLINE_SEARCH_BYTES]).unwrap();
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            out_w
+        });
+        // Another session's work on the same (only) async thread: its longest wait.
+        let ticker = tokio::spawn(async {
+            let mut worst = Duration::ZERO;
+            let mut last = Instant::now();
+            for _ in 0..80 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                worst = worst.max(last.elapsed());
+                last = Instant::now();
+            }
+            worst
+        });
+        let slow = Arc::new(Slow(std::sync::atomic::AtomicUsize::new(0)));
+        let t0 = Instant::now();
+        let (read, matched) = terms
+            .interact_until(1000, b"", Duration::from_secs(1), slow.clone(), t0)
+            .await
+            .unwrap();
+        let took = t0.elapsed();
+        let searched = slow.0.load(std::sync::atomic::Ordering::Relaxed);
+        let worst = ticker.await.unwrap();
+        let _out_w = writer.join().unwrap();
+        assert_eq!(matched, None);
+        assert!(!read.output.is_empty());
+        assert!(
+            worst < Duration::from_millis(150),
+            "the async thread was held {worst:?}"
+        );
+        // One second: a 200 ms search, then a 200 ms wait, … — three searches at most, and
+        // the call ends at its time (plus the search under way), although output keeps coming.
+        assert!(
+            (1..=3).contains(&searched),
+            "{searched} searches in {took:?}"
+        );
+        assert!(took < Duration::from_millis(1400), "the call took {took:?}");
     }
 }
 

@@ -303,15 +303,36 @@ fn observation(output: &str, exit_code: Option<i32>, expect_string: &str) -> Val
 }
 
 /// The text before the last match of `pattern` (the expect string that ended the read).
-fn before_match<'a>(text: &'a str, pattern: &str) -> &'a str {
-    match regex::Regex::new(pattern) {
-        Ok(re) => match re.find_iter(text).last() {
-            Some(m) => &text[..m.start()],
-            None => text,
-        },
-        Err(_) => text,
+///
+/// The pattern is the client's: it is searched for on the blocking pool, never on the async
+/// workers that serve other sessions, and only in the text's last [`MATCH_WINDOW`] bytes —
+/// the read ended at the match's end, and the terminal finds a match no further back.
+async fn before_match(text: &str, pattern: &str) -> String {
+    let mut from = text.len().saturating_sub(MATCH_WINDOW);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let tail = text[from..].to_owned();
+    let pattern = pattern.to_owned();
+    let at = tokio::task::spawn_blocking(move || {
+        let re = regex::RegexBuilder::new(&pattern)
+            .size_limit(1 << 20)
+            .build()
+            .ok()?;
+        re.find_iter(&tail).last().map(|m| m.start())
+    })
+    .await
+    .ok()
+    .flatten();
+    match at {
+        Some(at) => text[..from + at].to_owned(),
+        None => text.to_owned(),
     }
 }
+
+/// How far back from the end of a read [`before_match`] looks: the terminal's window for a
+/// match that spans reads (`toolexec_sandbox::UNTIL_WINDOW`), doubled for the read it ended.
+const MATCH_WINDOW: usize = 128 * 1024;
 
 /// Most `expect` strings one action may give: `write_stdin`'s 16 `until` patterns, less the
 /// one this module adds (the prompt, or the command's end marker).
@@ -372,7 +393,7 @@ async fn run(ctx: &mut Ctx, action: BashAction) -> Result<Value, Failure> {
             return Err(timed_out());
         };
         let expect_string = action.expect.get(i).map_or(PS1, String::as_str).to_owned();
-        let mut output = before_match(&read.text, &until[i]).to_owned();
+        let mut output = before_match(&read.text, &until[i]).await;
         if action.is_interactive_quit {
             // Back at the prompt: echo off again (the program may have turned it on).
             let nonce = format!("{}q", ctx.nonce());
@@ -447,9 +468,11 @@ async fn run(ctx: &mut Ctx, action: BashAction) -> Result<Value, Failure> {
         Some(i) => {
             // An expected string before the command's end: its exit status is not known.
             let expect_string = action.expect[i - 1].clone();
-            let text = before_match(&read.text, &until[i]);
+            let text = before_match(&read.text, &until[i]).await;
             let start = format!("TX{nonce}R\n");
-            let output = text.find(&start).map_or(text, |s| &text[s + start.len()..]);
+            let output = text
+                .find(&start)
+                .map_or(text.as_str(), |s| &text[s + start.len()..]);
             if action.check == "raise" {
                 return Err(Failure::exception(
                     class::NO_EXIT_CODE,
@@ -471,19 +494,13 @@ async fn interrupt(ctx: &mut Ctx, action: BashInterruptAction) -> Result<Value, 
     let mut until = action.expect.clone();
     until.push(regex::escape(PS1));
     let wait = timeout_ms(Some(action.timeout));
-    let matched = |read: &Read, output: &mut String| -> Option<Value> {
-        let i = read.matched?;
-        output.push_str(before_match(&read.text, &until[i]));
-        let expect_string = action.expect.get(i).map_or(PS1, String::as_str);
-        Some(observation(output.trim(), Some(0), expect_string))
-    };
     let mut output = String::new();
     for _ in 0..action.n_retry.clamp(0, 8) {
         let read = write(ctx, terminal, "\x03", &until, wait).await?;
         if let Some(why) = read.gone {
             return Err(gone(ctx, &action.session, &why));
         }
-        if let Some(obs) = matched(&read, &mut output) {
+        if let Some(obs) = matched(&read, &until, &action.expect, &mut output).await {
             return Ok(obs);
         }
     }
@@ -497,13 +514,27 @@ async fn interrupt(ctx: &mut Ctx, action: BashInterruptAction) -> Result<Value, 
     if let Some(why) = read.gone {
         return Err(gone(ctx, &action.session, &why));
     }
-    if let Some(obs) = matched(&read, &mut output) {
+    if let Some(obs) = matched(&read, &until, &action.expect, &mut output).await {
         return Ok(obs);
     }
     Err(Failure::exception(
         "pexpect.exceptions.TIMEOUT",
         "Failed to interrupt session",
     ))
+}
+
+/// An interrupt's read that reached an expected string or the prompt: its observation, the
+/// output gathered so far with the text before the match.
+async fn matched(
+    read: &Read,
+    until: &[String],
+    expect: &[String],
+    output: &mut String,
+) -> Option<Value> {
+    let i = read.matched?;
+    output.push_str(&before_match(&read.text, &until[i]).await);
+    let expect_string = expect.get(i).map_or(PS1, String::as_str);
+    Some(observation(output.trim(), Some(0), expect_string))
 }
 
 /// Ends a bash session's terminal: an interrupt, `exit`, then end-of-input twice (a program
@@ -549,4 +580,23 @@ pub(crate) async fn close(
         Ok(json!({}))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn before_match_is_the_text_before_the_last_match_near_the_end() {
+        assert_eq!(before_match("a>>> b>>> ", ">>> ").await, "a>>> b");
+        assert_eq!(before_match("no prompt", ">>> ").await, "no prompt");
+        assert_eq!(before_match("bad pattern", "(").await, "bad pattern");
+        // A long text: only its end is searched, from a character boundary.
+        let long = format!("{}é>>> {}>>> ", "é".repeat(MATCH_WINDOW), "x".repeat(10));
+        let got = before_match(&long, ">>> ").await;
+        assert_eq!(got.len(), long.len() - 4);
+        // A match only further back than the window is not the read's: the text stays whole.
+        let far = format!(">>> {}", "y".repeat(MATCH_WINDOW + 1));
+        assert_eq!(before_match(&far, ">>> ").await, far);
+    }
 }

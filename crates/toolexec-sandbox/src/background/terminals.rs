@@ -182,7 +182,7 @@ impl ProcessTable {
         id: u32,
         chars: &[u8],
         yield_for: Duration,
-        until: &dyn crate::terminal::Until,
+        until: std::sync::Arc<dyn crate::terminal::Until>,
     ) -> Result<(TermRead, Option<usize>), TermError> {
         self.terminals
             .interact_until(id, chars, yield_for, until, Instant::now())

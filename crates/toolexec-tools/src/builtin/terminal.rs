@@ -349,7 +349,7 @@ impl Tool for WriteStdin {
                     args.session_id,
                     chars.as_bytes(),
                     Duration::from_millis(yield_ms),
-                    &until,
+                    std::sync::Arc::new(until),
                 )
                 .await
             {

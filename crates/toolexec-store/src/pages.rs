@@ -6,8 +6,8 @@
 //! over its bound (that row comes too, marked as not fitting: the caller knows more follow).
 //! Only the rows that fit come back with their text; one larger than a page may
 //! show whole comes without it (its size only): the caller shows its beginning
-//! ([`crate::Store::event_text`] with a number of characters, [`crate::Store::session_excerpt`]),
-//! which the database cuts before sending it. Event seqs are gapless, so the walk steps from seq
+//! ([`crate::Events::event_text`] with a number of characters,
+//! [`crate::Sessions::session_excerpt`]), which the database cuts before sending it. Event seqs are gapless, so the walk steps from seq
 //! to seq; sessions step to the next older id of the tenant, one index probe each.
 //!
 //! What the database itself holds meanwhile is its own: Postgres on its server; SQLite in this
@@ -78,7 +78,7 @@ impl EventText {
     }
 }
 
-/// A page of events ([`crate::Store::event_texts`]).
+/// A page of events ([`crate::Events::event_texts`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventTexts {
     pub events: Vec<EventText>,

@@ -11,7 +11,7 @@
 //! violation, which would abort the transaction and every other write of the batch.
 //!
 //! Blobs ride in that one statement only while they are small: a batch carrying more than
-//! [`PgStore::blob_statement_bytes`] of contents has them written first by [`Store::put_blobs`],
+//! [`PgStore::blob_statement_bytes`] of contents has them written first by [`Blobs::put_blobs`],
 //! in statements of at most that size, so no statement nears Postgres's 1 GiB message limit
 //! (past it the server drops the connection, and the same statement fails the same way forever).
 use std::str::FromStr;
@@ -33,8 +33,9 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
-    SessionOwner, SessionPage, Store, StoreError, Waiters, Write, WriteError,
+    Approvals, Assigned, Blob, Blobs, Calls, Decided, Events, History, Lease, Leases, NewEvent,
+    NewInvocation, Nodes, Outcome, PendingApproval, Result, Retention, SessionOwner, SessionPage,
+    Sessions, Store, StoreError, Tenants, Waiters, Write, WriteError,
 };
 
 /// How long a request waits for a pooled connection before the store counts as unavailable: a
@@ -499,7 +500,10 @@ impl Store for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Tenants for PgStore {
     async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
         // Two statements, not one: under READ COMMITTED the SELECT takes a fresh snapshot and
         // so sees a row that a concurrent insert committed while ON CONFLICT waited for it.
@@ -551,7 +555,10 @@ impl Store for PgStore {
                 .await?,
         )
     }
+}
 
+#[async_trait]
+impl Sessions for PgStore {
     async fn create_session(
         &self,
         session: &Session,
@@ -692,7 +699,10 @@ impl Store for PgStore {
         self.forget_session(id);
         Ok(closed)
     }
+}
 
+#[async_trait]
+impl Calls for PgStore {
     async fn lookup_calls(
         &self,
         tenant_id: Uuid,
@@ -722,6 +732,34 @@ impl Store for PgStore {
             }
         }
         Ok((session, invocations))
+    }
+
+    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar::<_, String>(
+            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
+             ORDER BY call_id LIMIT $3",
+        )
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn last_call_arguments(
+        &self,
+        session_id: Uuid,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
+            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
+             ORDER BY started_seq DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|Json(args)| args))
     }
 
     async fn commit(
@@ -758,44 +796,6 @@ impl Store for PgStore {
         Ok(plan.results)
     }
 
-    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
-        if blobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Ask first which are stored: a hash costs 64 bytes, a blob up to the statement bound.
-        let hashes: Vec<&str> = blobs.iter().map(|b| b.sha256.as_str()).collect();
-        let stored: std::collections::HashSet<String> =
-            sqlx::query_scalar::<_, String>("SELECT sha256 FROM blobs WHERE sha256 = ANY($1)")
-                .bind(&hashes)
-                .fetch_all(&self.pool)
-                .await?
-                .into_iter()
-                .collect();
-        let missing: Vec<Blob> = blobs
-            .into_iter()
-            .filter(|b| !stored.contains(&b.sha256))
-            .collect();
-        let mut sizes = Vec::new();
-        for statement in crate::check::blob_statements(missing, self.blob_statement_bytes) {
-            sqlx::query(
-                "INSERT INTO blobs (sha256, size, data) \
-                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[]) \
-                 ON CONFLICT (sha256) DO NOTHING",
-            )
-            .bind(col(&statement, |b| b.sha256.as_str()))
-            .bind(col(&statement, blob_size))
-            .bind(col(&statement, |b| &b.bytes[..]))
-            .execute(&self.pool)
-            .await?;
-            sizes.push(statement.iter().map(Blob::len).sum());
-        }
-        Ok(sizes)
-    }
-
-    fn blob_statement_bytes(&self) -> usize {
-        self.blob_statement_bytes
-    }
-
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
         self.interrupt(Running::OfNode(node), content).await
     }
@@ -803,132 +803,6 @@ impl Store for PgStore {
     async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
         self.interrupt(Running::OfSession(session_id), content)
             .await
-    }
-
-    async fn node_heartbeat(
-        &self,
-        node: &str,
-        address: Option<&str>,
-        draining: bool,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO nodes (node, address, heartbeat_at, draining) \
-             VALUES ($1, $2, clock_timestamp(), $3) \
-             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = clock_timestamp(), \
-             draining = $3",
-        )
-        .bind(node)
-        .bind(address)
-        .bind(draining)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn remove_node(&self, node: &str) -> Result<()> {
-        sqlx::query("DELETE FROM nodes WHERE node = $1")
-            .bind(node)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn session_owner(
-        &self,
-        session_id: Uuid,
-        alive_within: std::time::Duration,
-    ) -> Result<Option<SessionOwner>> {
-        let ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX) as f64;
-        let row: Option<(String, Option<String>, Option<bool>, Option<bool>)> = sqlx::query_as(
-            "SELECT l.node, n.address, \
-                    n.heartbeat_at > clock_timestamp() - $2 * interval '1 millisecond', \
-                    n.draining \
-             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
-             WHERE l.session_id = $1",
-        )
-        .bind(session_id)
-        .bind(ms)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(|(node, address, alive, draining)| SessionOwner {
-            node,
-            address,
-            alive: alive.unwrap_or(false),
-            draining: draining.unwrap_or(false),
-        }))
-    }
-
-    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
-        Ok(
-            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
-                .bind(invocation_id)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        // One round trip: the session row says whether the caller may read, the lateral join
-        // brings the page (no rows from it: a session with nothing after `after`).
-        let found = sqlx::query(concat!(
-            "SELECT s.id AS s_id, ",
-            event_columns!(),
-            " FROM sessions s LEFT JOIN LATERAL (\
-                 SELECT * FROM events WHERE session_id = s.id AND seq > $3 \
-                 ORDER BY seq LIMIT $4) e ON true \
-             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY e.seq"
-        ))
-        .bind(session_id)
-        .bind(tenant_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        joined_events(&found)
-    }
-
-    async fn event_texts(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-        bounds: crate::pages::ByteBounds,
-    ) -> Result<crate::pages::EventTexts> {
-        crate::pages::pg::event_texts(&self.pool, tenant_id, session_id, after, limit, bounds).await
-    }
-
-    async fn event_text(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        seq: i64,
-        chars: Option<u32>,
-    ) -> Result<Option<crate::pages::EventText>> {
-        crate::pages::pg::event_text(&self.pool, tenant_id, session_id, seq, chars).await
-    }
-
-    async fn process_started(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        process_id: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        Ok(
-            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
-                .bind(session_id)
-                .bind(tenant_id)
-                .bind(process_id)
-                .fetch_optional(&self.pool)
-                .await?
-                .map(|Json(data)| data),
-        )
     }
 
     async fn invocation_page(
@@ -999,99 +873,24 @@ impl Store for PgStore {
             row.opt_bytes("data")?,
         )
     }
+}
 
-    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar::<_, String>(
-            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
-             ORDER BY call_id LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn last_call_arguments(
-        &self,
-        session_id: Uuid,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
-            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
-             ORDER BY started_seq DESC LIMIT 1",
-        )
-        .bind(session_id)
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?
-        .map(|Json(args)| args))
-    }
-
-    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
-        // The kind is a literal, so that the partial index `events_process_started`
-        // (migration 0002) serves it; only well-formed ids are read as numbers.
-        let n = sqlx::query_scalar::<_, i64>(
-            "SELECT COALESCE(max(substr(data->>'process_id', 2)::bigint), 0) FROM events \
-             WHERE session_id = $1 AND kind = 'process.started' \
-             AND data->>'process_id' ~ '^p[0-9]{1,18}$'",
-        )
-        .bind(session_id)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
-        Ok(
-            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
-                .bind(sha256)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
-        if sha256s.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<(String, Vec<u8>)> =
-            sqlx::query_as("SELECT sha256, data FROM blobs WHERE sha256 = ANY($1)")
-                .bind(sha256s)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(sha256, data)| Blob {
-                sha256,
-                bytes: data.into(),
-            })
-            .collect())
-    }
-
-    fn read_records(
-        &self,
-        session_id: Uuid,
-        up_to: i64,
-    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
-        crate::reads::postgres(&self.pool, session_id, up_to)
-    }
-
-    async fn todo_events(
+#[async_trait]
+impl Events for PgStore {
+    async fn events(
         &self,
         tenant_id: Uuid,
         session_id: Uuid,
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>> {
-        // The kinds spelled out as literals: the planner matches them to the partial index
-        // `events_todos` (a bound array would not prove its predicate).
+        // One round trip: the session row says whether the caller may read, the lateral join
+        // brings the page (no rows from it: a session with nothing after `after`).
         let found = sqlx::query(concat!(
             "SELECT s.id AS s_id, ",
             event_columns!(),
             " FROM sessions s LEFT JOIN LATERAL (\
                  SELECT * FROM events WHERE session_id = s.id AND seq > $3 \
-                 AND kind IN ('todo.created', 'todo.updated', 'todo.deleted') \
                  ORDER BY seq LIMIT $4) e ON true \
              WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY e.seq"
         ))
@@ -1102,6 +901,27 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         joined_events(&found)
+    }
+
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: crate::pages::ByteBounds,
+    ) -> Result<crate::pages::EventTexts> {
+        crate::pages::pg::event_texts(&self.pool, tenant_id, session_id, after, limit, bounds).await
+    }
+
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<crate::pages::EventText>> {
+        crate::pages::pg::event_text(&self.pool, tenant_id, session_id, seq, chars).await
     }
 
     async fn events_of_kinds(
@@ -1133,6 +953,187 @@ impl Store for PgStore {
         joined_events(&found)
     }
 
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        // The kinds spelled out as literals: the planner matches them to the partial index
+        // `events_todos` (a bound array would not prove its predicate).
+        let found = sqlx::query(concat!(
+            "SELECT s.id AS s_id, ",
+            event_columns!(),
+            " FROM sessions s LEFT JOIN LATERAL (\
+                 SELECT * FROM events WHERE session_id = s.id AND seq > $3 \
+                 AND kind IN ('todo.created', 'todo.updated', 'todo.deleted') \
+                 ORDER BY seq LIMIT $4) e ON true \
+             WHERE s.id = $1 AND s.tenant_id = $2 ORDER BY e.seq"
+        ))
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        joined_events(&found)
+    }
+
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        crate::reads::postgres(&self.pool, session_id, up_to)
+    }
+
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(
+            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
+                .bind(session_id)
+                .bind(tenant_id)
+                .bind(process_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|Json(data)| data),
+        )
+    }
+
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        // The kind is a literal, so that the partial index `events_process_started`
+        // (migration 0002) serves it; only well-formed ids are read as numbers.
+        let n = sqlx::query_scalar::<_, i64>(
+            "SELECT COALESCE(max(substr(data->>'process_id', 2)::bigint), 0) FROM events \
+             WHERE session_id = $1 AND kind = 'process.started' \
+             AND data->>'process_id' ~ '^p[0-9]{1,18}$'",
+        )
+        .bind(session_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl Blobs for PgStore {
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        if blobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Ask first which are stored: a hash costs 64 bytes, a blob up to the statement bound.
+        let hashes: Vec<&str> = blobs.iter().map(|b| b.sha256.as_str()).collect();
+        let stored: std::collections::HashSet<String> =
+            sqlx::query_scalar::<_, String>("SELECT sha256 FROM blobs WHERE sha256 = ANY($1)")
+                .bind(&hashes)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .collect();
+        let missing: Vec<Blob> = blobs
+            .into_iter()
+            .filter(|b| !stored.contains(&b.sha256))
+            .collect();
+        let mut sizes = Vec::new();
+        for statement in crate::check::blob_statements(missing, self.blob_statement_bytes) {
+            sqlx::query(
+                "INSERT INTO blobs (sha256, size, data) \
+                 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[]) \
+                 ON CONFLICT (sha256) DO NOTHING",
+            )
+            .bind(col(&statement, |b| b.sha256.as_str()))
+            .bind(col(&statement, blob_size))
+            .bind(col(&statement, |b| &b.bytes[..]))
+            .execute(&self.pool)
+            .await?;
+            sizes.push(statement.iter().map(Blob::len).sum());
+        }
+        Ok(sizes)
+    }
+
+    fn blob_statement_bytes(&self) -> usize {
+        self.blob_statement_bytes
+    }
+
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        Ok(
+            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
+                .bind(sha256)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        if sha256s.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, Vec<u8>)> =
+            sqlx::query_as("SELECT sha256, data FROM blobs WHERE sha256 = ANY($1)")
+                .bind(sha256s)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(sha256, data)| Blob {
+                sha256,
+                bytes: data.into(),
+            })
+            .collect())
+    }
+
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let hashes: Vec<&str> = objects.iter().map(|(h, _)| h.as_str()).collect();
+        let sizes: Vec<i64> = objects
+            .iter()
+            .map(|(_, s)| i64::try_from(*s).unwrap_or(i64::MAX))
+            .collect();
+        sqlx::query(
+            "INSERT INTO blob_objects (sha256, size) SELECT * FROM UNNEST($1::text[], $2::bigint[]) \
+             ON CONFLICT (sha256) DO NOTHING",
+        )
+        .bind(&hashes)
+        .bind(&sizes)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        if sha256s.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar::<_, String>(
+            "SELECT sha256 FROM blob_objects WHERE sha256 = ANY($1)",
+        )
+        .bind(sha256s)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+    }
+}
+
+#[async_trait]
+impl History for PgStore {
     async fn append_events(
         &self,
         tenant_id: Uuid,
@@ -1171,6 +1172,40 @@ impl Store for PgStore {
         Ok((first, last))
     }
 
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
+             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
+             WHERE replays.tenant_id = $2",
+        )
+        .bind(replay.id)
+        .bind(tenant_id)
+        .bind(replay.source_session_id)
+        .bind(replay.session_id)
+        .bind(replay.status.as_str())
+        .bind(Json(replay))
+        .bind(replay.created_at)
+        .bind(replay.finished_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
+        let row =
+            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+        rows::replay(&row)
+    }
+}
+
+#[async_trait]
+impl Approvals for PgStore {
     async fn request_approval(
         &self,
         invocation: NewInvocation,
@@ -1287,38 +1322,10 @@ impl Store for PgStore {
             .map(rows::pending_approval)
             .collect()
     }
+}
 
-    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
-             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
-             WHERE replays.tenant_id = $2",
-        )
-        .bind(replay.id)
-        .bind(tenant_id)
-        .bind(replay.source_session_id)
-        .bind(replay.session_id)
-        .bind(replay.status.as_str())
-        .bind(Json(replay))
-        .bind(replay.created_at)
-        .bind(replay.finished_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
-        let row =
-            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
-                .bind(id)
-                .bind(tenant_id)
-                .fetch_optional(&self.pool)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-        rows::replay(&row)
-    }
-
+#[async_trait]
+impl Leases for PgStore {
     async fn acquire_lease(
         &self,
         session_id: Uuid,
@@ -1379,51 +1386,75 @@ impl Store for PgStore {
         .await?;
         Ok(())
     }
+}
 
-    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
-        if objects.is_empty() {
-            return Ok(());
-        }
-        let hashes: Vec<&str> = objects.iter().map(|(h, _)| h.as_str()).collect();
-        let sizes: Vec<i64> = objects
-            .iter()
-            .map(|(_, s)| i64::try_from(*s).unwrap_or(i64::MAX))
-            .collect();
+#[async_trait]
+impl Nodes for PgStore {
+    async fn node_heartbeat(
+        &self,
+        node: &str,
+        address: Option<&str>,
+        draining: bool,
+    ) -> Result<()> {
         sqlx::query(
-            "INSERT INTO blob_objects (sha256, size) SELECT * FROM UNNEST($1::text[], $2::bigint[]) \
-             ON CONFLICT (sha256) DO NOTHING",
+            "INSERT INTO nodes (node, address, heartbeat_at, draining) \
+             VALUES ($1, $2, clock_timestamp(), $3) \
+             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = clock_timestamp(), \
+             draining = $3",
         )
-        .bind(&hashes)
-        .bind(&sizes)
+        .bind(node)
+        .bind(address)
+        .bind(draining)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
-    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
-        if sha256s.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(sqlx::query_scalar::<_, String>(
-            "SELECT sha256 FROM blob_objects WHERE sha256 = ANY($1)",
-        )
-        .bind(sha256s)
-        .fetch_all(&self.pool)
-        .await?)
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        sqlx::query("DELETE FROM nodes WHERE node = $1")
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
-    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
-             WHERE i.id = $1 AND s.tenant_id = $2",
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: std::time::Duration,
+    ) -> Result<Option<SessionOwner>> {
+        let ms = i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX) as f64;
+        let row: Option<(String, Option<String>, Option<bool>, Option<bool>)> = sqlx::query_as(
+            "SELECT l.node, n.address, \
+                    n.heartbeat_at > clock_timestamp() - $2 * interval '1 millisecond', \
+                    n.draining \
+             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
+             WHERE l.session_id = $1",
         )
-        .bind(id)
-        .bind(tenant_id)
+        .bind(session_id)
+        .bind(ms)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+        Ok(row.map(|(node, address, alive, draining)| SessionOwner {
+            node,
+            address,
+            alive: alive.unwrap_or(false),
+            draining: draining.unwrap_or(false),
+        }))
     }
 
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
+                .bind(invocation_id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+}
+
+#[async_trait]
+impl Retention for PgStore {
     async fn retention_sessions(&self) -> Result<Vec<crate::RetentionSession>> {
         let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
             "SELECT id, closed_at, origin_session_id FROM sessions \

@@ -24,8 +24,9 @@ use crate::rows::{
     session_columns, side_effects_where,
 };
 use crate::{
-    Assigned, Blob, Decided, Lease, NewEvent, NewInvocation, Outcome, PendingApproval, Result,
-    SessionOwner, SessionPage, Store, StoreError, Waiters, Write, WriteError,
+    Approvals, Assigned, Blob, Blobs, Calls, Decided, Events, History, Lease, Leases, NewEvent,
+    NewInvocation, Nodes, Outcome, PendingApproval, Result, Retention, SessionOwner, SessionPage,
+    Sessions, Store, StoreError, Tenants, Waiters, Write, WriteError,
 };
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
@@ -47,8 +48,8 @@ pub struct SqliteStore {
     /// Exactly one connection: every write, in order.
     writer: SqlitePool,
     reader: SqlitePool,
-    /// One read-only connection for reading the log by bytes ([`Store::event_texts`],
-    /// [`Store::event_text`], [`Store::session_excerpt`]). The events table is keyed by
+    /// One read-only connection for reading the log by bytes ([`Events::event_texts`],
+    /// [`Events::event_text`], [`Sessions::session_excerpt`]). The events table is keyed by
     /// `(session_id, seq)` without a rowid, so SQLite reads a row whole whenever a search steps
     /// onto it (to compare its key), whatever columns are asked for; a row may be as large as a
     /// request body. On one connection those reads take turns, and the node holds one such
@@ -369,7 +370,10 @@ impl Store for SqliteStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Tenants for SqliteStore {
     async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
         sqlx::query(
             "INSERT INTO tenants (id, name, created_at) VALUES ($1, $2, $3) \
@@ -425,7 +429,10 @@ impl Store for SqliteStore {
                 .await?,
         )
     }
+}
 
+#[async_trait]
+impl Sessions for SqliteStore {
     async fn create_session(
         &self,
         session: &Session,
@@ -541,7 +548,10 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(closed)
     }
+}
 
+#[async_trait]
+impl Calls for SqliteStore {
     async fn lookup_calls(
         &self,
         tenant_id: Uuid,
@@ -573,6 +583,34 @@ impl Store for SqliteStore {
         Ok((session, invocations))
     }
 
+    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar::<_, String>(
+            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
+             ORDER BY call_id LIMIT $3",
+        )
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
+    async fn last_call_arguments(
+        &self,
+        session_id: Uuid,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
+            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
+             ORDER BY started_seq DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_optional(&self.reader)
+        .await?
+        .map(|Json(args)| args))
+    }
+
     async fn commit(
         &self,
         batch: &[Write],
@@ -593,21 +631,6 @@ impl Store for SqliteStore {
         Ok(results)
     }
 
-    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
-        let mut sizes = Vec::new();
-        for statement in crate::check::blob_statements(blobs, self.blob_statement_bytes) {
-            let mut tx = self.begin().await?;
-            insert_blobs(&mut tx, &statement, Utc::now()).await?;
-            tx.commit().await?;
-            sizes.push(statement.iter().map(Blob::len).sum());
-        }
-        Ok(sizes)
-    }
-
-    fn blob_statement_bytes(&self) -> usize {
-        self.blob_statement_bytes
-    }
-
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
         self.interrupt(Running::OfNode(node), content).await
     }
@@ -615,140 +638,6 @@ impl Store for SqliteStore {
     async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
         self.interrupt(Running::OfSession(session_id), content)
             .await
-    }
-
-    async fn node_heartbeat(
-        &self,
-        node: &str,
-        address: Option<&str>,
-        draining: bool,
-    ) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO nodes (node, address, heartbeat_at, draining) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = $3, draining = $4",
-        )
-        .bind(node)
-        .bind(address)
-        .bind(Utc::now().timestamp_millis())
-        .bind(draining)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn remove_node(&self, node: &str) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query("DELETE FROM nodes WHERE node = $1")
-            .bind(node)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn session_owner(
-        &self,
-        session_id: Uuid,
-        alive_within: Duration,
-    ) -> Result<Option<SessionOwner>> {
-        let since = Utc::now()
-            .timestamp_millis()
-            .saturating_sub(i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX));
-        let row: Option<(String, Option<String>, Option<i64>, Option<bool>)> = sqlx::query_as(
-            "SELECT l.node, n.address, n.heartbeat_at, n.draining \
-             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
-             WHERE l.session_id = $1",
-        )
-        .bind(session_id)
-        .fetch_optional(&self.reader)
-        .await?;
-        Ok(
-            row.map(|(node, address, heartbeat, draining)| SessionOwner {
-                node,
-                address,
-                alive: heartbeat.is_some_and(|at| at > since),
-                draining: draining.unwrap_or(false),
-            }),
-        )
-    }
-
-    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
-        Ok(
-            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
-                .bind(invocation_id)
-                .fetch_optional(&self.reader)
-                .await?,
-        )
-    }
-
-    async fn events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        // One read transaction, so the check and the page see the same snapshot.
-        let mut tx = self.reader.begin().await?;
-        select_session(&mut tx, tenant_id, session_id)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let events = sqlx::query(concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3"
-        ))
-        .bind(session_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::event)
-        .collect::<Result<Vec<_>>>()?;
-        tx.commit().await?;
-        Ok(events)
-    }
-
-    async fn event_texts(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-        bounds: crate::pages::ByteBounds,
-    ) -> Result<crate::pages::EventTexts> {
-        crate::pages::sqlite::event_texts(&self.log, tenant_id, session_id, after, limit, bounds)
-            .await
-    }
-
-    async fn event_text(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        seq: i64,
-        chars: Option<u32>,
-    ) -> Result<Option<crate::pages::EventText>> {
-        crate::pages::sqlite::event_text(&self.log, tenant_id, session_id, seq, chars).await
-    }
-
-    async fn process_started(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        process_id: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        Ok(
-            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
-                .bind(session_id)
-                .bind(tenant_id)
-                .bind(process_id)
-                .fetch_optional(&self.reader)
-                .await?
-                .map(|Json(data)| data),
-        )
     }
 
     async fn invocation_page(
@@ -821,106 +710,26 @@ impl Store for SqliteStore {
             row.opt_bytes("data")?,
         )
     }
+}
 
-    async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar::<_, String>(
-            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
-             ORDER BY call_id LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?)
-    }
-
-    async fn last_call_arguments(
-        &self,
-        session_id: Uuid,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
-            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
-             ORDER BY started_seq DESC LIMIT 1",
-        )
-        .bind(session_id)
-        .bind(name)
-        .fetch_optional(&self.reader)
-        .await?
-        .map(|Json(args)| args))
-    }
-
-    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
-        // The kind is a literal, so that the partial index `events_process_started`
-        // (migration 0002) serves it; only well-formed ids are read as numbers.
-        let n = sqlx::query_scalar::<_, i64>(
-            "SELECT COALESCE(MAX(CAST(substr(json_extract(data, '$.process_id'), 2) AS INTEGER)), 0) \
-             FROM events WHERE session_id = $1 AND kind = 'process.started' \
-             AND json_extract(data, '$.process_id') GLOB 'p[0-9]*' \
-             AND substr(json_extract(data, '$.process_id'), 2) NOT GLOB '*[^0-9]*' \
-             AND length(json_extract(data, '$.process_id')) <= 19",
-        )
-        .bind(session_id)
-        .fetch_one(&self.reader)
-        .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
-        Ok(
-            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
-                .bind(sha256)
-                .fetch_optional(&self.reader)
-                .await?,
-        )
-    }
-
-    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
-        let mut found = Vec::with_capacity(sha256s.len());
-        // SQLite has no array parameter; one prepared statement, run per hash, in one read.
-        let mut conn = self.reader.acquire().await?;
-        for sha256 in sha256s {
-            let data: Option<Vec<u8>> =
-                sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
-                    .bind(sha256)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            if let Some(data) = data {
-                found.push(Blob {
-                    sha256: sha256.clone(),
-                    bytes: data.into(),
-                });
-            }
-        }
-        Ok(found)
-    }
-
-    fn read_records(
-        &self,
-        session_id: Uuid,
-        up_to: i64,
-    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
-        crate::reads::sqlite(&self.reader, session_id, up_to)
-    }
-
-    async fn todo_events(
+#[async_trait]
+impl Events for SqliteStore {
+    async fn events(
         &self,
         tenant_id: Uuid,
         session_id: Uuid,
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>> {
+        // One read transaction, so the check and the page see the same snapshot.
         let mut tx = self.reader.begin().await?;
         select_session(&mut tx, tenant_id, session_id)
             .await?
             .ok_or(StoreError::NotFound)?;
-        // Literal kinds: the partial index `events_todos` serves it.
         let events = sqlx::query(concat!(
             "SELECT ",
             event_columns!(),
-            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 \
-             AND e.kind IN ('todo.created', 'todo.updated', 'todo.deleted') \
-             ORDER BY e.seq LIMIT $3"
+            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3"
         ))
         .bind(session_id)
         .bind(after)
@@ -932,6 +741,28 @@ impl Store for SqliteStore {
         .collect::<Result<Vec<_>>>()?;
         tx.commit().await?;
         Ok(events)
+    }
+
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: crate::pages::ByteBounds,
+    ) -> Result<crate::pages::EventTexts> {
+        crate::pages::sqlite::event_texts(&self.log, tenant_id, session_id, after, limit, bounds)
+            .await
+    }
+
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<crate::pages::EventText>> {
+        crate::pages::sqlite::event_text(&self.log, tenant_id, session_id, seq, chars).await
     }
 
     async fn events_of_kinds(
@@ -969,6 +800,175 @@ impl Store for SqliteStore {
         Ok(events)
     }
 
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        let mut tx = self.reader.begin().await?;
+        select_session(&mut tx, tenant_id, session_id)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        // Literal kinds: the partial index `events_todos` serves it.
+        let events = sqlx::query(concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM events e WHERE e.session_id = $1 AND e.seq > $2 \
+             AND e.kind IN ('todo.created', 'todo.updated', 'todo.deleted') \
+             ORDER BY e.seq LIMIT $3"
+        ))
+        .bind(session_id)
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::event)
+        .collect::<Result<Vec<_>>>()?;
+        tx.commit().await?;
+        Ok(events)
+    }
+
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        crate::reads::sqlite(&self.reader, session_id, up_to)
+    }
+
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(
+            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
+                .bind(session_id)
+                .bind(tenant_id)
+                .bind(process_id)
+                .fetch_optional(&self.reader)
+                .await?
+                .map(|Json(data)| data),
+        )
+    }
+
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        // The kind is a literal, so that the partial index `events_process_started`
+        // (migration 0002) serves it; only well-formed ids are read as numbers.
+        let n = sqlx::query_scalar::<_, i64>(
+            "SELECT COALESCE(MAX(CAST(substr(json_extract(data, '$.process_id'), 2) AS INTEGER)), 0) \
+             FROM events WHERE session_id = $1 AND kind = 'process.started' \
+             AND json_extract(data, '$.process_id') GLOB 'p[0-9]*' \
+             AND substr(json_extract(data, '$.process_id'), 2) NOT GLOB '*[^0-9]*' \
+             AND length(json_extract(data, '$.process_id')) <= 19",
+        )
+        .bind(session_id)
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+#[async_trait]
+impl Blobs for SqliteStore {
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        let mut sizes = Vec::new();
+        for statement in crate::check::blob_statements(blobs, self.blob_statement_bytes) {
+            let mut tx = self.begin().await?;
+            insert_blobs(&mut tx, &statement, Utc::now()).await?;
+            tx.commit().await?;
+            sizes.push(statement.iter().map(Blob::len).sum());
+        }
+        Ok(sizes)
+    }
+
+    fn blob_statement_bytes(&self) -> usize {
+        self.blob_statement_bytes
+    }
+
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        Ok(
+            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
+                .bind(sha256)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        let mut found = Vec::with_capacity(sha256s.len());
+        // SQLite has no array parameter; one prepared statement, run per hash, in one read.
+        let mut conn = self.reader.acquire().await?;
+        for sha256 in sha256s {
+            let data: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
+                    .bind(sha256)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if let Some(data) = data {
+                found.push(Blob {
+                    sha256: sha256.clone(),
+                    bytes: data.into(),
+                });
+            }
+        }
+        Ok(found)
+    }
+
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let now = Utc::now().timestamp_millis();
+        let mut tx = self.begin().await?;
+        for (sha256, size) in objects {
+            sqlx::query(
+                "INSERT INTO blob_objects (sha256, size, created_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (sha256) DO NOTHING",
+            )
+            .bind(sha256)
+            .bind(i64::try_from(*size).unwrap_or(i64::MAX))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        let mut conn = self.reader.acquire().await?;
+        for sha256 in sha256s {
+            let hit: Option<String> =
+                sqlx::query_scalar("SELECT sha256 FROM blob_objects WHERE sha256 = $1")
+                    .bind(sha256)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            found.extend(hit);
+        }
+        Ok(found)
+    }
+
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
+             WHERE i.id = $1 AND s.tenant_id = $2",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+    }
+}
+
+#[async_trait]
+impl History for SqliteStore {
     async fn append_events(
         &self,
         tenant_id: Uuid,
@@ -1000,6 +1000,42 @@ impl Store for SqliteStore {
         Ok((first, last))
     }
 
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
+             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
+             WHERE replays.tenant_id = $2",
+        )
+        .bind(replay.id)
+        .bind(tenant_id)
+        .bind(replay.source_session_id)
+        .bind(replay.session_id)
+        .bind(replay.status.as_str())
+        .bind(Json(replay))
+        .bind(replay.created_at)
+        .bind(replay.finished_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
+        let row =
+            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
+                .bind(id)
+                .bind(tenant_id)
+                .fetch_optional(&self.reader)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+        rows::replay(&row)
+    }
+}
+
+#[async_trait]
+impl Approvals for SqliteStore {
     async fn request_approval(
         &self,
         invocation: NewInvocation,
@@ -1118,40 +1154,10 @@ impl Store for SqliteStore {
             .map(rows::pending_approval)
             .collect()
     }
+}
 
-    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
-             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
-             WHERE replays.tenant_id = $2",
-        )
-        .bind(replay.id)
-        .bind(tenant_id)
-        .bind(replay.source_session_id)
-        .bind(replay.session_id)
-        .bind(replay.status.as_str())
-        .bind(Json(replay))
-        .bind(replay.created_at)
-        .bind(replay.finished_at)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
-        let row =
-            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
-                .bind(id)
-                .bind(tenant_id)
-                .fetch_optional(&self.reader)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-        rows::replay(&row)
-    }
-
+#[async_trait]
+impl Leases for SqliteStore {
     async fn acquire_lease(&self, session_id: Uuid, node: &str, ttl: Duration) -> Result<Lease> {
         let now = Utc::now().timestamp_millis();
         let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
@@ -1221,54 +1227,79 @@ impl Store for SqliteStore {
         tx.commit().await?;
         Ok(())
     }
+}
 
-    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
-        if objects.is_empty() {
-            return Ok(());
-        }
-        let now = Utc::now().timestamp_millis();
+#[async_trait]
+impl Nodes for SqliteStore {
+    async fn node_heartbeat(
+        &self,
+        node: &str,
+        address: Option<&str>,
+        draining: bool,
+    ) -> Result<()> {
         let mut tx = self.begin().await?;
-        for (sha256, size) in objects {
-            sqlx::query(
-                "INSERT INTO blob_objects (sha256, size, created_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (sha256) DO NOTHING",
-            )
-            .bind(sha256)
-            .bind(i64::try_from(*size).unwrap_or(i64::MAX))
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
+        sqlx::query(
+            "INSERT INTO nodes (node, address, heartbeat_at, draining) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = $3, draining = $4",
+        )
+        .bind(node)
+        .bind(address)
+        .bind(Utc::now().timestamp_millis())
+        .bind(draining)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
-        let mut found = Vec::new();
-        let mut conn = self.reader.acquire().await?;
-        for sha256 in sha256s {
-            let hit: Option<String> =
-                sqlx::query_scalar("SELECT sha256 FROM blob_objects WHERE sha256 = $1")
-                    .bind(sha256)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            found.extend(hit);
-        }
-        Ok(found)
+    async fn remove_node(&self, node: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query("DELETE FROM nodes WHERE node = $1")
+            .bind(node)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
-    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
-             WHERE i.id = $1 AND s.tenant_id = $2",
+    async fn session_owner(
+        &self,
+        session_id: Uuid,
+        alive_within: Duration,
+    ) -> Result<Option<SessionOwner>> {
+        let since = Utc::now()
+            .timestamp_millis()
+            .saturating_sub(i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX));
+        let row: Option<(String, Option<String>, Option<i64>, Option<bool>)> = sqlx::query_as(
+            "SELECT l.node, n.address, n.heartbeat_at, n.draining \
+             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
+             WHERE l.session_id = $1",
         )
-        .bind(id)
-        .bind(tenant_id)
+        .bind(session_id)
         .fetch_optional(&self.reader)
         .await?;
-        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+        Ok(
+            row.map(|(node, address, heartbeat, draining)| SessionOwner {
+                node,
+                address,
+                alive: heartbeat.is_some_and(|at| at > since),
+                draining: draining.unwrap_or(false),
+            }),
+        )
     }
 
+    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
+        Ok(
+            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
+                .bind(invocation_id)
+                .fetch_optional(&self.reader)
+                .await?,
+        )
+    }
+}
+
+#[async_trait]
+impl Retention for SqliteStore {
     async fn retention_sessions(&self) -> Result<Vec<crate::RetentionSession>> {
         let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
             "SELECT id, closed_at, origin_session_id FROM sessions \

@@ -31,6 +31,7 @@ pub mod postgres;
 pub mod reads;
 pub mod retention;
 mod rows;
+mod sql;
 pub mod sqlite;
 
 /// The store's traits, for calling their methods on a concrete store (`PgStore`,

@@ -11,23 +11,26 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
+use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::types::Json;
-use sqlx::{SqliteConnection, SqlitePool};
 use toolexec_core::{Event, EventKind, Invocation, Session, SessionStatus, Tenant, new_id};
 use uuid::Uuid;
 
-use crate::plan::{self, Plan};
-use crate::rows::{
-    self, Columns, event_columns, existing_columns, invocation_columns, not_found_on_fk,
-    session_columns, side_effects_where,
-};
+use crate::plan;
+use crate::rows::{self, event_columns, invocation_columns, not_found_on_fk, session_columns};
+use crate::sql::{Running, sqlite as sql};
 use crate::{
-    Approvals, Assigned, Blob, Blobs, Calls, Decided, Events, History, Lease, Leases, NewEvent,
-    NewInvocation, Nodes, Outcome, PendingApproval, Result, Retention, SessionOwner, SessionPage,
-    Sessions, Store, StoreError, Tenants, Waiters, Write, WriteError,
+    Approvals, Assigned, Blob, Blobs, Calls, Decided, Events, History, NewEvent, NewInvocation,
+    Outcome, PendingApproval, Result, SessionPage, Sessions, Store, StoreError, Tenants, Waiters,
+    Write, WriteError,
 };
+
+mod upkeep;
+mod write;
+
+use write::{apply, insert_blobs, insert_event, write_plan};
 
 /// How long a connection waits on a lock held by another process (a CLI next to the server)
 /// before giving up with `SQLITE_BUSY`.
@@ -149,210 +152,6 @@ pub const PROCESS_STARTED: &str = "SELECT e.data FROM events e INDEXED BY events
      WHERE e.session_id = $1 AND s.tenant_id = $2 AND e.kind = 'process.started' \
      AND json_extract(e.data, '$.process_id') = $3 LIMIT 1";
 
-async fn select_session(
-    conn: &mut SqliteConnection,
-    tenant_id: Uuid,
-    id: Uuid,
-) -> Result<Option<Session>> {
-    sqlx::query(concat!(
-        "SELECT ",
-        session_columns!(),
-        " FROM sessions s WHERE s.id = $1 AND s.tenant_id = $2"
-    ))
-    .bind(id)
-    .bind(tenant_id)
-    .fetch_optional(conn)
-    .await?
-    .as_ref()
-    .map(rows::session)
-    .transpose()
-}
-
-/// Reads what the planner needs. No locks: the single writer connection is the lock.
-async fn read_for_plan(
-    conn: &mut SqliteConnection,
-    batch: &[Write],
-) -> Result<(Vec<plan::LockedSession>, Vec<plan::Existing>)> {
-    let mut sessions = Vec::new();
-    for id in plan::session_ids(batch) {
-        let row = sqlx::query("SELECT id, status, last_seq FROM sessions WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(row) = row {
-            sessions.push(rows::locked_session(&row)?);
-        }
-    }
-    let mut existing = Vec::new();
-    for write in batch {
-        let found = match write {
-            Write::Start { invocation } | Write::Record { invocation, .. } => {
-                sqlx::query(concat!(
-                    "SELECT ",
-                    existing_columns!(),
-                    " FROM invocations i \
-                     WHERE (i.session_id = $1 AND i.call_id = $2) OR i.id = $3"
-                ))
-                .bind(invocation.session_id)
-                .bind(&invocation.call_id)
-                .bind(invocation.id)
-                .fetch_all(&mut *conn)
-                .await?
-            }
-            Write::Finish { invocation_id, .. } => {
-                sqlx::query(concat!(
-                    "SELECT ",
-                    existing_columns!(),
-                    " FROM invocations i WHERE i.id = $1"
-                ))
-                .bind(invocation_id)
-                .fetch_all(&mut *conn)
-                .await?
-            }
-        };
-        for row in &found {
-            existing.push(rows::existing(row)?);
-        }
-    }
-    Ok((sessions, existing))
-}
-
-async fn insert_blobs(
-    conn: &mut SqliteConnection,
-    blobs: &[Blob],
-    now: DateTime<Utc>,
-) -> Result<()> {
-    for blob in blobs {
-        sqlx::query(
-            "INSERT INTO blobs (sha256, size, data, created_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (sha256) DO NOTHING",
-        )
-        .bind(&blob.sha256)
-        .bind(i64::try_from(blob.len()).unwrap_or(i64::MAX))
-        .bind(&blob.bytes[..])
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
-async fn write_plan(conn: &mut SqliteConnection, plan: &Plan) -> Result<()> {
-    let now = Utc::now();
-    insert_blobs(conn, &plan.blobs, now).await?;
-    for row in &plan.invocations {
-        let inv = &row.invocation;
-        let outcome = row.finish.as_ref().map(|f| &f.outcome);
-        sqlx::query(
-            "INSERT INTO invocations (id, session_id, call_id, name, arguments, arguments_sha256, \
-             read_only, capabilities, node, status, is_error, content, truncated, output_chars, \
-             output_sha256, started_at, finished_at, duration_ms, started_seq, finished_seq) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19, $20)",
-        )
-        .bind(inv.id)
-        .bind(inv.session_id)
-        .bind(&inv.call_id)
-        .bind(&inv.name)
-        .bind(Json(&inv.arguments))
-        .bind(&inv.arguments_sha256)
-        .bind(inv.read_only)
-        .bind(Json(&inv.capabilities))
-        .bind(&inv.node)
-        .bind(row.status())
-        .bind(outcome.is_some_and(|o| o.status.is_error()))
-        .bind(outcome.map(|o| o.content.as_str()))
-        .bind(outcome.and_then(|o| o.truncated.as_ref()).map(Json))
-        .bind(outcome.map(|o| o.output_chars))
-        .bind(outcome.and_then(|o| o.output_sha256.as_deref()))
-        .bind(inv.started_at)
-        .bind(outcome.map(|o| o.finished_at))
-        .bind(outcome.map(|o| o.duration_ms))
-        .bind(row.started_seq)
-        .bind(row.finish.as_ref().map(|f| f.finished_seq))
-        .execute(&mut *conn)
-        .await?;
-    }
-    for finish in &plan.finishes {
-        let o = &finish.outcome;
-        sqlx::query(
-            "UPDATE invocations SET status = $2, is_error = $3, content = $4, truncated = $5, \
-             output_chars = $6, output_sha256 = $7, finished_at = $8, duration_ms = $9, \
-             finished_seq = $10 WHERE id = $1",
-        )
-        .bind(finish.id)
-        .bind(o.status.as_str())
-        .bind(o.status.is_error())
-        .bind(&o.content)
-        .bind(o.truncated.as_ref().map(Json))
-        .bind(o.output_chars)
-        .bind(o.output_sha256.as_deref())
-        .bind(o.finished_at)
-        .bind(o.duration_ms)
-        .bind(finish.finished_seq)
-        .execute(&mut *conn)
-        .await?;
-    }
-    for event in &plan.events {
-        insert_event(
-            &mut *conn,
-            event.session_id,
-            event.seq,
-            event.kind,
-            event.invocation_id,
-            &event.data,
-            now,
-        )
-        .await?;
-    }
-    for (id, last_seq) in &plan.last_seqs {
-        sqlx::query("UPDATE sessions SET last_seq = $2 WHERE id = $1")
-            .bind(id)
-            .bind(last_seq)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
-async fn insert_event(
-    conn: &mut SqliteConnection,
-    session_id: Uuid,
-    seq: i64,
-    kind: EventKind,
-    invocation_id: Option<Uuid>,
-    data: &serde_json::Value,
-    created_at: DateTime<Utc>,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO events (session_id, seq, kind, invocation_id, data, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(session_id)
-    .bind(seq)
-    .bind(kind.as_str())
-    .bind(invocation_id)
-    .bind(Json(data))
-    .bind(created_at)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Plans and writes a batch inside the caller's (write) transaction.
-async fn apply(
-    conn: &mut SqliteConnection,
-    batch: Vec<Write>,
-) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
-    if batch.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (sessions, existing) = read_for_plan(conn, &batch).await?;
-    let plan = plan::plan(batch, sessions, existing);
-    write_plan(conn, &plan).await?;
-    Ok(plan.results)
-}
-
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -408,26 +207,11 @@ impl Tenants for SqliteStore {
     }
 
     async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>> {
-        sqlx::query(
-            "SELECT t.id AS id, t.name AS name FROM api_keys k \
-             JOIN tenants t ON t.id = k.tenant_id \
-             WHERE k.key_sha256 = $1 AND k.revoked_at IS NULL",
-        )
-        .bind(key_sha256)
-        .fetch_optional(&self.reader)
-        .await?
-        .as_ref()
-        .map(rows::tenant)
-        .transpose()
+        sql::tenant_for_key(&self.reader, key_sha256).await
     }
 
     async fn has_api_keys(&self) -> Result<bool> {
-        // Revoked keys count, as on Postgres: revoking every key must not turn auth off.
-        Ok(
-            sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM api_keys)")
-                .fetch_one(&self.reader)
-                .await?,
-        )
+        sql::has_api_keys(&self.reader).await
     }
 }
 
@@ -440,12 +224,7 @@ impl Sessions for SqliteStore {
         blobs: Vec<Blob>,
         max_open_sessions: u64,
     ) -> Result<Session> {
-        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
-            self.put_blobs(blobs).await?;
-            Vec::new()
-        } else {
-            blobs
-        };
+        let blobs = crate::sql::inline_blobs(self, blobs).await?;
         // The count and the insert share the one write transaction: no other create can come
         // between them.
         let mut tx = self.begin().await?;
@@ -484,7 +263,7 @@ impl Sessions for SqliteStore {
         .await
         .map_err(not_found_on_fk)?;
         write_plan(&mut tx, &plan::initial_plan(session.id, events, blobs)).await?;
-        let stored = select_session(&mut tx, session.tenant_id, session.id)
+        let stored = sql::session(&mut *tx, session.tenant_id, session.id)
             .await?
             .ok_or(StoreError::NotFound)?;
         tx.commit().await?;
@@ -492,8 +271,7 @@ impl Sessions for SqliteStore {
     }
 
     async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
-        let mut conn = self.reader.acquire().await?;
-        select_session(&mut conn, tenant_id, id)
+        sql::session(&self.reader, tenant_id, id)
             .await?
             .ok_or(StoreError::NotFound)
     }
@@ -525,7 +303,7 @@ impl Sessions for SqliteStore {
         data: serde_json::Value,
     ) -> Result<Session> {
         let mut tx = self.begin().await?;
-        let session = select_session(&mut tx, tenant_id, id)
+        let session = sql::session(&mut *tx, tenant_id, id)
             .await?
             .ok_or(StoreError::NotFound)?;
         if session.status == SessionStatus::Closed {
@@ -542,7 +320,7 @@ impl Sessions for SqliteStore {
         .execute(&mut *tx)
         .await?;
         insert_event(&mut tx, id, seq, EventKind::SessionClosed, None, &data, now).await?;
-        let closed = select_session(&mut tx, tenant_id, id)
+        let closed = sql::session(&mut *tx, tenant_id, id)
             .await?
             .ok_or(StoreError::NotFound)?;
         tx.commit().await?;
@@ -572,27 +350,11 @@ impl Calls for SqliteStore {
         .bind(Json(call_ids))
         .fetch_all(&self.reader)
         .await?;
-        let first = found.first().ok_or(StoreError::NotFound)?;
-        let session = rows::session(first)?;
-        let mut invocations = Vec::new();
-        for row in &found {
-            if row.opt_uuid("i_id")?.is_some() {
-                invocations.push(rows::invocation(row)?);
-            }
-        }
-        Ok((session, invocations))
+        rows::session_calls(&found)
     }
 
     async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar::<_, String>(
-            "SELECT call_id FROM invocations WHERE session_id = $1 AND call_id > $2 \
-             ORDER BY call_id LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?)
+        sql::call_ids(&self.reader, session_id, after, limit).await
     }
 
     async fn last_call_arguments(
@@ -600,15 +362,7 @@ impl Calls for SqliteStore {
         session_id: Uuid,
         name: &str,
     ) -> Result<Option<serde_json::Value>> {
-        Ok(sqlx::query_scalar::<_, Json<serde_json::Value>>(
-            "SELECT arguments FROM invocations WHERE session_id = $1 AND name = $2 \
-             ORDER BY started_seq DESC LIMIT 1",
-        )
-        .bind(session_id)
-        .bind(name)
-        .fetch_optional(&self.reader)
-        .await?
-        .map(|Json(args)| args))
+        sql::last_call_arguments(&self.reader, session_id, name).await
     }
 
     async fn commit(
@@ -647,68 +401,15 @@ impl Calls for SqliteStore {
         after: i64,
         limit: u32,
     ) -> Result<Invocation> {
+        // One read transaction: the invocation, its page and their count from one snapshot.
         let mut tx = self.reader.begin().await?;
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            invocation_columns!(),
-            " FROM invocations i JOIN sessions s ON s.id = i.session_id \
-             WHERE i.id = $1 AND s.tenant_id = $2"
-        ))
-        .bind(id)
-        .bind(tenant_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        let invocation = rows::invocation(&row)?;
-        // Side effects are written with the finish; a running invocation has none yet.
-        let Some(finished_seq) = invocation.finished_seq.filter(|_| limit > 0) else {
-            return Ok(invocation);
-        };
-        let (session_id, started_seq) = (invocation.session_id, invocation.started_seq);
-        let page = sqlx::query(concat!(
-            "SELECT ",
-            event_columns!(),
-            side_effects_where!(),
-            " ORDER BY e.seq LIMIT $5"
-        ))
-        .bind(session_id)
-        .bind(id)
-        .bind(after.max(started_seq))
-        .bind(finished_seq)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::event)
-        .collect::<Result<Vec<_>>>()?;
-        let total: i64 = sqlx::query_scalar(concat!("SELECT count(*)", side_effects_where!()))
-            .bind(session_id)
-            .bind(id)
-            .bind(started_seq)
-            .bind(finished_seq)
-            .fetch_one(&mut *tx)
-            .await?;
+        let invocation = sql::invocation_page(&mut tx, tenant_id, id, after, limit).await?;
         tx.commit().await?;
-        Ok(rows::with_side_effects(invocation, page, total, limit))
+        Ok(invocation)
     }
 
     async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
-        let row = sqlx::query(
-            "SELECT i.content AS content, i.output_sha256 AS output_sha256, b.data AS data \
-             FROM invocations i JOIN sessions s ON s.id = i.session_id \
-             LEFT JOIN blobs b ON b.sha256 = i.output_sha256 \
-             WHERE i.id = $1 AND s.tenant_id = $2",
-        )
-        .bind(id)
-        .bind(tenant_id)
-        .fetch_optional(&self.reader)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        rows::output(
-            row.opt_text("content")?,
-            row.opt_text("output_sha256")?,
-            row.opt_bytes("data")?,
-        )
+        sql::invocation_output(&self.reader, tenant_id, id).await
     }
 }
 
@@ -723,7 +424,7 @@ impl Events for SqliteStore {
     ) -> Result<Vec<Event>> {
         // One read transaction, so the check and the page see the same snapshot.
         let mut tx = self.reader.begin().await?;
-        select_session(&mut tx, tenant_id, session_id)
+        sql::session(&mut *tx, tenant_id, session_id)
             .await?
             .ok_or(StoreError::NotFound)?;
         let events = sqlx::query(concat!(
@@ -775,7 +476,7 @@ impl Events for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Event>> {
         let mut tx = self.reader.begin().await?;
-        select_session(&mut tx, tenant_id, session_id)
+        sql::session(&mut *tx, tenant_id, session_id)
             .await?
             .ok_or(StoreError::NotFound)?;
         let kinds = serde_json::to_string(&kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>())
@@ -808,7 +509,7 @@ impl Events for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Event>> {
         let mut tx = self.reader.begin().await?;
-        select_session(&mut tx, tenant_id, session_id)
+        sql::session(&mut *tx, tenant_id, session_id)
             .await?
             .ok_or(StoreError::NotFound)?;
         // Literal kinds: the partial index `events_todos` serves it.
@@ -845,15 +546,7 @@ impl Events for SqliteStore {
         session_id: Uuid,
         process_id: &str,
     ) -> Result<Option<serde_json::Value>> {
-        Ok(
-            sqlx::query_scalar::<_, Json<serde_json::Value>>(PROCESS_STARTED)
-                .bind(session_id)
-                .bind(tenant_id)
-                .bind(process_id)
-                .fetch_optional(&self.reader)
-                .await?
-                .map(|Json(data)| data),
-        )
+        sql::process_started(&self.reader, tenant_id, session_id, process_id).await
     }
 
     async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
@@ -891,12 +584,7 @@ impl Blobs for SqliteStore {
     }
 
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
-        Ok(
-            sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
-                .bind(sha256)
-                .fetch_optional(&self.reader)
-                .await?,
-        )
+        sql::blob(&self.reader, sha256).await
     }
 
     async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
@@ -955,15 +643,7 @@ impl Blobs for SqliteStore {
     }
 
     async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT i.output_sha256 FROM invocations i JOIN sessions s ON s.id = i.session_id \
-             WHERE i.id = $1 AND s.tenant_id = $2",
-        )
-        .bind(id)
-        .bind(tenant_id)
-        .fetch_optional(&self.reader)
-        .await?;
-        row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
+        sql::invocation_output_sha256(&self.reader, tenant_id, id).await
     }
 }
 
@@ -976,14 +656,9 @@ impl History for SqliteStore {
         events: Vec<NewEvent>,
         blobs: Vec<Blob>,
     ) -> Result<(i64, i64)> {
-        let blobs = if blobs.iter().map(Blob::len).sum::<usize>() > self.blob_statement_bytes {
-            self.put_blobs(blobs).await?;
-            Vec::new()
-        } else {
-            blobs
-        };
+        let blobs = crate::sql::inline_blobs(self, blobs).await?;
         let mut tx = self.begin().await?;
-        let session = select_session(&mut tx, tenant_id, session_id)
+        let session = sql::session(&mut *tx, tenant_id, session_id)
             .await?
             .ok_or(StoreError::NotFound)?;
         if session.status != SessionStatus::Active {
@@ -1002,35 +677,13 @@ impl History for SqliteStore {
 
     async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
         let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, report, \
-             created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (id) DO UPDATE SET status = $5, report = $6, finished_at = $8 \
-             WHERE replays.tenant_id = $2",
-        )
-        .bind(replay.id)
-        .bind(tenant_id)
-        .bind(replay.source_session_id)
-        .bind(replay.session_id)
-        .bind(replay.status.as_str())
-        .bind(Json(replay))
-        .bind(replay.created_at)
-        .bind(replay.finished_at)
-        .execute(&mut *tx)
-        .await?;
+        sql::save_replay(&mut *tx, tenant_id, replay).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
-        let row =
-            sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
-                .bind(id)
-                .bind(tenant_id)
-                .fetch_optional(&self.reader)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-        rows::replay(&row)
+        sql::replay(&self.reader, tenant_id, id).await
     }
 }
 
@@ -1059,12 +712,7 @@ impl Approvals for SqliteStore {
         .bind(session_id)
         .fetch_one(&mut *tx)
         .await?;
-        let known: Option<Uuid> =
-            sqlx::query_scalar("SELECT id FROM invocations WHERE session_id = $1 AND call_id = $2")
-                .bind(session_id)
-                .bind(&invocation.call_id)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let known = sql::call_invocation(&mut *tx, session_id, &invocation.call_id).await?;
         let now = plan::WaitingNow { waiting, known };
         let (plan, seq) = match plan::requested_plan(&locked, now, max_waiting, invocation, data) {
             Ok(p) => p,
@@ -1156,393 +804,5 @@ impl Approvals for SqliteStore {
     }
 }
 
-#[async_trait]
-impl Leases for SqliteStore {
-    async fn acquire_lease(&self, session_id: Uuid, node: &str, ttl: Duration) -> Result<Lease> {
-        let now = Utc::now().timestamp_millis();
-        let until = now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
-        let mut tx = self.begin().await?;
-        let previous: Option<(String, i64)> =
-            sqlx::query_as("SELECT node, expires_at FROM session_leases WHERE session_id = $1")
-                .bind(session_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if let Some((holder, expires)) = &previous
-            && holder != node
-            && *expires >= now
-        {
-            return Ok(Lease::Busy {
-                holder: holder.clone(),
-            });
-        }
-        sqlx::query(
-            "INSERT INTO session_leases (session_id, node, expires_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (session_id) DO UPDATE SET node = $2, expires_at = $3",
-        )
-        .bind(session_id)
-        .bind(node)
-        .bind(until)
-        .execute(&mut *tx)
-        .await
-        .map_err(not_found_on_fk)?;
-        tx.commit().await?;
-        Ok(Lease::Held {
-            previous: previous.map(|(n, _)| n).filter(|n| n != node),
-        })
-    }
-
-    async fn renew_leases(&self, node: &str, ttl: Duration) -> Result<Vec<Uuid>> {
-        let until = Utc::now()
-            .timestamp_millis()
-            .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
-        let mut tx = self.begin().await?;
-        let renewed: Vec<Uuid> = sqlx::query_scalar(
-            "UPDATE session_leases SET expires_at = $2 WHERE node = $1 AND expires_at >= $3 \
-             RETURNING session_id",
-        )
-        .bind(node)
-        .bind(until)
-        .bind(Utc::now().timestamp_millis())
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(renewed)
-    }
-
-    async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
-        if session_ids.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self.begin().await?;
-        for id in session_ids {
-            sqlx::query(
-                "UPDATE session_leases SET expires_at = $3 WHERE node = $1 AND session_id = $2",
-            )
-            .bind(node)
-            .bind(id)
-            .bind(Utc::now().timestamp_millis() - 1)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Nodes for SqliteStore {
-    async fn node_heartbeat(
-        &self,
-        node: &str,
-        address: Option<&str>,
-        draining: bool,
-    ) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO nodes (node, address, heartbeat_at, draining) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (node) DO UPDATE SET address = $2, heartbeat_at = $3, draining = $4",
-        )
-        .bind(node)
-        .bind(address)
-        .bind(Utc::now().timestamp_millis())
-        .bind(draining)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn remove_node(&self, node: &str) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query("DELETE FROM nodes WHERE node = $1")
-            .bind(node)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn session_owner(
-        &self,
-        session_id: Uuid,
-        alive_within: Duration,
-    ) -> Result<Option<SessionOwner>> {
-        let since = Utc::now()
-            .timestamp_millis()
-            .saturating_sub(i64::try_from(alive_within.as_millis()).unwrap_or(i64::MAX));
-        let row: Option<(String, Option<String>, Option<i64>, Option<bool>)> = sqlx::query_as(
-            "SELECT l.node, n.address, n.heartbeat_at, n.draining \
-             FROM session_leases l LEFT JOIN nodes n ON n.node = l.node \
-             WHERE l.session_id = $1",
-        )
-        .bind(session_id)
-        .fetch_optional(&self.reader)
-        .await?;
-        Ok(
-            row.map(|(node, address, heartbeat, draining)| SessionOwner {
-                node,
-                address,
-                alive: heartbeat.is_some_and(|at| at > since),
-                draining: draining.unwrap_or(false),
-            }),
-        )
-    }
-
-    async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
-        Ok(
-            sqlx::query_scalar("SELECT session_id FROM invocations WHERE id = $1")
-                .bind(invocation_id)
-                .fetch_optional(&self.reader)
-                .await?,
-        )
-    }
-}
-
-#[async_trait]
-impl Retention for SqliteStore {
-    async fn retention_sessions(&self) -> Result<Vec<crate::RetentionSession>> {
-        let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
-            "SELECT id, closed_at, origin_session_id FROM sessions \
-             WHERE status = 'closed' OR origin_session_id IS NOT NULL",
-        )
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, closed_at, origin)| crate::RetentionSession {
-                id,
-                closed_at,
-                origin,
-            })
-            .collect())
-    }
-
-    async fn session_seqs(&self) -> Result<Vec<(Uuid, i64)>> {
-        Ok(sqlx::query_as("SELECT id, last_seq FROM sessions")
-            .fetch_all(&self.reader)
-            .await?)
-    }
-
-    async fn scan_events(&self, after: Option<(Uuid, i64)>, limit: u32) -> Result<Vec<Event>> {
-        let (session, seq) = after.unwrap_or((Uuid::nil(), -1));
-        sqlx::query(concat!(
-            "SELECT ",
-            event_columns!(),
-            " FROM events e WHERE (e.session_id, e.seq) > ($1, $2) \
-              ORDER BY e.session_id, e.seq LIMIT $3"
-        ))
-        .bind(session)
-        .bind(seq)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?
-        .iter()
-        .map(rows::event)
-        .collect()
-    }
-
-    async fn scan_output_refs(
-        &self,
-        after: Option<Uuid>,
-        limit: u32,
-    ) -> Result<Vec<crate::OutputRef>> {
-        let rows: Vec<(Uuid, Uuid, String)> = sqlx::query_as(
-            "SELECT id, session_id, output_sha256 FROM invocations \
-             WHERE output_sha256 IS NOT NULL AND id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(after.unwrap_or(Uuid::nil()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(invocation_id, session_id, sha256)| crate::OutputRef {
-                invocation_id,
-                session_id,
-                sha256,
-            })
-            .collect())
-    }
-
-    async fn delete_sessions(&self, ids: &[Uuid]) -> Result<crate::Deleted> {
-        let mut tx = self.begin().await?;
-        let mut closed = Vec::with_capacity(ids.len());
-        for id in ids {
-            let hit: Option<Uuid> =
-                sqlx::query_scalar("SELECT id FROM sessions WHERE id = $1 AND status = 'closed'")
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            closed.extend(hit);
-        }
-        let mut deleted = crate::Deleted::default();
-        for id in &closed {
-            sqlx::query("INSERT INTO sessions_expiring (session_id) VALUES ($1)")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        // Children before parents: a session's origin must still exist when it is deleted
-        // (SQLite checks each statement's foreign keys as it ends).
-        for id in &closed {
-            let mut run = async |sql: &'static str| -> Result<u64> {
-                Ok(sqlx::query(sql)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(crate::retention::refused_delete)?
-                    .rows_affected())
-            };
-            deleted.events += run("DELETE FROM events WHERE session_id = $1").await?;
-            deleted.replays +=
-                run("DELETE FROM replays WHERE session_id = $1 OR source_session_id = $1").await?;
-            run("DELETE FROM session_leases WHERE session_id = $1").await?;
-            deleted.invocations += run("DELETE FROM invocations WHERE session_id = $1").await?;
-            run("DELETE FROM sessions_expiring WHERE session_id = $1").await?;
-        }
-        // All sessions in one statement: forks among them refer to each other.
-        for id in &closed {
-            sqlx::query("UPDATE sessions SET origin_session_id = NULL WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for id in &closed {
-            deleted.sessions += sqlx::query("DELETE FROM sessions WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .map_err(crate::retention::refused_delete)?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(deleted)
-    }
-
-    async fn delete_blobs(&self, sha256s: &[String]) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let mut n = 0;
-        for sha256 in sha256s {
-            for sql in [
-                "DELETE FROM blobs WHERE sha256 = $1",
-                "DELETE FROM blob_objects WHERE sha256 = $1",
-            ] {
-                n += sqlx::query(sql)
-                    .bind(sha256)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-            }
-        }
-        tx.commit().await?;
-        Ok(n)
-    }
-}
-
-/// Which running invocations [`SqliteStore::interrupt`] marks.
-enum Running<'a> {
-    OfNode(&'a str),
-    OfSession(Uuid),
-}
-
-impl SqliteStore {
-    /// Marks running invocations `interrupted` and appends their `invocation.finished` events.
-    async fn interrupt(&self, which: Running<'_>, content: &str) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let select =
-            "SELECT id, session_id, started_at FROM invocations WHERE status = 'running' AND ";
-        let running = match which {
-            Running::OfNode(node) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{select}node = $1")))
-                    .bind(node)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-            Running::OfSession(id) => {
-                sqlx::query(sqlx::AssertSqlSafe(format!("{select}session_id = $1")))
-                    .bind(id)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-        };
-        let now = Utc::now();
-        let mut batch = Vec::with_capacity(running.len());
-        for row in &running {
-            batch.push(plan::interrupted(
-                row.uuid("session_id")?,
-                row.uuid("id")?,
-                row.time("started_at")?,
-                now,
-                content,
-            ));
-        }
-        let results = apply(&mut tx, batch).await?;
-        tx.commit().await?;
-        Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-    use toolexec_core::Policy;
-
-    use super::*;
-
-    async fn a_session(store: &SqliteStore) -> Session {
-        let tenant = store.ensure_tenant("local").await.unwrap();
-        let session = Session {
-            id: new_id(),
-            tenant_id: tenant.id,
-            status: SessionStatus::Active,
-            tools: None,
-            policy: Policy::default(),
-            env: Default::default(),
-            metadata: json!({}),
-            created_at: Utc::now(),
-            closed_at: None,
-            last_seq: 0,
-            origin: None,
-            environment: None,
-            truncated: None,
-        };
-        store
-            .create_session(&session, vec![], vec![], u64::MAX)
-            .await
-            .unwrap()
-    }
-
-    #[tokio::test]
-    async fn an_in_memory_store_keeps_its_data_between_calls() {
-        let store = SqliteStore::memory().await.unwrap();
-        store.migrate().await.unwrap();
-        let session = a_session(&store).await;
-        let read = store
-            .get_session(session.tenant_id, session.id)
-            .await
-            .unwrap();
-        assert_eq!(read, session);
-    }
-
-    #[tokio::test]
-    async fn opening_creates_the_file_and_its_folder_in_wal_mode() {
-        let dir = std::env::temp_dir().join(format!("toolexec-store-{}", Uuid::new_v4()));
-        let path = dir.join("nested/data/toolexec.db");
-        let store = SqliteStore::open(&path).await.unwrap();
-        store.migrate().await.unwrap();
-        assert!(path.is_file());
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&store.reader)
-            .await
-            .unwrap();
-        assert_eq!(mode, "wal");
-        // Readers cannot write, whatever a bug might try.
-        let write = sqlx::query("DELETE FROM tenants")
-            .execute(&store.reader)
-            .await;
-        assert!(write.is_err());
-        a_session(&store).await;
-        drop(store);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

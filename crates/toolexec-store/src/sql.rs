@@ -38,7 +38,6 @@ pub(crate) async fn inline_blobs<S: Blobs + ?Sized>(
 macro_rules! alike {
     ($db:ty, $conn:ty, $process_started:expr) => {
         use chrono::{DateTime, Utc};
-        use sqlx::Executor;
         use sqlx::types::Json;
         use toolexec_core::{Event, Invocation, Replay, Session, Tenant};
         use uuid::Uuid;
@@ -49,10 +48,11 @@ macro_rules! alike {
         use crate::sql::Running;
         use crate::{OutputRef, Result, RetentionSession, StoreError, Write};
 
-        pub(crate) async fn tenant_for_key(
-            e: impl Executor<'_, Database = $db>,
-            key_sha256: &str,
-        ) -> Result<Option<Tenant>> {
+        /// An executor of this backend: a pool, a connection, a transaction.
+        pub trait Exec<'c>: sqlx::Executor<'c, Database = $db> {}
+        impl<'c, E: sqlx::Executor<'c, Database = $db>> Exec<'c> for E {}
+
+        pub async fn tenant_for_key(e: impl Exec<'_>, key_sha256: &str) -> Result<Option<Tenant>> {
             sqlx::query(
                 "SELECT t.id AS id, t.name AS name FROM api_keys k \
                  JOIN tenants t ON t.id = k.tenant_id \
@@ -66,7 +66,7 @@ macro_rules! alike {
             .transpose()
         }
 
-        pub(crate) async fn has_api_keys(e: impl Executor<'_, Database = $db>) -> Result<bool> {
+        pub async fn has_api_keys(e: impl Exec<'_>) -> Result<bool> {
             // Revoked keys count: once keys exist, auth is configured, and revoking every key
             // must lock clients out rather than turn authentication off.
             Ok(
@@ -77,8 +77,8 @@ macro_rules! alike {
         }
 
         /// A session of this tenant; `None` for another tenant's or none.
-        pub(crate) async fn session(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn session(
+            e: impl Exec<'_>,
             tenant_id: Uuid,
             id: Uuid,
         ) -> Result<Option<Session>> {
@@ -96,8 +96,8 @@ macro_rules! alike {
             .transpose()
         }
 
-        pub(crate) async fn call_ids(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn call_ids(
+            e: impl Exec<'_>,
             session_id: Uuid,
             after: &str,
             limit: u32,
@@ -114,8 +114,8 @@ macro_rules! alike {
         }
 
         /// The invocation of a call id in a session, if it has one.
-        pub(crate) async fn call_invocation(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn call_invocation(
+            e: impl Exec<'_>,
             session_id: Uuid,
             call_id: &str,
         ) -> Result<Option<Uuid>> {
@@ -128,8 +128,8 @@ macro_rules! alike {
             .await?)
         }
 
-        pub(crate) async fn last_call_arguments(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn last_call_arguments(
+            e: impl Exec<'_>,
             session_id: Uuid,
             name: &str,
         ) -> Result<Option<serde_json::Value>> {
@@ -146,7 +146,7 @@ macro_rules! alike {
 
         /// An invocation and a page of its side effects, three statements on one connection
         /// (a read transaction where the backend wants one snapshot).
-        pub(crate) async fn invocation_page(
+        pub async fn invocation_page(
             conn: &mut $conn,
             tenant_id: Uuid,
             id: Uuid,
@@ -196,8 +196,8 @@ macro_rules! alike {
             Ok(rows::with_side_effects(invocation, page, total, limit))
         }
 
-        pub(crate) async fn invocation_output(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn invocation_output(
+            e: impl Exec<'_>,
             tenant_id: Uuid,
             id: Uuid,
         ) -> Result<String> {
@@ -219,8 +219,8 @@ macro_rules! alike {
             )
         }
 
-        pub(crate) async fn invocation_output_sha256(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn invocation_output_sha256(
+            e: impl Exec<'_>,
             tenant_id: Uuid,
             id: Uuid,
         ) -> Result<Option<String>> {
@@ -235,8 +235,8 @@ macro_rules! alike {
             row.map(|(sha,)| sha).ok_or(StoreError::NotFound)
         }
 
-        pub(crate) async fn invocation_session(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn invocation_session(
+            e: impl Exec<'_>,
             invocation_id: Uuid,
         ) -> Result<Option<Uuid>> {
             Ok(
@@ -247,8 +247,8 @@ macro_rules! alike {
             )
         }
 
-        pub(crate) async fn process_started(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn process_started(
+            e: impl Exec<'_>,
             tenant_id: Uuid,
             session_id: Uuid,
             process_id: &str,
@@ -264,10 +264,7 @@ macro_rules! alike {
             )
         }
 
-        pub(crate) async fn blob(
-            e: impl Executor<'_, Database = $db>,
-            sha256: &str,
-        ) -> Result<Option<Vec<u8>>> {
+        pub async fn blob(e: impl Exec<'_>, sha256: &str) -> Result<Option<Vec<u8>>> {
             Ok(
                 sqlx::query_scalar::<_, Vec<u8>>("SELECT data FROM blobs WHERE sha256 = $1")
                     .bind(sha256)
@@ -276,11 +273,7 @@ macro_rules! alike {
             )
         }
 
-        pub(crate) async fn save_replay(
-            e: impl Executor<'_, Database = $db>,
-            tenant_id: Uuid,
-            replay: &Replay,
-        ) -> Result<()> {
+        pub async fn save_replay(e: impl Exec<'_>, tenant_id: Uuid, replay: &Replay) -> Result<()> {
             sqlx::query(
                 "INSERT INTO replays (id, tenant_id, source_session_id, session_id, status, \
                  report, created_at, finished_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -300,11 +293,7 @@ macro_rules! alike {
             Ok(())
         }
 
-        pub(crate) async fn replay(
-            e: impl Executor<'_, Database = $db>,
-            tenant_id: Uuid,
-            id: Uuid,
-        ) -> Result<Replay> {
+        pub async fn replay(e: impl Exec<'_>, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
             let row =
                 sqlx::query("SELECT status, report FROM replays WHERE id = $1 AND tenant_id = $2")
                     .bind(id)
@@ -315,10 +304,7 @@ macro_rules! alike {
             rows::replay(&row)
         }
 
-        pub(crate) async fn remove_node(
-            e: impl Executor<'_, Database = $db>,
-            node: &str,
-        ) -> Result<()> {
+        pub async fn remove_node(e: impl Exec<'_>, node: &str) -> Result<()> {
             sqlx::query("DELETE FROM nodes WHERE node = $1")
                 .bind(node)
                 .execute(e)
@@ -326,9 +312,7 @@ macro_rules! alike {
             Ok(())
         }
 
-        pub(crate) async fn retention_sessions(
-            e: impl Executor<'_, Database = $db>,
-        ) -> Result<Vec<RetentionSession>> {
+        pub async fn retention_sessions(e: impl Exec<'_>) -> Result<Vec<RetentionSession>> {
             let rows: Vec<(Uuid, Option<DateTime<Utc>>, Option<Uuid>)> = sqlx::query_as(
                 "SELECT id, closed_at, origin_session_id FROM sessions \
                  WHERE status = 'closed' OR origin_session_id IS NOT NULL",
@@ -345,16 +329,14 @@ macro_rules! alike {
                 .collect())
         }
 
-        pub(crate) async fn session_seqs(
-            e: impl Executor<'_, Database = $db>,
-        ) -> Result<Vec<(Uuid, i64)>> {
+        pub async fn session_seqs(e: impl Exec<'_>) -> Result<Vec<(Uuid, i64)>> {
             Ok(sqlx::query_as("SELECT id, last_seq FROM sessions")
                 .fetch_all(e)
                 .await?)
         }
 
-        pub(crate) async fn scan_events(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn scan_events(
+            e: impl Exec<'_>,
             after: Option<(Uuid, i64)>,
             limit: u32,
         ) -> Result<Vec<Event>> {
@@ -375,8 +357,8 @@ macro_rules! alike {
             .collect()
         }
 
-        pub(crate) async fn scan_output_refs(
-            e: impl Executor<'_, Database = $db>,
+        pub async fn scan_output_refs(
+            e: impl Exec<'_>,
             after: Option<Uuid>,
             limit: u32,
         ) -> Result<Vec<OutputRef>> {
@@ -400,7 +382,7 @@ macro_rules! alike {
 
         /// The writes that mark `which` invocations, running now, `interrupted` (the caller
         /// commits them under the session locks: one that finished meanwhile is refused then).
-        pub(crate) async fn interruptions(
+        pub async fn interruptions(
             conn: &mut $conn,
             which: Running<'_>,
             content: &str,

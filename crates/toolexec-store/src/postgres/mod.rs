@@ -260,12 +260,7 @@ impl Sessions for PgStore {
         limit: u32,
         bounds: crate::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        let (sessions, next_before) =
-            crate::pages::pg::list_sessions(&self.pool, tenant_id, before, limit, bounds).await?;
-        Ok(SessionPage {
-            sessions,
-            next_before,
-        })
+        crate::pages::pg::list_sessions(&self.pool, tenant_id, before, limit, bounds).await
     }
 
     async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {

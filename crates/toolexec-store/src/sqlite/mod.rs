@@ -283,13 +283,7 @@ impl Sessions for SqliteStore {
         limit: u32,
         bounds: crate::pages::ByteBounds,
     ) -> Result<SessionPage> {
-        let (sessions, next_before) =
-            crate::pages::sqlite::list_sessions(&self.reader, tenant_id, before, limit, bounds)
-                .await?;
-        Ok(SessionPage {
-            sessions,
-            next_before,
-        })
+        crate::pages::sqlite::list_sessions(&self.reader, tenant_id, before, limit, bounds).await
     }
 
     async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session> {

@@ -267,6 +267,7 @@ fn plain_reason(e: StoreError) -> String {
 mod tests {
     use serde_json::json;
     use toolexec_core::{CallStatus, Policy, Session, SessionStatus, new_id};
+    use toolexec_store::prelude::*;
     use toolexec_store::sqlite::SqliteStore;
     use toolexec_store::{NewInvocation, Outcome};
     use uuid::Uuid;

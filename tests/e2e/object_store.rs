@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolexec_core::sha256_hex;
-use toolexec_store::Store;
+use toolexec_store::prelude::*;
 use toolexec_tests::app::Backend;
 use toolexec_tests::binary::{serve, toolexec};
 use toolexec_tests::db::TestPgDatabase;

@@ -5,26 +5,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use toolexec_core::{Event, EventKind, Invocation, Replay, Session, Tenant};
-use toolexec_store::{Assigned, Blob, NewEvent, Result, SessionPage, Store, Write, WriteError};
+use toolexec_store::{
+    Approvals, Assigned, Blob, Blobs, Calls, Events, History, Leases, NewEvent, Nodes, Result,
+    Retention, SessionPage, Sessions, Store, Tenants, Write, WriteError,
+};
 use uuid::Uuid;
 
 /// Delegates everything to `inner`; counts the log reads.
 pub struct CountingStore {
     pub inner: Arc<dyn Store>,
-    /// Calls of [`Store::process_started`].
+    /// Calls of [`Events::process_started`].
     pub process_lookups: AtomicU64,
-    /// Calls of [`Store::events`], [`Store::event_texts`], [`Store::event_text`] and
-    /// [`Store::events_of_kinds`] (a page of the log each).
+    /// Calls of [`Events::events`], [`Events::event_texts`], [`Events::event_text`] and
+    /// [`Events::events_of_kinds`] (a page of the log each).
     pub event_pages: AtomicU64,
-    /// Calls of [`Store::lookup_calls`] (recorded calls looked up by id).
+    /// Calls of [`Calls::lookup_calls`] (recorded calls looked up by id).
     pub call_lookups: AtomicU64,
-    /// Calls of [`Store::todo_events`] (one probe of the todo index each).
+    /// Calls of [`Events::todo_events`] (one probe of the todo index each).
     pub todo_lookups: AtomicU64,
-    /// Calls of [`Store::tenant_for_key`] (an API key looked up).
+    /// Calls of [`Tenants::tenant_for_key`] (an API key looked up).
     pub key_lookups: AtomicU64,
-    /// Calls of [`Store::read_records`] (one walk of the read index each).
+    /// Calls of [`Events::read_records`] (one walk of the read index each).
     pub read_lookups: AtomicU64,
-    /// Run (once) at the start of [`Store::delete_sessions`]: something that happens while
+    /// Run (once) at the start of [`Retention::delete_sessions`]: something that happens while
     /// retention runs, between its reading of the logs and its deletes.
     pub before_delete_sessions: tokio::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
 }
@@ -60,6 +63,10 @@ impl Store for CountingStore {
     async fn ping(&self) -> Result<()> {
         self.inner.ping().await
     }
+}
+
+#[async_trait]
+impl Tenants for CountingStore {
     async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
         self.inner.ensure_tenant(name).await
     }
@@ -75,6 +82,10 @@ impl Store for CountingStore {
     async fn has_api_keys(&self) -> Result<bool> {
         self.inner.has_api_keys().await
     }
+}
+
+#[async_trait]
+impl Sessions for CountingStore {
     async fn create_session(
         &self,
         session: &Session,
@@ -111,6 +122,10 @@ impl Store for CountingStore {
     ) -> Result<Session> {
         self.inner.close_session(tenant_id, id, data).await
     }
+}
+
+#[async_trait]
+impl Calls for CountingStore {
     async fn lookup_calls(
         &self,
         tenant_id: Uuid,
@@ -132,24 +147,39 @@ impl Store for CountingStore {
     ) -> Result<Option<serde_json::Value>> {
         self.inner.last_call_arguments(session_id, name).await
     }
-    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
-        self.inner.last_process_number(session_id).await
-    }
     async fn commit(
         &self,
         batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>> {
         self.inner.commit(batch).await
     }
-    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
-        self.inner.put_blobs(blobs).await
-    }
-    fn blob_statement_bytes(&self) -> usize {
-        self.inner.blob_statement_bytes()
+    async fn prepare(&self, write: &mut Write) -> Result<()> {
+        self.inner.prepare(write).await
     }
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
         self.inner.interrupt_running(node, content).await
     }
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
+        self.inner.interrupt_session(session_id, content).await
+    }
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation> {
+        self.inner
+            .invocation_page(tenant_id, id, after, limit)
+            .await
+    }
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
+        self.inner.invocation_output(tenant_id, id).await
+    }
+}
+
+#[async_trait]
+impl Events for CountingStore {
     async fn events(
         &self,
         tenant_id: Uuid,
@@ -185,57 +215,6 @@ impl Store for CountingStore {
             .event_text(tenant_id, session_id, seq, chars)
             .await
     }
-    async fn process_started(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        process_id: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        self.process_lookups.fetch_add(1, Ordering::SeqCst);
-        self.inner
-            .process_started(tenant_id, session_id, process_id)
-            .await
-    }
-    async fn invocation_page(
-        &self,
-        tenant_id: Uuid,
-        id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Invocation> {
-        self.inner
-            .invocation_page(tenant_id, id, after, limit)
-            .await
-    }
-    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
-        self.inner.invocation_output(tenant_id, id).await
-    }
-    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.blob(sha256).await
-    }
-    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
-        self.inner.blobs(sha256s).await
-    }
-    fn read_records(
-        &self,
-        session_id: Uuid,
-        up_to: i64,
-    ) -> futures::stream::BoxStream<'_, Result<toolexec_store::ReadRecord>> {
-        self.read_lookups.fetch_add(1, Ordering::SeqCst);
-        self.inner.read_records(session_id, up_to)
-    }
-    async fn todo_events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        self.todo_lookups.fetch_add(1, Ordering::SeqCst);
-        self.inner
-            .todo_events(tenant_id, session_id, after, limit)
-            .await
-    }
     async fn events_of_kinds(
         &self,
         tenant_id: Uuid,
@@ -250,6 +229,69 @@ impl Store for CountingStore {
             .events_of_kinds(tenant_id, session_id, kinds, after, up_to, limit)
             .await
     }
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.todo_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .todo_events(tenant_id, session_id, after, limit)
+            .await
+    }
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<toolexec_store::ReadRecord>> {
+        self.read_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.read_records(session_id, up_to)
+    }
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        self.process_lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .process_started(tenant_id, session_id, process_id)
+            .await
+    }
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        self.inner.last_process_number(session_id).await
+    }
+}
+
+#[async_trait]
+impl Blobs for CountingStore {
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        self.inner.put_blobs(blobs).await
+    }
+    fn blob_statement_bytes(&self) -> usize {
+        self.inner.blob_statement_bytes()
+    }
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.blob(sha256).await
+    }
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>> {
+        self.inner.blobs(sha256s).await
+    }
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        self.inner.put_blob_objects(objects).await
+    }
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        self.inner.blob_objects(sha256s).await
+    }
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        self.inner.invocation_output_sha256(tenant_id, id).await
+    }
+}
+
+#[async_trait]
+impl History for CountingStore {
     async fn append_events(
         &self,
         tenant_id: Uuid,
@@ -261,6 +303,16 @@ impl Store for CountingStore {
             .append_events(tenant_id, session_id, events, blobs)
             .await
     }
+    async fn save_replay(&self, tenant_id: Uuid, replay: &Replay) -> Result<()> {
+        self.inner.save_replay(tenant_id, replay).await
+    }
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
+        self.inner.replay(tenant_id, id).await
+    }
+}
+
+#[async_trait]
+impl Approvals for CountingStore {
     async fn request_approval(
         &self,
         invocation: toolexec_store::NewInvocation,
@@ -289,12 +341,10 @@ impl Store for CountingStore {
     ) -> Result<Vec<toolexec_store::PendingApproval>> {
         self.inner.pending_approvals(of).await
     }
-    async fn save_replay(&self, tenant_id: Uuid, replay: &Replay) -> Result<()> {
-        self.inner.save_replay(tenant_id, replay).await
-    }
-    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
-        self.inner.replay(tenant_id, id).await
-    }
+}
+
+#[async_trait]
+impl Leases for CountingStore {
     async fn acquire_lease(
         &self,
         session_id: Uuid,
@@ -309,6 +359,10 @@ impl Store for CountingStore {
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
         self.inner.release_leases(node, session_ids).await
     }
+}
+
+#[async_trait]
+impl Nodes for CountingStore {
     async fn node_heartbeat(
         &self,
         node: &str,
@@ -330,21 +384,10 @@ impl Store for CountingStore {
     async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
         self.inner.invocation_session(invocation_id).await
     }
-    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
-        self.inner.interrupt_session(session_id, content).await
-    }
-    async fn prepare(&self, write: &mut Write) -> Result<()> {
-        self.inner.prepare(write).await
-    }
-    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
-        self.inner.put_blob_objects(objects).await
-    }
-    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
-        self.inner.blob_objects(sha256s).await
-    }
-    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
-        self.inner.invocation_output_sha256(tenant_id, id).await
-    }
+}
+
+#[async_trait]
+impl Retention for CountingStore {
     async fn retention_sessions(&self) -> Result<Vec<toolexec_store::RetentionSession>> {
         self.inner.retention_sessions().await
     }

@@ -11,16 +11,19 @@
 //!   [`WriteError::Refused`] alone and never joins a commit.
 //! - **Big contents go first, on their own**: a write carrying more than [`INLINE_BLOB_BYTES`] of
 //!   blobs stores them from the caller's task, in statements bounded by the store
-//!   ([`Store::put_blobs`]), before it is queued — so a 1 GiB change set never sits in (or holds
+//!   ([`Blobs::put_blobs`]), before it is queued — so a 1 GiB change set never sits in (or holds
 //!   up) another session's commit. Blobs are content-addressed: one stored for a write that then
 //!   fails is harmless.
-//! - **The store's preparation too** ([`Store::prepare`]): with blobs in object storage, the
+//! - **The store's preparation too** ([`Calls::prepare`]): with blobs in object storage, the
 //!   check that the bucket answers and the upload of large blobs happen in the caller's task,
 //!   so no commit waits for a round trip to the bucket.
 //! - **Commits are bounded in bytes** too (the store's statement bound), not only in writes.
 //! - **A refused commit is retried apart**: if the store refuses a batch for anything but being
 //!   unreachable, its halves are committed separately (recursively), so only the guilty write
 //!   fails, with [`WriteError::Refused`]; the others land as if nothing happened.
+//!
+//! [`Blobs::put_blobs`]: toolexec_store::Blobs::put_blobs
+//! [`Calls::prepare`]: toolexec_store::Calls::prepare
 use std::sync::Arc;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -87,7 +90,9 @@ impl Recorder {
 
     /// Like [`Recorder::write`], and hands the write back (when the recorder still has it), so
     /// that a caller can retry it or record something in its place without having kept a copy.
-    /// Blobs it handed to [`Store::put_blobs`] are no longer in it: they are stored.
+    /// Blobs it handed to [`Blobs::put_blobs`] are no longer in it: they are stored.
+    ///
+    /// [`Blobs::put_blobs`]: toolexec_store::Blobs::put_blobs
     pub async fn write_back(&self, write: Write) -> (WriteResult, Option<Write>) {
         // A span per write waited for (a child of the call that waits): the time from submitting
         // it to its commit, whoever's transaction it rode in.
@@ -262,6 +267,7 @@ fn plain_reason(e: StoreError) -> String {
 mod tests {
     use serde_json::json;
     use toolexec_core::{CallStatus, Policy, Session, SessionStatus, new_id};
+    use toolexec_store::prelude::*;
     use toolexec_store::sqlite::SqliteStore;
     use toolexec_store::{NewInvocation, Outcome};
     use uuid::Uuid;

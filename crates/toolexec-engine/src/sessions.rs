@@ -128,7 +128,7 @@ pub const MAX_PAGE: u32 = 200;
 
 impl SessionRuntime {
     /// `first_process_id`: above every process id the session's log holds (see
-    /// [`toolexec_store::Store::last_process_number`]), so that an id never repeats within a
+    /// [`toolexec_store::Events::last_process_number`]), so that an id never repeats within a
     /// session, also across restarts.
     pub(crate) fn new(
         session: Session,

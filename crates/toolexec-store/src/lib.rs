@@ -7,7 +7,7 @@
 //! The store owns `seq`: every write that appends events assigns the next numbers of the session
 //! inside the transaction that inserts them, under a lock on the session row, so a session's log
 //! is gapless and ordered no matter how many writers (tasks or replicas) there are. It does not
-//! decide *when* to write: batching (group commit) is the caller's job, see [`Store::commit`].
+//! decide *when* to write: batching (group commit) is the caller's job, see [`Calls::commit`].
 //!
 //! It also says what it can hold ([`Write::unstorable`], [`mod@check`]) and which of its failures
 //! are worth retrying ([`StoreError::Unavailable`]) and which are not ([`StoreError::Refused`]),
@@ -31,7 +31,18 @@ pub mod postgres;
 pub mod reads;
 pub mod retention;
 mod rows;
+mod sql;
 pub mod sqlite;
+
+/// The store's traits, for calling their methods on a concrete store (`PgStore`,
+/// `SqliteStore`, a wrapper): `use toolexec_store::prelude::*;`. They come in unnamed, so they
+/// clash with no name of the caller's. Methods called on `dyn Store` need no import.
+pub mod prelude {
+    pub use crate::{
+        Approvals as _, Blobs as _, Calls as _, Events as _, History as _, Leases as _, Nodes as _,
+        Retention as _, Sessions as _, Store, Tenants as _,
+    };
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -145,7 +156,7 @@ pub struct Outcome {
     pub structured: Option<serde_json::Value>,
 }
 
-/// One event a session's read-state is folded from ([`Store::read_records`]).
+/// One event a session's read-state is folded from ([`Events::read_records`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadRecord {
     /// The `reads` of an `invocation.finished` event, in the order the call made them.
@@ -219,7 +230,7 @@ impl Write {
 }
 
 /// When the blobs of `batch` together exceed `bound` bytes: the batch without its blobs, and the
-/// blobs, to be written first in bounded statements of their own ([`Store::put_blobs`]).
+/// blobs, to be written first in bounded statements of their own ([`Blobs::put_blobs`]).
 pub(crate) fn blobs_beyond(batch: &[Write], bound: usize) -> Option<(Vec<Write>, Vec<Blob>)> {
     if batch.iter().map(Write::blob_bytes).sum::<usize>() <= bound {
         return None;
@@ -266,7 +277,7 @@ pub enum WriteError {
     Refused(String),
 }
 
-/// What [`Store::decide_approval`] recorded.
+/// What [`Approvals::decide_approval`] recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decided {
     pub session_id: Uuid,
@@ -276,7 +287,7 @@ pub struct Decided {
     pub next_seq: i64,
 }
 
-/// Whose waiting calls [`Store::pending_approvals`] reads.
+/// Whose waiting calls [`Approvals::pending_approvals`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiters<'a> {
     /// Those a node recorded.
@@ -285,7 +296,7 @@ pub enum Waiters<'a> {
     Session(Uuid),
 }
 
-/// A call waiting for approval, as [`Store::pending_approvals`] finds it.
+/// A call waiting for approval, as [`Approvals::pending_approvals`] finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingApproval {
     pub tenant_id: Uuid,
@@ -304,7 +315,7 @@ pub struct CallKey {
     pub invocation_id: Uuid,
 }
 
-/// What [`Store::acquire_lease`] found.
+/// What [`Leases::acquire_lease`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
     /// The node holds the lease now. `previous` is the node that held it last, when another
@@ -315,7 +326,7 @@ pub enum Lease {
     Busy { holder: String },
 }
 
-/// Where a session lives ([`Store::session_owner`]).
+/// Where a session lives ([`Nodes::session_owner`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionOwner {
     /// The node that last held the session's lease (and has its workspace).
@@ -337,7 +348,7 @@ pub struct SessionPage {
     pub next_before: Option<Uuid>,
 }
 
-/// A session as retention sees it ([`Store::retention_sessions`]).
+/// A session as retention sees it ([`Retention::retention_sessions`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionSession {
     pub id: Uuid,
@@ -347,7 +358,7 @@ pub struct RetentionSession {
     pub origin: Option<Uuid>,
 }
 
-/// Rows [`Store::delete_sessions`] deleted.
+/// Rows [`Retention::delete_sessions`] deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Deleted {
     pub sessions: u64,
@@ -364,8 +375,26 @@ pub struct OutputRef {
     pub sha256: String,
 }
 
+/// The recording store, in groups of methods: [`Tenants`], [`Sessions`], [`Calls`], [`Events`],
+/// [`Blobs`], [`History`], [`Approvals`], [`Leases`], [`Nodes`] and [`Retention`]. A backend
+/// implements each group; callers hold an `Arc<dyn Store>`, on which every group's methods are
+/// callable without importing it (on a concrete store, `use toolexec_store::prelude::*`).
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store:
+    Tenants
+    + Sessions
+    + Calls
+    + Events
+    + Blobs
+    + History
+    + Approvals
+    + Leases
+    + Nodes
+    + Retention
+    + Send
+    + Sync
+    + 'static
+{
     /// `"postgres"` or `"sqlite"`.
     fn backend(&self) -> &'static str;
 
@@ -374,19 +403,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<()>;
+}
 
-    // --- tenants and keys ---
-
+/// Tenants and their API keys (stored by hash).
+#[async_trait]
+pub trait Tenants: Send + Sync {
     /// Returns the tenant with this name, creating it if needed.
     async fn ensure_tenant(&self, name: &str) -> Result<Tenant>;
+
     /// Stores an API key by its hash; `prefix` is a short non-secret part for humans.
     async fn create_api_key(&self, tenant_id: Uuid, key_sha256: &str, prefix: &str) -> Result<()>;
+
     /// The tenant of a (non-revoked) key, by the key's hash.
     async fn tenant_for_key(&self, key_sha256: &str) -> Result<Option<Tenant>>;
+
     async fn has_api_keys(&self) -> Result<bool>;
+}
 
-    // --- sessions ---
-
+/// Sessions: created with their first events, read whole or in excerpts, listed a page at a
+/// time, closed.
+#[async_trait]
+pub trait Sessions: Send + Sync {
     /// Inserts an active session (its `last_seq` is ignored) and appends `events` as seq 1, 2, …
     /// with `blobs`, in one transaction. Returns the session as stored.
     ///
@@ -400,12 +437,14 @@ pub trait Store: Send + Sync + 'static {
         blobs: Vec<Blob>,
         max_open_sessions: u64,
     ) -> Result<Session>;
+
     /// `NotFound` for a missing session or another tenant's.
     async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session>;
+
     /// Newest first; `before` is the `next_before` of the previous page. At most `limit`
     /// sessions, within `bounds` (the JSON text of their `tools`, `policy`, `env` and
     /// `metadata`, see [`pages`]): a session over `bounds.inline_bytes` comes by id and size
-    /// (read what a page shows of it with [`Store::session_excerpt`]).
+    /// (read what a page shows of it with [`Sessions::session_excerpt`]).
     async fn list_sessions(
         &self,
         tenant_id: Uuid,
@@ -413,10 +452,12 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         bounds: pages::ByteBounds,
     ) -> Result<SessionPage>;
+
     /// A session of this tenant with its `tools`, `env` and `metadata` read from the first
     /// `chars` characters of their JSON texts (closed: [`toolexec_core::excerpt::close_prefix`]);
     /// `NotFound` otherwise.
     async fn session_excerpt(&self, tenant_id: Uuid, id: Uuid, chars: u32) -> Result<Session>;
+
     /// Marks the session closed and appends `session.closed` with `data`. Closing a closed session
     /// changes nothing and returns it as it is.
     async fn close_session(
@@ -425,9 +466,12 @@ pub trait Store: Send + Sync + 'static {
         id: Uuid,
         data: serde_json::Value,
     ) -> Result<Session>;
+}
 
-    // --- calls ---
-
+/// Calls: the group commit that records them ([`Calls::commit`]), the lookups that tell a retry
+/// from a new call, an invocation read back, and the calls left running marked interrupted.
+#[async_trait]
+pub trait Calls: Send + Sync {
     /// The session (tenant-checked: `NotFound` otherwise) and the invocations it already has for
     /// any of `call_ids`, in one round trip where the backend allows.
     async fn lookup_calls(
@@ -443,17 +487,11 @@ pub trait Store: Send + Sync + 'static {
     /// range of that index, so a page costs the same whatever the session's length.
     async fn call_ids(&self, session_id: Uuid, after: &str, limit: u32) -> Result<Vec<String>>;
 
-    /// The highest `N` of the process ids (`p<N>`) in the session's `process.started` events
-    /// (0: none). A node that makes a new runtime for the session numbers its processes above
-    /// it, so an id is never given twice. One probe of the partial index of those events: it
-    /// reads the session's background processes, not its calls.
-    async fn last_process_number(&self, session_id: Uuid) -> Result<u64>;
-
     /// The arguments of the session's latest call of the tool `name` (by start) that ran or
     /// runs — not one refused before it ran (invalid arguments, an unknown tool, denied) or
     /// waiting for approval — if it has one: how a rebuilt runtime learns that the session had
-    /// a persistent shell, which did not survive. Reads the session's entries of the `(session_id, call_id)` index; asked
-    /// once per runtime a node builds for the session.
+    /// a persistent shell, which did not survive. Reads the session's entries of the
+    /// `(session_id, call_id)` index; asked once per runtime a node builds for the session.
     async fn last_call_arguments(
         &self,
         session_id: Uuid,
@@ -466,21 +504,12 @@ pub trait Store: Send + Sync + 'static {
     /// writes apart to find which). Otherwise there is one result per write, in order. Borrowed,
     /// so that the caller still has the writes to retry.
     ///
-    /// The blobs of one statement are bounded ([`Store::blob_statement_bytes`]): a batch carrying
-    /// more has them written first, in statements of their own (see [`Store::put_blobs`]).
+    /// The blobs of one statement are bounded ([`Blobs::blob_statement_bytes`]): a batch carrying
+    /// more has them written first, in statements of their own (see [`Blobs::put_blobs`]).
     async fn commit(
         &self,
         batch: &[Write],
     ) -> Result<Vec<std::result::Result<Assigned, WriteError>>>;
-
-    /// Stores blobs outside any group commit, sorted by hash, in statements of at most
-    /// [`Store::blob_statement_bytes`] of contents each (a larger blob goes alone), each its own
-    /// transaction; blobs already stored are skipped. Content-addressed, so a blob stored for a
-    /// write that then fails is harmless. Returns the size of each statement sent, in bytes.
-    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>>;
-
-    /// Most bytes of blob contents one statement carries.
-    fn blob_statement_bytes(&self) -> usize;
 
     /// What a write needs done before it joins a group commit, done in the caller's task so
     /// that no other session's commit waits for it. The database backends need nothing; with
@@ -497,38 +526,10 @@ pub trait Store: Send + Sync + 'static {
     /// `invocation.finished` events. Returns how many there were.
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64>;
 
-    // --- reads ---
+    /// Marks every invocation of one session still `running` as `interrupted` (a node took the
+    /// session over from one that is gone) and appends their `invocation.finished` events.
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64>;
 
-    /// Events with `seq > after`, in order, at most `limit`.
-    async fn events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>>;
-    /// Events with `seq > after`, in order, at most `limit`, within `bounds` (the JSON text of
-    /// their data, see [`pages`]): an event over `bounds.inline_bytes` comes without its data
-    /// (read its beginning with [`Store::event_text`]). `NotFound` for a session that is not
-    /// this tenant's.
-    async fn event_texts(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-        bounds: pages::ByteBounds,
-    ) -> Result<pages::EventTexts>;
-    /// One event of a session of this tenant, its data whole or (`chars`) the first characters
-    /// of its JSON text; `None` when the session has no such seq, `NotFound` for a session that
-    /// is not this tenant's.
-    async fn event_text(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        seq: i64,
-        chars: Option<u32>,
-    ) -> Result<Option<pages::EventText>>;
     /// One invocation with a page of its side-effect events: those with `seq > after`, in log
     /// order, at most `limit` (0: none), with `side_effects_total` and, when more follow,
     /// `side_effects_next_after`. A call can have hundreds of thousands of side effects; one
@@ -540,27 +541,54 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         limit: u32,
     ) -> Result<Invocation>;
+
     /// One invocation with the first [`SIDE_EFFECTS_PAGE`] of its side-effect events.
     async fn invocation(&self, tenant_id: Uuid, id: Uuid) -> Result<Invocation> {
         self.invocation_page(tenant_id, id, 0, SIDE_EFFECTS_PAGE)
             .await
     }
-    /// The data of the `process.started` event of `process_id` in a session of this tenant: one
-    /// indexed lookup, however long the session's log is.
-    async fn process_started(
+
+    /// The full output of an invocation: the output blob, or its content when not truncated.
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String>;
+}
+
+/// Reading a session's append-only log: pages by count or by bytes, and the probes of partial
+/// indexes that loading a session needs (its processes, todos, read-state, what a rebuild of
+/// its workspace replays).
+#[async_trait]
+pub trait Events: Send + Sync {
+    /// Events with `seq > after`, in order, at most `limit`.
+    async fn events(
         &self,
         tenant_id: Uuid,
         session_id: Uuid,
-        process_id: &str,
-    ) -> Result<Option<serde_json::Value>>;
-    /// The full output of an invocation: the output blob, or its content when not truncated.
-    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String>;
-    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>>;
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>>;
 
-    // --- time travel ---
+    /// Events with `seq > after`, in order, at most `limit`, within `bounds` (the JSON text of
+    /// their data, see [`pages`]): an event over `bounds.inline_bytes` comes without its data
+    /// (read its beginning with [`Events::event_text`]). `NotFound` for a session that is not
+    /// this tenant's.
+    async fn event_texts(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        after: i64,
+        limit: u32,
+        bounds: pages::ByteBounds,
+    ) -> Result<pages::EventTexts>;
 
-    /// Blobs by hash, in one round trip; hashes not stored are left out of the answer.
-    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>>;
+    /// One event of a session of this tenant, its data whole or (`chars`) the first characters
+    /// of its JSON text; `None` when the session has no such seq, `NotFound` for a session that
+    /// is not this tenant's.
+    async fn event_text(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        seq: i64,
+        chars: Option<u32>,
+    ) -> Result<Option<pages::EventText>>;
 
     /// The events of one of `kinds` with `after < seq <= up_to`, in order, at most `limit`:
     /// what a rebuild of the workspace reads, without the invocations' outputs.
@@ -575,17 +603,6 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Event>>;
 
-    /// The events a session's read-state is folded from, newest first, with `seq <= up_to`:
-    /// the `reads` of its `invocation.finished` events that have any, and its
-    /// `workspace.rewound` events. A stream, one row at a time, over a partial index of those
-    /// events: neither the rest of the log nor all of them at once are read. No tenant check
-    /// (the node serving the session reads it).
-    fn read_records(
-        &self,
-        session_id: Uuid,
-        up_to: i64,
-    ) -> futures::stream::BoxStream<'_, Result<ReadRecord>>;
-
     /// The session's `todo.*` events with `seq > after`, in order, at most `limit`: one probe
     /// of a partial index, whatever the length of the log (what loading a session folds its
     /// plan and tasks from).
@@ -597,6 +614,67 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Event>>;
 
+    /// The events a session's read-state is folded from, newest first, with `seq <= up_to`:
+    /// the `reads` of its `invocation.finished` events that have any, and its
+    /// `workspace.rewound` events. A stream, one row at a time, over a partial index of those
+    /// events: neither the rest of the log nor all of them at once are read. No tenant check
+    /// (the node serving the session reads it).
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<ReadRecord>>;
+
+    /// The data of the `process.started` event of `process_id` in a session of this tenant: one
+    /// indexed lookup, however long the session's log is.
+    async fn process_started(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        process_id: &str,
+    ) -> Result<Option<serde_json::Value>>;
+
+    /// The highest `N` of the process ids (`p<N>`) in the session's `process.started` events
+    /// (0: none). A node that makes a new runtime for the session numbers its processes above
+    /// it, so an id is never given twice. One probe of the partial index of those events: it
+    /// reads the session's background processes, not its calls.
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64>;
+}
+
+/// Content-addressed blobs: stored apart from a group commit in bounded statements, read back,
+/// and recorded as objects when they live in object storage (see [`objects`]).
+#[async_trait]
+pub trait Blobs: Send + Sync {
+    /// Stores blobs outside any group commit, sorted by hash, in statements of at most
+    /// [`Blobs::blob_statement_bytes`] of contents each (a larger blob goes alone), each its own
+    /// transaction; blobs already stored are skipped. Content-addressed, so a blob stored for a
+    /// write that then fails is harmless. Returns the size of each statement sent, in bytes.
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>>;
+
+    /// Most bytes of blob contents one statement carries.
+    fn blob_statement_bytes(&self) -> usize;
+
+    async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Blobs by hash, in one round trip; hashes not stored are left out of the answer.
+    async fn blobs(&self, sha256s: &[String]) -> Result<Vec<Blob>>;
+
+    /// Records that these blobs (hash, size in bytes) are objects of the object store, not rows
+    /// of `blobs`; hashes already recorded are left as they are.
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()>;
+
+    /// Which of `sha256s` are recorded as objects of the object store.
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>>;
+
+    /// The hash of an invocation's full output when it is a blob (its content was truncated),
+    /// tenant-checked like [`Calls::invocation_output`].
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>>;
+}
+
+/// What time travel writes: events that belong to no call (a rewind and what it changed), and
+/// the reports of replays.
+#[async_trait]
+pub trait History: Send + Sync {
     /// Appends `events` that belong to no invocation (a rewind and what it changed) to an
     /// active session of this tenant, with their blobs, in one transaction under the session's
     /// lock. Returns the seqs of the first and the last. `NotFound` for another tenant's
@@ -609,6 +687,17 @@ pub trait Store: Send + Sync + 'static {
         blobs: Vec<Blob>,
     ) -> Result<(i64, i64)>;
 
+    /// Inserts or replaces a replay's report.
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()>;
+
+    /// A replay of this tenant.
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay>;
+}
+
+/// Calls that wait for a person's approval: recorded waiting, decided under their session's
+/// lock, found again after a restart.
+#[async_trait]
+pub trait Approvals: Send + Sync {
     /// Records a call that waits for a person's approval, in one transaction under its
     /// session's lock: its invocation, `pending_approval`, and its `approval.requested` event
     /// (the call as `invocation.started` would have it, and `data`). Returns that event's seq.
@@ -641,15 +730,12 @@ pub trait Store: Send + Sync + 'static {
     /// The calls waiting for approval that `node` recorded, or those of one session (one
     /// probe of a partial index either way).
     async fn pending_approvals(&self, of: Waiters<'_>) -> Result<Vec<PendingApproval>>;
+}
 
-    /// Inserts or replaces a replay's report.
-    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()>;
-
-    /// A replay of this tenant.
-    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay>;
-
-    // --- leases: which node runs a session's calls ---
-
+/// Which node runs a session's calls: one lease per session, taken, renewed by its holder's
+/// heartbeat, released.
+#[async_trait]
+pub trait Leases: Send + Sync {
     /// Takes (or renews) the lease of `session_id` for `node` until `ttl` from now, if it is
     /// free (released or expired) or already `node`'s; otherwise says who holds it.
     async fn acquire_lease(
@@ -667,9 +753,12 @@ pub trait Store: Send + Sync + 'static {
     /// Gives up `node`'s leases of these sessions (the row stays, expired, so that the next
     /// holder learns who held it last).
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()>;
+}
 
-    // --- nodes: replicas that share the store ---
-
+/// Replicas that share the store: their heartbeats and addresses, and where a session or an
+/// invocation lives (what forwarding asks).
+#[async_trait]
+pub trait Nodes: Send + Sync {
     /// `node` is alive now (its heartbeat), reachable by the others at `address`, and
     /// `draining` or not.
     async fn node_heartbeat(&self, node: &str, address: Option<&str>, draining: bool)
@@ -691,26 +780,12 @@ pub trait Store: Send + Sync + 'static {
     /// The session an invocation belongs to (no tenant check: it routes a request, which the
     /// owner then checks).
     async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>>;
+}
 
-    /// Marks every invocation of one session still `running` as `interrupted` (a node took the
-    /// session over from one that is gone) and appends their `invocation.finished` events.
-    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64>;
-
-    // --- blobs kept in object storage (see [`objects`]) ---
-
-    /// Records that these blobs (hash, size in bytes) are objects of the object store, not rows
-    /// of `blobs`; hashes already recorded are left as they are.
-    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()>;
-
-    /// Which of `sha256s` are recorded as objects of the object store.
-    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>>;
-
-    /// The hash of an invocation's full output when it is a blob (its content was truncated),
-    /// tenant-checked like [`Store::invocation_output`].
-    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>>;
-
-    // --- retention (see [`retention`]) ---
-
+/// What retention reads and deletes (see [`retention`]): an operator's job, with no tenant
+/// check.
+#[async_trait]
+pub trait Retention: Send + Sync {
     /// Every session that is closed or has an origin (no tenant check: an operator's job).
     async fn retention_sessions(&self) -> Result<Vec<RetentionSession>>;
 

@@ -13,7 +13,7 @@
 //! database says it is.
 //!
 //! It does not decide what a blob is or when it may go: retention ([`crate::retention`]) calls
-//! [`Store::delete_blobs`], which here deletes the rows and then the objects.
+//! [`Retention::delete_blobs`], which here deletes the rows and then the objects.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,9 @@ use toolexec_core::{Event, EventKind, Invocation, Session, Tenant};
 use uuid::Uuid;
 
 use crate::{
-    Assigned, Blob, Deleted, Lease, NewEvent, OutputRef, Result, RetentionSession, SessionOwner,
-    SessionPage, Store, StoreError, Write, WriteError,
+    Approvals, Assigned, Blob, Blobs, Calls, Deleted, Events, History, Lease, Leases, NewEvent,
+    Nodes, OutputRef, Result, Retention, RetentionSession, SessionOwner, SessionPage, Sessions,
+    Store, StoreError, Tenants, Write, WriteError,
 };
 
 /// Default [`BlobsConfig::inline_max_bytes`]: 64 KiB. Most blobs are source files and short
@@ -371,6 +372,10 @@ impl Store for ObjectBlobs {
         self.inner.ping().await?;
         self.ensure_reachable().await
     }
+}
+
+#[async_trait]
+impl Tenants for ObjectBlobs {
     async fn ensure_tenant(&self, name: &str) -> Result<Tenant> {
         self.inner.ensure_tenant(name).await
     }
@@ -385,6 +390,10 @@ impl Store for ObjectBlobs {
     async fn has_api_keys(&self) -> Result<bool> {
         self.inner.has_api_keys().await
     }
+}
+
+#[async_trait]
+impl Sessions for ObjectBlobs {
     async fn create_session(
         &self,
         session: &Session,
@@ -422,6 +431,10 @@ impl Store for ObjectBlobs {
     ) -> Result<Session> {
         self.inner.close_session(tenant_id, id, data).await
     }
+}
+
+#[async_trait]
+impl Calls for ObjectBlobs {
     async fn lookup_calls(
         &self,
         tenant_id: Uuid,
@@ -441,9 +454,6 @@ impl Store for ObjectBlobs {
         name: &str,
     ) -> Result<Option<serde_json::Value>> {
         self.inner.last_call_arguments(session_id, name).await
-    }
-    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
-        self.inner.last_process_number(session_id).await
     }
     async fn commit(
         &self,
@@ -468,13 +478,6 @@ impl Store for ObjectBlobs {
         }
         self.inner.commit(&rest).await
     }
-    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
-        let inline = self.offload(blobs).await?;
-        self.inner.put_blobs(inline).await
-    }
-    fn blob_statement_bytes(&self) -> usize {
-        self.inner.blob_statement_bytes()
-    }
     async fn prepare(&self, write: &mut Write) -> Result<()> {
         // Fail closed: nothing starts while the blobs of its finish could not be written.
         if matches!(write, Write::Start { .. } | Write::Record { .. }) {
@@ -497,6 +500,35 @@ impl Store for ObjectBlobs {
     async fn interrupt_running(&self, node: &str, content: &str) -> Result<u64> {
         self.inner.interrupt_running(node, content).await
     }
+    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
+        self.inner.interrupt_session(session_id, content).await
+    }
+    async fn invocation_page(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+        after: i64,
+        limit: u32,
+    ) -> Result<Invocation> {
+        self.inner
+            .invocation_page(tenant_id, id, after, limit)
+            .await
+    }
+    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
+        match self.inner.invocation_output_sha256(tenant_id, id).await? {
+            None => self.inner.invocation_output(tenant_id, id).await,
+            Some(sha256) => match self.blob(&sha256).await? {
+                Some(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+                None => Err(StoreError::Corrupt(format!(
+                    "output blob {sha256} is missing"
+                ))),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Events for ObjectBlobs {
     async fn events(
         &self,
         tenant_id: Uuid,
@@ -529,16 +561,36 @@ impl Store for ObjectBlobs {
             .event_text(tenant_id, session_id, seq, chars)
             .await
     }
-    async fn invocation_page(
+    async fn events_of_kinds(
         &self,
         tenant_id: Uuid,
-        id: Uuid,
+        session_id: Uuid,
+        kinds: &[EventKind],
+        after: i64,
+        up_to: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>> {
+        self.inner
+            .events_of_kinds(tenant_id, session_id, kinds, after, up_to, limit)
+            .await
+    }
+    async fn todo_events(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
         after: i64,
         limit: u32,
-    ) -> Result<Invocation> {
+    ) -> Result<Vec<Event>> {
         self.inner
-            .invocation_page(tenant_id, id, after, limit)
+            .todo_events(tenant_id, session_id, after, limit)
             .await
+    }
+    fn read_records(
+        &self,
+        session_id: Uuid,
+        up_to: i64,
+    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
+        self.inner.read_records(session_id, up_to)
     }
     async fn process_started(
         &self,
@@ -550,16 +602,19 @@ impl Store for ObjectBlobs {
             .process_started(tenant_id, session_id, process_id)
             .await
     }
-    async fn invocation_output(&self, tenant_id: Uuid, id: Uuid) -> Result<String> {
-        match self.inner.invocation_output_sha256(tenant_id, id).await? {
-            None => self.inner.invocation_output(tenant_id, id).await,
-            Some(sha256) => match self.blob(&sha256).await? {
-                Some(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
-                None => Err(StoreError::Corrupt(format!(
-                    "output blob {sha256} is missing"
-                ))),
-            },
-        }
+    async fn last_process_number(&self, session_id: Uuid) -> Result<u64> {
+        self.inner.last_process_number(session_id).await
+    }
+}
+
+#[async_trait]
+impl Blobs for ObjectBlobs {
+    async fn put_blobs(&self, blobs: Vec<Blob>) -> Result<Vec<usize>> {
+        let inline = self.offload(blobs).await?;
+        self.inner.put_blobs(inline).await
+    }
+    fn blob_statement_bytes(&self) -> usize {
+        self.inner.blob_statement_bytes()
     }
     async fn blob(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
         if let Some(bytes) = self.inner.blob(sha256).await? {
@@ -587,37 +642,19 @@ impl Store for ObjectBlobs {
         }
         Ok(found)
     }
-    fn read_records(
-        &self,
-        session_id: Uuid,
-        up_to: i64,
-    ) -> futures::stream::BoxStream<'_, Result<crate::ReadRecord>> {
-        self.inner.read_records(session_id, up_to)
+    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
+        self.inner.put_blob_objects(objects).await
     }
-    async fn todo_events(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        after: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        self.inner
-            .todo_events(tenant_id, session_id, after, limit)
-            .await
+    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
+        self.inner.blob_objects(sha256s).await
     }
-    async fn events_of_kinds(
-        &self,
-        tenant_id: Uuid,
-        session_id: Uuid,
-        kinds: &[EventKind],
-        after: i64,
-        up_to: i64,
-        limit: u32,
-    ) -> Result<Vec<Event>> {
-        self.inner
-            .events_of_kinds(tenant_id, session_id, kinds, after, up_to, limit)
-            .await
+    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
+        self.inner.invocation_output_sha256(tenant_id, id).await
     }
+}
+
+#[async_trait]
+impl History for ObjectBlobs {
     async fn append_events(
         &self,
         tenant_id: Uuid,
@@ -630,6 +667,16 @@ impl Store for ObjectBlobs {
             .append_events(tenant_id, session_id, events, blobs)
             .await
     }
+    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
+        self.inner.save_replay(tenant_id, replay).await
+    }
+    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
+        self.inner.replay(tenant_id, id).await
+    }
+}
+
+#[async_trait]
+impl Approvals for ObjectBlobs {
     async fn request_approval(
         &self,
         invocation: crate::NewInvocation,
@@ -659,12 +706,10 @@ impl Store for ObjectBlobs {
     ) -> Result<Vec<crate::PendingApproval>> {
         self.inner.pending_approvals(of).await
     }
-    async fn save_replay(&self, tenant_id: Uuid, replay: &toolexec_core::Replay) -> Result<()> {
-        self.inner.save_replay(tenant_id, replay).await
-    }
-    async fn replay(&self, tenant_id: Uuid, id: Uuid) -> Result<toolexec_core::Replay> {
-        self.inner.replay(tenant_id, id).await
-    }
+}
+
+#[async_trait]
+impl Leases for ObjectBlobs {
     async fn acquire_lease(&self, session_id: Uuid, node: &str, ttl: Duration) -> Result<Lease> {
         self.inner.acquire_lease(session_id, node, ttl).await
     }
@@ -674,6 +719,10 @@ impl Store for ObjectBlobs {
     async fn release_leases(&self, node: &str, session_ids: &[Uuid]) -> Result<()> {
         self.inner.release_leases(node, session_ids).await
     }
+}
+
+#[async_trait]
+impl Nodes for ObjectBlobs {
     async fn node_heartbeat(
         &self,
         node: &str,
@@ -695,18 +744,10 @@ impl Store for ObjectBlobs {
     async fn invocation_session(&self, invocation_id: Uuid) -> Result<Option<Uuid>> {
         self.inner.invocation_session(invocation_id).await
     }
-    async fn interrupt_session(&self, session_id: Uuid, content: &str) -> Result<u64> {
-        self.inner.interrupt_session(session_id, content).await
-    }
-    async fn put_blob_objects(&self, objects: &[(String, u64)]) -> Result<()> {
-        self.inner.put_blob_objects(objects).await
-    }
-    async fn blob_objects(&self, sha256s: &[String]) -> Result<Vec<String>> {
-        self.inner.blob_objects(sha256s).await
-    }
-    async fn invocation_output_sha256(&self, tenant_id: Uuid, id: Uuid) -> Result<Option<String>> {
-        self.inner.invocation_output_sha256(tenant_id, id).await
-    }
+}
+
+#[async_trait]
+impl Retention for ObjectBlobs {
     async fn retention_sessions(&self) -> Result<Vec<RetentionSession>> {
         self.inner.retention_sessions().await
     }

@@ -6,8 +6,8 @@
 //! over its bound (that row comes too, marked as not fitting: the caller knows more follow).
 //! Only the rows that fit come back with their text; one larger than a page may
 //! show whole comes without it (its size only): the caller shows its beginning
-//! ([`crate::Store::event_text`] with a number of characters, [`crate::Store::session_excerpt`]),
-//! which the database cuts before sending it. Event seqs are gapless, so the walk steps from seq
+//! ([`crate::Events::event_text`] with a number of characters,
+//! [`crate::Sessions::session_excerpt`]), which the database cuts before sending it. Event seqs are gapless, so the walk steps from seq
 //! to seq; sessions step to the next older id of the tenant, one index probe each.
 //!
 //! What the database itself holds meanwhile is its own: Postgres on its server; SQLite in this
@@ -78,7 +78,7 @@ impl EventText {
     }
 }
 
-/// A page of events ([`crate::Store::event_texts`]).
+/// A page of events ([`crate::Events::event_texts`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventTexts {
     pub events: Vec<EventText>,
@@ -339,12 +339,15 @@ fn excerpt(row: &impl Columns) -> Result<Session> {
 
 /// The page of at most `limit` sessions out of the walk's (one row more than `limit`, so that a
 /// full last page is known to be the last), and the `before` of the next one.
-fn session_page(mut sessions: Vec<Listed>, limit: u32, more: bool) -> (Vec<Listed>, Option<Uuid>) {
+fn session_page(mut sessions: Vec<Listed>, limit: u32, more: bool) -> crate::SessionPage {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let more = more || sessions.len() > limit;
     sessions.truncate(limit);
-    let next = more.then(|| sessions.last().map(Listed::id)).flatten();
-    (sessions, next)
+    let next_before = more.then(|| sessions.last().map(Listed::id)).flatten();
+    crate::SessionPage {
+        sessions,
+        next_before,
+    }
 }
 
 pub(crate) mod pg {
@@ -405,7 +408,7 @@ pub(crate) mod pg {
         before: Option<Uuid>,
         limit: u32,
         bounds: ByteBounds,
-    ) -> Result<(Vec<Listed>, Option<Uuid>)> {
+    ) -> Result<crate::SessionPage> {
         let [inline, excerpt, overhead, max] = bounds.binds();
         let found = sqlx::query(PG_SESSION_WALK)
             .bind(tenant_id)
@@ -507,7 +510,7 @@ pub(crate) mod sqlite {
         before: Option<Uuid>,
         limit: u32,
         bounds: ByteBounds,
-    ) -> Result<(Vec<Listed>, Option<Uuid>)> {
+    ) -> Result<crate::SessionPage> {
         let [inline, excerpt, overhead, max] = bounds.binds();
         let found = sqlx::query(SQLITE_SESSION_WALK)
             .bind(tenant_id)

@@ -1,4 +1,4 @@
-//! [`crate::Store::read_records`] for both backends: the events a session's read-state is
+//! [`crate::Events::read_records`] for both backends: the events a session's read-state is
 //! folded from, newest first, one row at a time.
 //!
 //! Each query repeats, word for word, the predicate of the partial index `events_reads`

@@ -249,6 +249,20 @@ pub(crate) fn invocation(row: &impl Columns) -> Result<Invocation> {
     })
 }
 
+/// A session joined to the invocations of some of its calls (`LEFT JOIN`, `s_` and `i_`
+/// columns): `NotFound` when no row came back (no such session for this tenant).
+pub(crate) fn session_calls(found: &[impl Columns]) -> Result<(Session, Vec<Invocation>)> {
+    let first = found.first().ok_or(StoreError::NotFound)?;
+    let session = session(first)?;
+    let mut invocations = Vec::new();
+    for row in found {
+        if row.opt_uuid("i_id")?.is_some() {
+            invocations.push(invocation(row)?);
+        }
+    }
+    Ok((session, invocations))
+}
+
 pub(crate) fn existing(row: &impl Columns) -> Result<Existing> {
     Ok(Existing {
         id: row.uuid("i_id")?,

@@ -3,7 +3,7 @@
 //! A call the policy gates passes every check a call must pass (known, allowed, valid
 //! arguments) and is then recorded `pending_approval` with an `approval.requested` event, and
 //! answered at once: it has not run. A decision is one store transaction under the session's
-//! lock ([`toolexec_store::Store::decide_approval`]): `approval.decided` (who, why), then, for
+//! lock ([`toolexec_store::Approvals::decide_approval`]): `approval.decided` (who, why), then, for
 //! an approval, its `invocation.started` — the call then runs on this node like any mutating
 //! call, in the session's order from then on, and its end is recorded as usual; for a denial,
 //! its `invocation.finished`, `denied`, without running. Only one decision is ever recorded:

@@ -82,7 +82,7 @@ def run(cmd, **kw):
     return BashAction(command=cmd, **kw)
 
 
-async def shells(rt):
+async def shells(rt, sid):
     # Two named bash sessions, each a terminal of its own, state kept in each.
     out = await rt.create_session(CreateBashSessionRequest())
     assert out.output == "", out
@@ -131,6 +131,20 @@ async def shells(rt):
     await rt.close_session(CloseBashSessionRequest(session="two"))
     await raises(SessionDoesNotExistError, rt.run_in_session(run("true", session="two")))
     await raises(SessionDoesNotExistError, rt.close_session(CloseBashSessionRequest(session="two")))
+    # Two requests racing for one name: exactly one gets it, the other is told it exists (and
+    # the shell it started ends).
+    both = await asyncio.gather(
+        rt.create_session(CreateBashSessionRequest(session="race")),
+        rt.create_session(CreateBashSessionRequest(session="race")),
+        return_exceptions=True,
+    )
+    lost = [r for r in both if isinstance(r, BaseException)]
+    assert len(lost) == 1 and isinstance(lost[0], SessionExistsError), both
+    await rt.close_session(CloseBashSessionRequest(session="race"))
+    # A name is bounded (raw HTTP: the client's error for a plain 422 is its own).
+    status, body = http("POST", f"/v1/sessions/{sid}/swerex/create_session", KEY_A,
+                        {"session": "n" * 257, "session_type": "bash"})
+    assert status == 422 and "256 characters" in body["detail"], (status, body)
 
 
 async def commands(rt):
@@ -282,7 +296,7 @@ async def main():
     rt = runtime(sid)
     alive = await rt.is_alive()
     assert alive.is_alive and alive.message == "", alive
-    await shells(rt)
+    await shells(rt, sid)
     await commands(rt)
     await files(rt)
     await other_tenant(sid)

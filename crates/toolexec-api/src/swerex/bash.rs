@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::frame::{self, Ended, PS1};
-use super::names::{self, MAX_SHELLS, Shell, forget, shell};
+use super::names::{self, MAX_NAME_CHARS, MAX_SHELLS, Refused, Shell, forget, shell};
 use super::{Ctx, Failure, Outcome, class, handle, json_body, py_repr, timeout_ms};
 use crate::SharedState;
 
@@ -187,6 +187,12 @@ pub(crate) async fn create_session(
     handle(state.clone(), id, req, |mut ctx, body| async move {
         let req: CreateBashSession = json_body(&state, body).await?;
         bash_only(req.session_type.as_deref())?;
+        if req.session.chars().count() > MAX_NAME_CHARS {
+            return Err(Failure::http(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                format!("a bash session's name may have at most {MAX_NAME_CHARS} characters"),
+            ));
+        }
         if let Some(s) = shell(ctx.session.id, &req.session)
             && s.created_by != ctx.key
         {
@@ -225,7 +231,8 @@ pub(crate) async fn create_session(
                     format!("the bash session could not start: {}", opened.text.trim()),
                 )
             })?;
-        names::insert(
+        let taken = names::insert(
+            ctx.tenant.id,
             ctx.session.id,
             req.session.clone(),
             Shell {
@@ -233,6 +240,21 @@ pub(crate) async fn create_session(
                 created_by: ctx.key.clone(),
             },
         );
+        if let Err(refused) = taken {
+            // Another request took the name (or the last place) while this one started its
+            // shell: that shell ends here, and this request is refused as the check above.
+            end(&mut ctx, terminal).await?;
+            return Err(match refused {
+                Refused::Exists => Failure::exception(
+                    class::SESSION_EXISTS,
+                    format!("session {} already exists", req.session),
+                ),
+                Refused::Full => Failure::http(
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    format!("a session may have {MAX_SHELLS} bash sessions; close one first"),
+                ),
+            });
+        }
         let nonce = ctx.nonce();
         let wait = timeout_ms(Some(req.startup_timeout.max(1.0)));
         let setup = frame::setup(&nonce, &req.startup_source);

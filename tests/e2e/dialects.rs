@@ -748,7 +748,7 @@ async fn openai_shell_call_output_streams_cannot_be_forged_by_the_command() {
     let again = app
         .post(
             &format!("/v1/sessions/{sid}/calls?format=openai"),
-            &body_sent(&forge),
+            &body_sent(forge),
         )
         .await;
     assert_eq!(again.status(), 200);

@@ -18,7 +18,7 @@ impl Engine {
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<CallResult> {
-        if let Some(r) = self.from_record(tenant_id, inv).await? {
+        if let Some(r) = self.answer_from_record(tenant_id, inv).await? {
             return Ok(r);
         }
         if let Some(rx) = self.inflight.peek(inv.session_id, &inv.call_id) {
@@ -50,7 +50,7 @@ impl Engine {
             arguments_sha256: args_hash.to_owned(),
             invocation_id: other,
         });
-        match self.from_record(rt.session.tenant_id, &inv).await? {
+        match self.answer_from_record(rt.session.tenant_id, &inv).await? {
             Some(r) => Ok(r),
             None => self.poll_until_finished(rt.session.tenant_id, other).await,
         }
@@ -59,7 +59,11 @@ impl Engine {
     /// The result a finished invocation gave, as [`result_of`], with the tool's structured
     /// result read back from its `invocation.finished` event: a retry renders exactly what the
     /// first answer did (`shell_call_output`'s streams, not a split of the text).
-    async fn from_record(&self, tenant_id: Uuid, inv: &Invocation) -> Result<Option<CallResult>> {
+    async fn answer_from_record(
+        &self,
+        tenant_id: Uuid,
+        inv: &Invocation,
+    ) -> Result<Option<CallResult>> {
         let Some(mut r) = result_of(inv) else {
             return Ok(None);
         };
@@ -86,7 +90,7 @@ impl Engine {
         let mut delay = Duration::from_millis(20);
         loop {
             let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
-            if let Some(r) = self.from_record(tenant_id, &inv).await? {
+            if let Some(r) = self.answer_from_record(tenant_id, &inv).await? {
                 return Ok(r);
             }
             // Waiting for a node that is gone would wait the whole FOREIGN_WAIT: this node takes

@@ -225,7 +225,37 @@ impl SessionRuntime {
     }
 }
 
-impl Engine {
+/// The sessions live on this node: each one's runtime (its workspace, sandbox and process
+/// table, terminals, read-state, call index, the lock its batches take turns on), made on
+/// first use (rebuilt from the log, or taken over from a node that is gone) and evicted when
+/// idle, least recently used first; and each tenant's share of the node's running commands.
+/// Also making, seeding and closing sessions. Writes `session.created`, `session.closed`,
+/// `process.started`/`process.exited` and the output of background processes.
+pub struct Runtimes {
+    /// The runtimes of active sessions on this node, by session id.
+    cached: std::sync::Mutex<std::collections::HashMap<Uuid, Arc<SessionRuntime>>>,
+    /// When the engine started: the clock of the runtimes' least-recently-used order.
+    started: std::time::Instant,
+    /// Each tenant's commands running on this node (`limits.max_processes_per_tenant`).
+    process_slots: Option<Arc<crate::slots::TenantSlots>>,
+}
+
+impl Runtimes {
+    pub(crate) fn new(process_slots: Option<Arc<crate::slots::TenantSlots>>) -> Self {
+        Self {
+            cached: std::sync::Mutex::new(std::collections::HashMap::new()),
+            started: std::time::Instant::now(),
+            process_slots,
+        }
+    }
+
+    /// How many runtimes this node holds now (a gauge).
+    pub(crate) fn cached_count(&self) -> usize {
+        self.cached.lock().map_or(0, |m| m.len())
+    }
+}
+
+impl Runtimes {
     /// The cached runtime of a session this tenant owns, if this node has one.
     pub(crate) fn cached_runtime(
         &self,
@@ -233,7 +263,7 @@ impl Engine {
         session_id: Uuid,
     ) -> Result<Option<Arc<SessionRuntime>>> {
         let map = self
-            .runtimes
+            .cached
             .lock()
             .map_err(|_| EngineError::Internal("runtime map poisoned".into()))?;
         match map.get(&session_id) {
@@ -248,10 +278,11 @@ impl Engine {
 
     /// The runtime of an active session, opening its workspace and loading its call index on
     /// first use. `from` is the other node that held the session's lease last, if one did:
-    /// this node then takes the session over ([`Engine::take_over`]), as it does when the
+    /// this node then takes the session over (`Cluster::take_over`), as it does when the
     /// workspace is not here (a node that lost its disk).
     pub(crate) async fn runtime(
         &self,
+        engine: &Engine,
         session: &Session,
         from: Option<&str>,
     ) -> Result<Arc<SessionRuntime>> {
@@ -268,20 +299,20 @@ impl Engine {
             })
         };
         let took_over = from.is_some();
-        let (workspace, gone, took_over) = match (from, self.workspaces.open(&name)) {
+        let (workspace, gone, took_over) = match (from, engine.workspaces.open(&name)) {
             (None, Ok(ws)) => (ws, Vec::new(), took_over),
             (Some(_), _) => {
-                let gone = self.take_over(session, from).await?;
+                let gone = engine.cluster.take_over(engine, session, from).await?;
                 (
-                    self.workspaces.open(&name).map_err(unavailable)?,
+                    engine.workspaces.open(&name).map_err(unavailable)?,
                     gone,
                     true,
                 )
             }
             (None, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                let gone = self.take_over(session, None).await?;
+                let gone = engine.cluster.take_over(engine, session, None).await?;
                 (
-                    self.workspaces.open(&name).map_err(unavailable)?,
+                    engine.workspaces.open(&name).map_err(unavailable)?,
                     gone,
                     true,
                 )
@@ -289,13 +320,15 @@ impl Engine {
             (None, Err(e)) => return Err(unavailable(e)),
         };
         // The session's image, by its digest (a replica taking it over pulls it first).
-        let image = self.session_image(session.environment.as_ref()).await?;
-        let first_process_id = self.store.last_process_number(session.id).await? + 1;
+        let image = self
+            .session_image(engine, session.environment.as_ref())
+            .await?;
+        let first_process_id = engine.store.last_process_number(session.id).await? + 1;
         // The first page of call ids now: a session of up to a page of calls has its whole
         // index before its first call is planned; a longer one goes on filling it in the
         // background, its calls asking the store meanwhile.
-        let calls = CallIndex::loading(self.config.limits.call_index_max_bytes);
-        let first = self.store.call_ids(session.id, "", CALL_ID_PAGE).await?;
+        let calls = CallIndex::loading(engine.config.limits.call_index_max_bytes);
+        let first = engine.store.call_ids(session.id, "", CALL_ID_PAGE).await?;
         calls.add_all(first.iter().map(String::as_str));
         let rest = match first.last() {
             Some(last) if first.len() >= CALL_ID_PAGE as usize => Some(last.clone()),
@@ -309,17 +342,20 @@ impl Engine {
             workspace,
             calls,
             first_process_id,
-            self.config.sandbox.as_ref(),
+            engine.config.sandbox.as_ref(),
             self.admission(session.tenant_id),
             image,
         ));
-        let todos = self.todos_of(&session.tenant_id, session.id).await?;
+        let todos = self
+            .todos_of(engine, &session.tenant_id, session.id)
+            .await?;
         if let Ok(mut t) = rt.todos.lock() {
             *t = todos;
         }
         // What the session had read, from its log: this node may never have served it, or
         // has forgotten it (restart, eviction, another node ran its calls since).
-        rt.reads.replace(self.reads_at(session, i64::MAX).await?);
+        rt.reads
+            .replace(self.reads_at(engine, session, i64::MAX).await?);
         // Recorded as gone by the take-over: not again by the first call that asks.
         if let Some(table) = &rt.processes {
             for id in &gone {
@@ -327,7 +363,7 @@ impl Engine {
             }
             // A persistent shell the session had (its last `bash` call ran a command) did not
             // survive the runtime it lived in: its next call says so.
-            let had_shell = self
+            let had_shell = engine
                 .store
                 .last_call_arguments(session.id, "bash")
                 .await?
@@ -344,11 +380,11 @@ impl Engine {
                 });
             }
         }
-        let kept = self.keep_runtime(rt.clone());
+        let kept = self.keep_runtime(engine, rt.clone());
         if let Some(after) = rest
             && Arc::ptr_eq(&kept, &rt)
         {
-            self.fill_call_index(&kept, after);
+            self.fill_call_index(engine, &kept, after);
         }
         Ok(kept)
     }
@@ -356,13 +392,14 @@ impl Engine {
     /// A session's todos as its log folds them (plan steps and tasks).
     pub async fn todos_of(
         &self,
+        engine: &Engine,
         tenant_id: &Uuid,
         session_id: Uuid,
     ) -> Result<toolexec_core::todo::Todos> {
         let mut todos = toolexec_core::todo::Todos::default();
         let mut after = 0;
         loop {
-            let page = self
+            let page = engine
                 .store
                 .todo_events(*tenant_id, session_id, after, 1000)
                 .await?;
@@ -382,6 +419,7 @@ impl Engine {
     /// The runtime of a session made on this node just now: no call recorded yet.
     pub(crate) fn fresh_runtime(
         &self,
+        engine: &Engine,
         session: Session,
         workspace: Workspace,
         image: Option<Arc<toolexec_sandbox::SessionImage>>,
@@ -390,9 +428,9 @@ impl Engine {
         SessionRuntime::new(
             session,
             workspace,
-            CallIndex::complete(self.config.limits.call_index_max_bytes),
+            CallIndex::complete(engine.config.limits.call_index_max_bytes),
             1,
-            self.config.sandbox.as_ref(),
+            engine.config.sandbox.as_ref(),
             admission,
             image,
         )
@@ -406,8 +444,8 @@ impl Engine {
     /// Reads the rest of a runtime's call ids from the store (those after `after`), page by
     /// page, into its index, then marks it complete. Stops when the runtime is dropped; retries
     /// while the store fails.
-    fn fill_call_index(&self, rt: &Arc<SessionRuntime>, mut after: String) {
-        let store = self.store.clone();
+    fn fill_call_index(&self, engine: &Engine, rt: &Arc<SessionRuntime>, mut after: String) {
+        let store = engine.store.clone();
         let session_id = rt.session.id;
         let rt: Weak<SessionRuntime> = Arc::downgrade(rt);
         tokio::spawn(async move {
@@ -444,20 +482,24 @@ impl Engine {
     /// Drops this node's runtime of a session (another node ran its calls since): the next
     /// call builds a new one from the store.
     pub(crate) fn forget_runtime(&self, session_id: Uuid) {
-        if let Ok(mut map) = self.runtimes.lock() {
+        if let Ok(mut map) = self.cached.lock() {
             map.remove(&session_id);
         }
     }
 
     /// Caches a runtime (or returns the one another task cached first).
-    pub(crate) fn keep_runtime(&self, rt: Arc<SessionRuntime>) -> Arc<SessionRuntime> {
-        let Ok(mut map) = self.runtimes.lock() else {
+    pub(crate) fn keep_runtime(
+        &self,
+        engine: &Engine,
+        rt: Arc<SessionRuntime>,
+    ) -> Arc<SessionRuntime> {
+        let Ok(mut map) = self.cached.lock() else {
             return rt;
         };
         if let Some(existing) = map.get(&rt.session.id) {
             return existing.clone();
         }
-        let budget = self.config.limits.max_cached_sessions.max(1);
+        let budget = engine.config.limits.max_cached_sessions.max(1);
         if map.len() >= budget {
             // Down to 90 % of the budget at once, so that eviction is not paid on every new
             // session; a runtime in use or with processes running is never dropped.
@@ -474,7 +516,7 @@ impl Engine {
                 map.remove(&id);
                 dropped += 1;
             }
-            self.metrics.sessions_evicted(dropped);
+            engine.metrics.sessions_evicted(dropped);
             if map.len() >= budget {
                 tracing::warn!(
                     cached = map.len(),
@@ -493,7 +535,12 @@ impl Engine {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    pub(crate) fn tool_context(&self, session: &Session, rt: &SessionRuntime) -> ToolContext {
+    pub(crate) fn tool_context(
+        &self,
+        engine: &Engine,
+        session: &Session,
+        rt: &SessionRuntime,
+    ) -> ToolContext {
         ToolContext {
             session_id: session.id,
             workspace: rt.workspace.clone(),
@@ -501,38 +548,38 @@ impl Engine {
             policy: session.policy.clone(),
             env: session.env.clone(),
             outputs: Arc::new(RecordedOutputs {
-                store: self.store.clone(),
+                store: engine.store.clone(),
                 tenant_id: session.tenant_id,
                 first_process_id: rt.first_process_id,
             }),
             processes: rt.processes.clone(),
-            max_timeout_ms: self.config.limits.max_timeout_ms,
-            max_read_bytes: self.config.limits.max_read_bytes_per_call,
-            max_walk_entries: self.config.limits.max_walk_entries,
-            max_terminals: self.config.limits.max_terminals_per_session,
-            terminal_idle_timeout_ms: self.config.limits.terminal_idle_timeout_ms,
+            max_timeout_ms: engine.config.limits.max_timeout_ms,
+            max_read_bytes: engine.config.limits.max_read_bytes_per_call,
+            max_walk_entries: engine.config.limits.max_walk_entries,
+            max_terminals: engine.config.limits.max_terminals_per_session,
+            terminal_idle_timeout_ms: engine.config.limits.terminal_idle_timeout_ms,
             // Set when a call runs (`Engine::run_tool`), so that waiting for the session's
             // scheduling lock does not count against it.
             deadline: toolexec_tools::Deadline::none(),
             // Set when a call runs, from its batch (`calls::cancel`).
             cancel: tokio_util::sync::CancellationToken::new(),
-            web: self.config.web.clone(),
+            web: engine.config.web.clone(),
             // Set when a call of a verify replay runs (`Engine::observed_for`).
             observed: toolexec_tools::observe::Observed::Live,
             journal: Arc::new(toolexec_tools::observe::Journal::default()),
             tenant_id: session.tenant_id,
             todos: rt.todos.clone(),
-            disk_quota: self.workspaces.disk_quota(),
+            disk_quota: engine.workspaces.disk_quota(),
         }
     }
 
-    pub(crate) fn check_new_session(&self, new: &NewSession) -> Result<()> {
-        let limits = &self.config.limits;
+    pub(crate) fn check_new_session(&self, engine: &Engine, new: &NewSession) -> Result<()> {
+        let limits = &engine.config.limits;
         if let Some(tools) = &new.tools {
             let unknown: Vec<&str> = tools
                 .iter()
                 .map(String::as_str)
-                .filter(|t| self.registry.get(t).is_none())
+                .filter(|t| engine.registry.get(t).is_none())
                 .collect();
             if !unknown.is_empty() {
                 return Err(invalid(
@@ -546,7 +593,7 @@ impl Engine {
         }
         if let Some(policy) = &new.policy {
             check_policy(policy, limits)?;
-            let egress = self
+            let egress = engine
                 .config
                 .sandbox
                 .as_ref()
@@ -558,14 +605,14 @@ impl Engine {
                 ));
             }
             let gated = policy.approval.iter().flat_map(|a| a.tools.iter());
-            if let Some(tool) = gated.into_iter().find(|t| self.registry.get(t).is_none()) {
+            if let Some(tool) = gated.into_iter().find(|t| engine.registry.get(t).is_none()) {
                 return Err(invalid(
                     ProblemCode::UnknownTool,
                     format!("policy.approval.tools: unknown tool '{tool}'"),
                 ));
             }
             for tool in policy.output_limits.keys() {
-                if self.registry.get(tool).is_none() {
+                if engine.registry.get(tool).is_none() {
                     return Err(invalid(
                         ProblemCode::UnknownTool,
                         format!("policy.output_limits: unknown tool '{tool}'"),
@@ -624,10 +671,18 @@ impl Engine {
 
     /// Creates a session: its workspace with the seed files, then the session row and its first
     /// events (`session.created`, one `file.created` per seed file) in one transaction.
-    pub async fn create_session(&self, tenant_id: Uuid, new: NewSession) -> Result<Session> {
-        self.check_new_session(&new)?;
+    pub async fn create_session(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        new: NewSession,
+    ) -> Result<Session> {
+        self.check_new_session(engine, &new)?;
         // The image first: pulled (or found in the cache) before anything of the session exists.
-        let (environment, image) = match self.new_environment(new.environment.as_ref()).await? {
+        let (environment, image) = match self
+            .new_environment(engine, new.environment.as_ref())
+            .await?
+        {
             Some((e, i)) => (Some(e), Some(i)),
             None => (None, None),
         };
@@ -651,7 +706,7 @@ impl Engine {
         let name = id.to_string();
         // Off the async threads: with a disk quota this makes and mounts a filesystem (~50 ms).
         let made = {
-            let workspaces = self.workspaces.clone();
+            let workspaces = engine.workspaces.clone();
             let name = name.clone();
             tokio::task::spawn_blocking(move || workspaces.create(&name))
                 .await
@@ -661,50 +716,50 @@ impl Engine {
             out_of_descriptors(&e)
                 .unwrap_or_else(|| EngineError::Internal(format!("cannot create workspace: {e}")))
         })?;
-        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace, image));
+        let rt = Arc::new(self.fresh_runtime(engine, session.clone(), workspace, image));
 
-        let mut events = vec![self.session_created(&session, None)];
+        let mut events = vec![self.session_created(engine, &session, None)];
         let mut blobs = Vec::new();
         let seeded = self
-            .seed_files(&session, &rt, new.files.unwrap_or_default())
+            .seed_files(engine, &session, &rt, new.files.unwrap_or_default())
             .await;
         let changes = match seeded {
             Ok(c) => c,
             Err(e) => {
-                self.workspaces.remove(&name);
+                engine.workspaces.remove(&name);
                 return Err(e);
             }
         };
         for change in changes {
-            let (event, blob) = self.change_event(change);
+            let (event, blob) = self.change_event(engine, change);
             events.push(event);
             blobs.extend(blob);
         }
-        let (cap, disk_binds) = self.open_session_cap();
-        match self
+        let (cap, disk_binds) = self.open_session_cap(engine);
+        match engine
             .store
             .create_session(&session, events, blobs, cap)
             .await
         {
             Ok(stored) => {
-                self.metrics.session_created();
-                self.keep_runtime(rt);
-                self.settle(stored.id).await;
+                engine.metrics.session_created();
+                self.keep_runtime(engine, rt);
+                engine.cluster.settle(stored.id).await;
                 Ok(stored)
             }
             Err(e) => {
-                self.workspaces.remove(&name);
-                Err(self.refused_create(e, disk_binds))
+                engine.workspaces.remove(&name);
+                Err(self.refused_create(engine, e, disk_binds))
             }
         }
     }
 
     /// How many open sessions a tenant may hold: `limits.max_open_sessions_per_tenant`, or
     /// fewer when each reserves its disk quota out of `limits.tenant_disk_bytes` (then `true`).
-    pub(crate) fn open_session_cap(&self) -> (u64, bool) {
-        let limits = &self.config.limits;
+    pub(crate) fn open_session_cap(&self, engine: &Engine) -> (u64, bool) {
+        let limits = &engine.config.limits;
         let cap = limits.max_open_sessions_per_tenant;
-        match self.workspaces.disk_quota() {
+        match engine.workspaces.disk_quota() {
             Some(each) if limits.tenant_disk_bytes > 0 => {
                 let by_disk = limits.tenant_disk_bytes / each;
                 if by_disk < cap {
@@ -720,6 +775,7 @@ impl Engine {
     /// The error of a refused session create, naming the disk limit when that is what binds.
     pub(crate) fn refused_create(
         &self,
+        engine: &Engine,
         e: toolexec_store::StoreError,
         disk_binds: bool,
     ) -> EngineError {
@@ -732,8 +788,8 @@ impl Engine {
                          (limits.tenant_disk_bytes = {} bytes, {} bytes reserved by each session, \
                          limits.session_disk_bytes); close sessions it no longer needs (DELETE \
                          /v1/sessions/{{id}}) and create this one again",
-                        self.config.limits.tenant_disk_bytes,
-                        self.workspaces.disk_quota().unwrap_or(0)
+                        engine.config.limits.tenant_disk_bytes,
+                        engine.workspaces.disk_quota().unwrap_or(0)
                     ),
                 }
             }
@@ -743,13 +799,18 @@ impl Engine {
 
     /// The `session.created` event of a session (with where it came from, and how many files
     /// it started with, for a fork or a replay).
-    pub(crate) fn session_created(&self, session: &Session, from: Option<usize>) -> NewEvent {
+    pub(crate) fn session_created(
+        &self,
+        engine: &Engine,
+        session: &Session,
+        from: Option<usize>,
+    ) -> NewEvent {
         let mut data = json!({
             "tools": session.tools,
             "policy": session.policy,
             "env_keys": session.env.keys().collect::<Vec<_>>(),
             "metadata": session.metadata,
-            "node": self.config.node,
+            "node": engine.config.node,
         });
         if let (Some(environment), serde_json::Value::Object(map)) =
             (&session.environment, &mut data)
@@ -770,6 +831,7 @@ impl Engine {
 
     async fn seed_files(
         &self,
+        engine: &Engine,
         session: &Session,
         rt: &SessionRuntime,
         files: std::collections::BTreeMap<String, String>,
@@ -779,12 +841,12 @@ impl Engine {
         }
         // Seeding goes through write_file itself, so seed paths obey exactly the jail rules the
         // model's writes do.
-        let writer = self
+        let writer = engine
             .registry
             .get("write_file")
             .ok_or_else(|| EngineError::Internal("write_file tool missing".into()))?
             .clone();
-        let ctx = self.tool_context(session, rt);
+        let ctx = self.tool_context(engine, session, rt);
         let mut changes = Vec::new();
         for (path, content) in files {
             let out = writer
@@ -808,12 +870,13 @@ impl Engine {
     /// A file change as a log event, with its contents as a blob unless over the size limit.
     pub(crate) fn change_event(
         &self,
+        engine: &Engine,
         change: toolexec_tools::RecordedChange,
     ) -> (NewEvent, Option<Blob>) {
         let mut fc = change.change;
         // The bytes move into the blob: contents are never copied on their way to the store.
         let blob = match change.after {
-            Some(bytes) if bytes.len() <= self.config.limits.max_blob_bytes => {
+            Some(bytes) if bytes.len() <= engine.config.limits.max_blob_bytes => {
                 Some(Blob::new(bytes))
             }
             after => {
@@ -833,18 +896,28 @@ impl Engine {
         )
     }
 
-    pub async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
-        Ok(self.store.get_session(tenant_id, id).await?)
+    pub async fn get_session(&self, engine: &Engine, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        Ok(engine.store.get_session(tenant_id, id).await?)
     }
 
     /// Closes a session: stops its background processes, records `session.closed` (with how
     /// each process ended), then removes its workspace. The log stays.
-    pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+    pub async fn close_session(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Session> {
         // Running calls are stopped (a command's process tree killed) and queued ones never
         // start, all recorded `cancelled`, before the session closes (SPEC §2).
-        self.cancel_session_calls(tenant_id, id).await?;
+        engine
+            .calls
+            .cancel_session_calls(engine, tenant_id, id)
+            .await?;
         // Calls waiting for approval can no longer run: recorded denied, and why.
-        self.deny_waiting_of_session(tenant_id, id, "the session was closed")
+        engine
+            .approvals
+            .deny_waiting_of_session(engine, tenant_id, id, "the session was closed")
             .await;
         let mut processes = Vec::new();
         let mut terminals = Vec::new();
@@ -865,22 +938,22 @@ impl Engine {
                 .map(|p| json!({"process_id": p.id, "command": p.command, "state": p.state, "output_bytes": p.output_bytes}))
                 .collect();
         }
-        let session = self
+        let session = engine
             .store
             .close_session(
                 tenant_id,
                 id,
-                json!({"node": self.config.node, "processes": processes, "terminals": terminals}),
+                json!({"node": engine.config.node, "processes": processes, "terminals": terminals}),
             )
             .await?;
-        self.streams.notify(id);
-        self.leases.release(id).await;
-        let rt = self.runtimes.lock().ok().and_then(|mut m| m.remove(&id));
+        engine.streams.notify(id);
+        engine.cluster.release(id).await;
+        let rt = self.cached.lock().ok().and_then(|mut m| m.remove(&id));
         // Wait for running calls of the session to finish before the workspace goes away.
         if let Some(rt) = rt {
             let _guard = rt.schedule.write().await;
         }
-        self.workspaces.remove(&id.to_string());
+        engine.workspaces.remove(&id.to_string());
         Ok(session)
     }
 }

@@ -106,6 +106,11 @@ impl From<StoreError> for EngineError {
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// The running engine. Cheap to share (`Arc`); one per process.
+///
+/// A facade: it holds the node's shared services and the engine's parts, and answers the API,
+/// mostly by handing a request to the part that owns it. Each part's fields are private to its
+/// module; a part reaches another through that part's methods, with the `&Engine` it runs in
+/// (docs/design.md, "The engine's parts").
 pub struct Engine {
     store: Arc<dyn Store>,
     registry: Arc<Registry>,

@@ -558,13 +558,13 @@ impl Runtimes {
             max_walk_entries: engine.config.limits.max_walk_entries,
             max_terminals: engine.config.limits.max_terminals_per_session,
             terminal_idle_timeout_ms: engine.config.limits.terminal_idle_timeout_ms,
-            // Set when a call runs (`Engine::run_tool`), so that waiting for the session's
+            // Set when a call runs (`Calls::run_tool`), so that waiting for the session's
             // scheduling lock does not count against it.
             deadline: toolexec_tools::Deadline::none(),
             // Set when a call runs, from its batch (`calls::cancel`).
             cancel: tokio_util::sync::CancellationToken::new(),
             web: engine.config.web.clone(),
-            // Set when a call of a verify replay runs (`Engine::observed_for`).
+            // Set when a call of a verify replay runs (`History::observed_for`).
             observed: toolexec_tools::observe::Observed::Live,
             journal: Arc::new(toolexec_tools::observe::Journal::default()),
             tenant_id: session.tenant_id,

@@ -18,7 +18,7 @@
 //! The source is read a page of ids at a time and one call when it is re-run ([`Steps`]), never
 //! whole. A call the session's `policy.approval` gates waits for a person again, as any call of
 //! the replay session would: an approval in the source was for that run only
-//! ([`Engine::decided`], docs/design.md, "Approval gates").
+//! (`History::decided`, docs/design.md, "Approval gates").
 //!
 //! Observations from outside — the responses of tools that declare the `network` capability
 //! (`web_fetch`, `web_search`: their `web.exchange` events) — are served from the record, never

@@ -10,8 +10,8 @@ pub use toolexec_image::Progress;
 use toolexec_image::{EnvironmentsConfig, Image, ImageError, ImageStore};
 use toolexec_sandbox::SessionImage;
 
-use crate::sessions::Runtimes;
-use crate::sessions::invalid;
+use crate::runtimes::Runtimes;
+use crate::runtimes::invalid;
 use crate::{Engine, EngineError, Result};
 
 /// The images sessions may run in and this node's cache of them.

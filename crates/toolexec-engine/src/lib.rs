@@ -18,11 +18,10 @@ pub mod environments;
 mod history;
 mod leases;
 pub mod metrics;
-mod reads;
 pub mod recorder;
+mod runtimes;
 mod scans;
 mod session_env;
-mod sessions;
 mod slots;
 mod storable;
 mod stream;
@@ -47,8 +46,8 @@ pub use canonical::arguments_sha256;
 pub use cluster::{Cluster, Route};
 pub use config::{ClusterConfig, EngineConfig, Limits};
 pub use history::{DEFAULT_TREE_PAGE, FileAt, History, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
-pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
-pub use sessions::{Runtimes, SessionRuntime};
+pub use runtimes::MAX_PAGE as MAX_SESSIONS_PAGE;
+pub use runtimes::{Runtimes, SessionRuntime};
 pub use stream::log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
 pub use stream::pages::{EventsPage, SessionsPage, ShownEvent};
 pub use stream::{StreamItem, Streams};
@@ -124,7 +123,7 @@ pub struct Engine {
     /// The node's budget of scan contents held until their calls are recorded.
     contents: Arc<scans::ContentPool>,
     /// The sessions live on this node: their workspaces, sandboxes, terminals, read-state.
-    runtimes: sessions::Runtimes,
+    runtimes: runtimes::Runtimes,
     /// Running, recording and cancelling batches of calls.
     calls: calls::Calls,
     /// The calls waiting for a person's decision.
@@ -240,7 +239,7 @@ impl Engine {
             registry,
             recorder,
             metrics,
-            runtimes: sessions::Runtimes::new(process_slots),
+            runtimes: runtimes::Runtimes::new(process_slots),
             calls: calls::Calls::new(),
             approvals: calls::Approvals::new(),
             history: history::History::new(config.limits.max_concurrent_folds.max(1), replay_slots),

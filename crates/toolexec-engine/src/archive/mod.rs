@@ -378,7 +378,7 @@ impl Archives {
     async fn record_upload_batch(
         &self,
         engine: &Engine,
-        rt: &crate::sessions::SessionRuntime,
+        rt: &crate::runtimes::SessionRuntime,
         tenant_id: Uuid,
         session_id: Uuid,
     ) -> Result<(u64, Option<i64>)> {

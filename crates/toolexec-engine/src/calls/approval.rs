@@ -28,7 +28,7 @@ use super::cancel::BatchControl;
 use super::commit::{closed, key_of};
 use super::inflight::Claim;
 use super::run::{Pending, Started};
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 
 /// A person's (or the clock's) decision on a waiting call.

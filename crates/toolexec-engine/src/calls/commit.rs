@@ -14,7 +14,7 @@ use super::Calls;
 use super::inflight::InflightGuard;
 use super::outcome::Recorded;
 use crate::metrics::Metrics;
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::storable;
 use crate::{Engine, EngineError, Result};
 

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::Calls;
 use crate::callindex::Seen;
 use crate::canonical::arguments_sha256;
-use crate::sessions::{SessionRuntime, invalid};
+use crate::runtimes::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
 
 /// Longest call id accepted, in characters (what the OpenAPI document states as `maxLength`):

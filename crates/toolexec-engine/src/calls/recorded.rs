@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::Calls;
 use super::envelope::reused;
 use super::inflight::{FOREIGN_WAIT, wait_slot};
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 
 impl Calls {

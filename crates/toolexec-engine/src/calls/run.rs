@@ -17,8 +17,8 @@ use super::commit::{closed, key_of};
 use super::inflight::{Claim, InflightGuard, wait_slot};
 use super::outcome::{NewInvocationRef, output_limit};
 use crate::canonical::{nul_pointer, without_nul};
+use crate::runtimes::SessionRuntime;
 use crate::scans::ContentLease;
-use crate::sessions::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 use toolexec_core::OutputLimit;
 

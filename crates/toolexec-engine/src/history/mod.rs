@@ -25,7 +25,7 @@ use toolexec_workspace::history::{self, Entry, EntryKind, Plan, State};
 use toolexec_workspace::scan::{SeenEntry, Snapshot};
 use uuid::Uuid;
 
-use crate::sessions::{SessionRuntime, invalid};
+use crate::runtimes::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
 
 mod entries;

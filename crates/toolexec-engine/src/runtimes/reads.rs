@@ -18,7 +18,7 @@ use toolexec_core::Session;
 use toolexec_store::{ReadRecord, StoreError};
 
 use crate::history::MAX_ORIGIN_DEPTH;
-use crate::sessions::Runtimes;
+use crate::runtimes::Runtimes;
 use crate::{Engine, EngineError, Result};
 
 impl Runtimes {

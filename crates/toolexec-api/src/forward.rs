@@ -1,6 +1,6 @@
 //! Requests that must run where their session lives — its calls (also over MCP), rewinds,
 //! cancels, forks and its close, and the cancel of one of its invocations — are forwarded to the replica it lives
-//! on when they reach another one (the engine decides where: [`Engine::route`]). Everything
+//! on when they reach another one (the engine decides where: [`Cluster::route`]). Everything
 //! else (the log, the tree at a seq, replays, new sessions) is answered by whichever replica
 //! gets it, from the shared store.
 //!
@@ -15,7 +15,7 @@
 //! breaks after the request went out, it may have run: the client gets 503 and a retry of the
 //! same call ids returns what was recorded.
 //!
-//! [`Engine::route`]: toolexec_engine::Engine::route
+//! [`Cluster::route`]: toolexec_engine::Cluster::route
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -121,7 +121,7 @@ pub(crate) async fn forward_to_owner(
     let session = match target {
         Target::Upload(session) => return forward_upload(&state, session, req, next).await,
         Target::Session(id) => id,
-        Target::Invocation(id) => match engine.invocation_session(id).await {
+        Target::Invocation(id) => match engine.cluster().invocation_session(id).await {
             Ok(Some(session)) => session,
             // Unknown here too: the handler answers (404), as for any id.
             _ => return next.run(req).await,
@@ -142,7 +142,7 @@ pub(crate) async fn forward_to_owner(
     let started = Instant::now();
     let wait = Duration::from_millis(engine.config().limits.lease_wait_ms);
     loop {
-        let route = match engine.route(session).await {
+        let route = match engine.cluster().route(session).await {
             Ok(route) => route,
             Err(e) => return ApiError::from(e).into_response(),
         };
@@ -194,7 +194,7 @@ pub(crate) async fn forward_to_owner(
 /// that says to send it again, since the body cannot be sent twice.
 async fn forward_upload(state: &SharedState, session: Uuid, req: Request, next: Next) -> Response {
     let engine = &state.engine;
-    let route = match engine.route(session).await {
+    let route = match engine.cluster().route(session).await {
         Ok(route) => route,
         Err(e) => return ApiError::from(e).into_response(),
     };
@@ -244,7 +244,7 @@ async fn send(
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     let url = format!("{}{path}", address.trim_end_matches('/'));
     let mut headers = end_to_end(&parts.headers);
-    if let Ok(value) = HeaderValue::from_str(engine.node()) {
+    if let Ok(value) = HeaderValue::from_str(engine.cluster().node()) {
         headers.insert(FORWARDED_BY.clone(), value);
     }
     crate::observe::propagate(&mut headers);
@@ -263,8 +263,8 @@ async fn send(
                     Failed::Answering(e.to_string())
                 }
             })?,
-            () = tokio::time::sleep(engine.liveness_check_interval()) => {
-                if !engine.still_lives_on(session, node).await {
+            () = tokio::time::sleep(engine.cluster().liveness_check_interval()) => {
+                if !engine.cluster().still_lives_on(session, node).await {
                     return Err(Failed::Answering(format!(
                         "node {node} stopped answering (its heartbeat is older than the lease TTL)"
                     )));

@@ -4,12 +4,12 @@
 //! A session lives on the node that last held its lease (`session_leases.node`): that node has
 //! its workspace and its processes. Every node records a heartbeat (`nodes`, every third of the
 //! lease TTL) with the address the others reach it at (`cluster.advertise_url`). A request that
-//! must run where the session lives ([`Engine::route`]) and reaches another node is forwarded
+//! must run where the session lives ([`Cluster::route`]) and reaches another node is forwarded
 //! there by the API while that node is alive; once it is gone (no heartbeat within the TTL, or
 //! it left after draining), the next node to get a call for the session takes it over: it takes
 //! the lease (waiting out the old one's TTL), records the calls and background processes that
 //! were running there as interrupted, and rebuilds the workspace from the log
-//! ([`Engine::take_over`]), which it records as `session.taken_over`. The log goes on gapless:
+//! ([`Cluster::take_over`]), which it records as `session.taken_over`. The log goes on gapless:
 //! seqs are assigned by the store.
 //!
 //! This module decides; it does not move bytes between nodes (the API forwards requests) and
@@ -19,11 +19,26 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolexec_core::{EventKind, Session, names};
-use toolexec_store::NewEvent;
+use toolexec_store::{NewEvent, Store};
 use toolexec_workspace::history;
 use uuid::Uuid;
 
+use crate::leases::{LeaseGuard, Leases};
 use crate::{Engine, EngineError, Result};
+
+/// Where this node stands among the replicas: the leases of the sessions it runs (taken,
+/// renewed, released; the heartbeat), where a request for a session goes (here or forwarded),
+/// taking over a session whose node is gone, draining and leaving. Writes
+/// `session.taken_over`, and `process.exited` / `terminal.exited` for what the gone node was
+/// running.
+pub struct Cluster {
+    store: Arc<dyn Store>,
+    /// This node's name.
+    node: String,
+    /// Whether this node takes forwarded requests (`cluster.advertise_url` is set).
+    forwards: bool,
+    leases: Arc<Leases>,
+}
 
 /// Where a request for a session runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,10 +59,34 @@ const INTERRUPTED_BY_TAKEOVER: &str = "The node running this call stopped (it cr
      it. Check the workspace state (for example with read_file or list_dir) before retrying \
      with a new call id.";
 
-impl Engine {
+impl Cluster {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        node: String,
+        forwards: bool,
+        leases: Arc<Leases>,
+    ) -> Self {
+        Self {
+            store,
+            node,
+            forwards,
+            leases,
+        }
+    }
+
     /// This node's name.
     pub fn node(&self) -> &str {
-        &self.config.node
+        &self.node
+    }
+
+    /// Holds the lease of `session_id` for a call: see [`Leases::hold`].
+    pub(crate) async fn hold(&self, session_id: Uuid) -> Result<(LeaseGuard, Option<String>)> {
+        self.leases.hold(session_id).await
+    }
+
+    /// Gives up the lease of `session_id` (a closed session): see [`Leases::release`].
+    pub(crate) async fn release(&self, session_id: Uuid) {
+        self.leases.release(session_id).await
     }
 
     /// Where a request that must run where `session_id` lives goes: here if this node serves
@@ -59,7 +98,7 @@ impl Engine {
     /// not enough: another node may have taken the session over since, and running here would
     /// take it back (and rebuild it) on every call.
     pub async fn route(&self, session_id: Uuid) -> Result<Route> {
-        if self.config.cluster.advertise_url.is_none() || self.leases.holds(session_id) {
+        if !self.forwards || self.leases.holds(session_id) {
             return Ok(Route::Here);
         }
         let started = Instant::now();
@@ -71,7 +110,7 @@ impl Engine {
             else {
                 return Ok(Route::Here);
             };
-            if owner.node == self.config.node || !owner.alive {
+            if owner.node == self.node || !owner.alive {
                 return Ok(Route::Here);
             }
             match owner.address {
@@ -144,7 +183,7 @@ impl Engine {
     /// session over at once instead of after the lease TTL.
     pub async fn leave(&self) {
         self.leases.release_all().await;
-        if let Err(e) = self.store.remove_node(&self.config.node).await {
+        if let Err(e) = self.store.remove_node(&self.node).await {
             tracing::warn!(error = %e, "this node's record could not be removed; the others take its sessions over once its heartbeat is older than the lease TTL");
         }
     }
@@ -154,6 +193,7 @@ impl Engine {
     /// here or on a node that is alive.
     pub(crate) async fn take_over_if_orphaned(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
     ) -> Result<()> {
@@ -170,9 +210,12 @@ impl Engine {
         }
         let (_lease, previous) = self.leases.hold(session_id).await?;
         if previous.is_some() {
-            self.forget_runtime(session_id);
+            engine.runtimes.forget_runtime(session_id);
         }
-        self.runtime(&session, previous.as_deref()).await?;
+        engine
+            .runtimes
+            .runtime(engine, &session, previous.as_deref())
+            .await?;
         Ok(())
     }
 
@@ -184,6 +227,7 @@ impl Engine {
     /// Returns the ids of the processes it recorded as gone.
     pub(crate) async fn take_over(
         &self,
+        engine: &Engine,
         session: &Session,
         from: Option<&str>,
     ) -> Result<Vec<String>> {
@@ -193,7 +237,9 @@ impl Engine {
             .interrupt_session(session.id, INTERRUPTED_BY_TAKEOVER)
             .await?;
         // Its calls waiting for approval stay waiting; this node times their waits now.
-        self.arm_pending(toolexec_store::Waiters::Session(session.id))
+        engine
+            .approvals
+            .arm_pending(engine, toolexec_store::Waiters::Session(session.id))
             .await;
         // Re-read after the interruptions: the rebuild must see the log as it now ends.
         let session = self
@@ -203,22 +249,25 @@ impl Engine {
         let gone = self.running_processes(&session).await?;
         let terminals_gone = self.open_terminals(&session).await?;
         let name = session.id.to_string();
-        let keep = self.config.cluster.shared_workspaces && self.workspaces.open(&name).is_ok();
+        let keep = engine.config.cluster.shared_workspaces && engine.workspaces.open(&name).is_ok();
         let (entries, unrestorable) = if keep {
             (None, Vec::new())
         } else {
-            let permit = self.fold_permit(1).await?;
-            let state = self.fold(&session, session.last_seq).await?;
+            let permit = engine.history.fold_permit(engine, 1).await?;
+            let state = engine
+                .history
+                .fold(engine, &session, session.last_seq)
+                .await?;
             let plan = history::plan(std::iter::empty(), &state);
             // A copy left from an earlier stay of the session here is stale.
-            self.workspaces.remove(&name);
-            let ws = Arc::new(self.workspaces.create(&name).map_err(|e| {
+            engine.workspaces.remove(&name);
+            let ws = Arc::new(engine.workspaces.create(&name).map_err(|e| {
                 EngineError::Unavailable(format!(
                     "the workspace of session {} cannot be made on this node ({e})",
                     session.id
                 ))
             })?);
-            let (missing, failed) = self.fill(&ws, &plan).await?;
+            let (missing, failed) = engine.history.fill(engine, &ws, &plan).await?;
             drop(permit);
             let mut unrestorable: Vec<String> = plan
                 .unrestorable
@@ -254,7 +303,7 @@ impl Engine {
             kind: EventKind::SessionTakenOver,
             data: json!({
                 "from_node": from,
-                "node": self.config.node,
+                "node": engine.config.node,
                 "invocations_interrupted": interrupted,
                 "processes_interrupted": gone.iter().map(|(id, _)| id).collect::<Vec<_>>(),
                 "workspace": if keep { "kept (shared storage)" } else { "rebuilt from the log" },
@@ -266,7 +315,8 @@ impl Engine {
         self.store
             .append_events(session.tenant_id, session.id, events, Vec::new())
             .await?;
-        self.metrics
+        engine
+            .metrics
             .session_taken_over(started.elapsed().as_secs_f64());
         tracing::info!(session = %session.id, from = ?from, interrupted, processes = gone.len(), ms = started.elapsed().as_millis() as u64, "session taken over");
         Ok(gone.into_iter().map(|(id, _)| id).collect())

@@ -10,17 +10,19 @@ use toolexec_tools::{Tool, ToolContext, ToolOutput};
 use tracing::Instrument;
 
 use crate::Engine;
+use crate::calls::Calls;
 
-impl Engine {
+impl Calls {
     /// Runs `tool` with `ctx`, its deadline starting now. Also returns what the call read (and
     /// wrote, and deleted) for read-before-write, which its record keeps.
     pub(crate) async fn run_tool(
         &self,
+        engine: &Engine,
         tool: &dyn Tool,
         mut ctx: ToolContext,
         args: serde_json::Value,
     ) -> (ToolOutput, Vec<FileRead>) {
-        let limit = Duration::from_millis(self.config.limits.tool_timeout_ms);
+        let limit = Duration::from_millis(engine.config.limits.tool_timeout_ms);
         ctx.deadline = toolexec_tools::deadline_for(tool.spec(), limit);
         let journal = ctx.journal.clone();
         let reads = ctx.reads.clone();

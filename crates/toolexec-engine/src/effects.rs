@@ -58,7 +58,7 @@ impl FileEvents {
         }
     }
 
-    /// Adds one `file.*` event (as `Engine::change_event` made it, its blob already taken).
+    /// Adds one `file.*` event (as `Runtimes::change_event` made it, its blob already taken).
     pub(crate) fn push(&mut self, event: NewEvent) {
         let kind = match event.kind {
             EventKind::FileCreated => 0,

@@ -10,7 +10,8 @@ pub use toolexec_image::Progress;
 use toolexec_image::{EnvironmentsConfig, Image, ImageError, ImageStore};
 use toolexec_sandbox::SessionImage;
 
-use crate::sessions::invalid;
+use crate::runtimes::Runtimes;
+use crate::runtimes::invalid;
 use crate::{Engine, EngineError, Result};
 
 /// The images sessions may run in and this node's cache of them.
@@ -67,10 +68,11 @@ fn open(image: &Image) -> Result<Arc<SessionImage>> {
         })
 }
 
-impl Engine {
-    fn count_cache(&self, envs: &Environments) {
+impl Runtimes {
+    fn count_cache(&self, engine: &Engine, envs: &Environments) {
         if let Ok(images) = envs.store.list() {
-            self.metrics
+            engine
+                .metrics
                 .image_cache_bytes(images.iter().map(|i| i.unpacked_bytes).sum());
         }
     }
@@ -80,9 +82,10 @@ impl Engine {
     /// recorded with an image it cannot have.
     pub(crate) async fn new_environment(
         &self,
+        engine: &Engine,
         asked: Option<&EnvironmentRequest>,
     ) -> Result<Option<(SessionEnvironment, Arc<SessionImage>)>> {
-        let Some(envs) = &self.config.environments else {
+        let Some(envs) = &engine.config.environments else {
             return match asked {
                 None => Ok(None),
                 Some(r) => Err(invalid(
@@ -101,7 +104,7 @@ impl Engine {
             (None, Some(default)) => default.clone(),
             (None, None) => return Ok(None),
         };
-        if self
+        if engine
             .config
             .sandbox
             .as_ref()
@@ -113,7 +116,7 @@ impl Engine {
                     .into(),
             ));
         }
-        let (environment, image, _) = self.pull_asked(envs, &asked, |_| {}).await?;
+        let (environment, image, _) = self.pull_asked(engine, envs, &asked, |_| {}).await?;
         Ok(Some((environment, open(&image)?)))
     }
 
@@ -121,6 +124,7 @@ impl Engine {
     /// it unless cached: the environment to record, the image, whether it was cached.
     async fn pull_asked(
         &self,
+        engine: &Engine,
         envs: &Environments,
         asked: &str,
         progress: impl Fn(Progress) + Send + Sync + 'static,
@@ -132,10 +136,11 @@ impl Engine {
             .resolve_watching(&reference, progress)
             .await
             .map_err(problem)?;
-        self.metrics
+        engine
+            .metrics
             .image_resolved(cached, started.elapsed().as_secs_f64());
         if !cached {
-            self.count_cache(envs);
+            self.count_cache(engine, envs);
         }
         let name = envs
             .config
@@ -155,10 +160,11 @@ impl Engine {
     /// (`POST /v1/environments`), reporting the download's progress.
     pub async fn pull_environment(
         &self,
+        engine: &Engine,
         asked: &str,
         progress: impl Fn(Progress) + Send + Sync + 'static,
     ) -> Result<PulledEnvironment> {
-        let Some(envs) = &self.config.environments else {
+        let Some(envs) = &engine.config.environments else {
             return Err(invalid(
                 ProblemCode::ImageNotAllowed,
                 format!(
@@ -167,7 +173,7 @@ impl Engine {
                 ),
             ));
         };
-        let (environment, image, cached) = self.pull_asked(envs, asked, progress).await?;
+        let (environment, image, cached) = self.pull_asked(engine, envs, asked, progress).await?;
         Ok(PulledEnvironment {
             environment,
             cached,
@@ -180,6 +186,7 @@ impl Engine {
     /// (never by its tag, which may name another image by now).
     pub(crate) async fn session_image(
         &self,
+        engine: &Engine,
         environment: Option<&SessionEnvironment>,
     ) -> Result<Option<Arc<SessionImage>>> {
         let Some(env) = environment else {
@@ -196,14 +203,14 @@ impl Engine {
                 env.pinned()
             ))
         };
-        let Some(envs) = &self.config.environments else {
+        let Some(envs) = &engine.config.environments else {
             return Err(restore(
                 "this node has no environments configured ([environments])".into(),
             ));
         };
         let image = match envs.store.get(&env.digest).map_err(problem)? {
             Some(image) => {
-                self.metrics.image_resolved(true, 0.0);
+                engine.metrics.image_resolved(true, 0.0);
                 image
             }
             None => {
@@ -216,9 +223,10 @@ impl Engine {
                         ImageError::Io(d) => EngineError::Internal(format!("image cache: {d}")),
                         e => restore(e.to_string()),
                     })?;
-                self.metrics
+                engine
+                    .metrics
                     .image_resolved(false, started.elapsed().as_secs_f64());
-                self.count_cache(envs);
+                self.count_cache(engine, envs);
                 image
             }
         };

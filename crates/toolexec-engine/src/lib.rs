@@ -17,38 +17,40 @@ mod effects;
 pub mod environments;
 mod history;
 mod leases;
-mod log;
 pub mod metrics;
-mod pages;
-mod reads;
 pub mod recorder;
-mod replay;
+mod runtimes;
 mod scans;
 mod session_env;
-mod sessions;
 mod slots;
 mod storable;
 mod stream;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use toolexec_core::ProblemCode;
+use environments::{Progress, PulledEnvironment};
+use toolexec_core::history::ArchiveUploaded;
+use toolexec_core::{
+    CallResult, ForkRequest, Forked, Invocation, NewSession, ProblemCode, Replay, ReplayMode,
+    RewindRequest, RewindResult, Session, Tree,
+};
 use toolexec_store::{Store, StoreError};
 use toolexec_tools::Registry;
 use uuid::Uuid;
 
-pub use archive::{ArchiveSlot, ArchiveUpload, MAX_ARCHIVE_FILE_BYTES, Spool};
-pub use calls::{CANCEL_WAIT, CallBatch, CancelledCalls, CancelledInvocation, Decision};
+pub use archive::{ArchiveSlot, ArchiveUpload, Archives, MAX_ARCHIVE_FILE_BYTES, Spool};
+pub use calls::{
+    Approvals, CANCEL_WAIT, CallBatch, Calls, CancelledCalls, CancelledInvocation, Decision,
+};
 pub use canonical::arguments_sha256;
-pub use cluster::Route;
+pub use cluster::{Cluster, Route};
 pub use config::{ClusterConfig, EngineConfig, Limits};
-pub use history::{DEFAULT_TREE_PAGE, FileAt, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
-pub use log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
-pub use pages::{EventsPage, SessionsPage, ShownEvent};
-pub use sessions::MAX_PAGE as MAX_SESSIONS_PAGE;
-pub use sessions::SessionRuntime;
-pub use stream::StreamItem;
+pub use history::{DEFAULT_TREE_PAGE, FileAt, History, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
+pub use runtimes::MAX_PAGE as MAX_SESSIONS_PAGE;
+pub use runtimes::{Runtimes, SessionRuntime};
+pub use stream::log::{DEFAULT_EVENTS_PAGE, MAX_EVENTS_PAGE, MAX_OUTPUT_SLICE, OutputSlice};
+pub use stream::pages::{EventsPage, SessionsPage, ShownEvent};
+pub use stream::{StreamItem, Streams};
 
 /// Why the engine could not act on a request. A tool that fails is not an error here: it is a
 /// [`toolexec_core::CallResult`] with an error status.
@@ -103,52 +105,37 @@ impl From<StoreError> for EngineError {
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// The running engine. Cheap to share (`Arc`); one per process.
+///
+/// A facade: it holds the node's shared services and the engine's parts, and answers the API,
+/// mostly by handing a request to the part that owns it. Each part's fields are private to its
+/// module; a part reaches another through that part's methods, with the `&Engine` it runs in
+/// (docs/design.md, "The engine's parts").
 pub struct Engine {
     store: Arc<dyn Store>,
     registry: Arc<Registry>,
     recorder: recorder::Recorder,
     metrics: Arc<metrics::Metrics>,
     config: EngineConfig,
-    /// Per-session state of active sessions on this node (workspace handle, read-state, the
-    /// scheduling lock), created on first use.
-    runtimes: Mutex<HashMap<Uuid, Arc<SessionRuntime>>>,
-    /// Calls running on this node, by (session, call id): a retry of a running call waits here.
-    inflight: calls::Inflight,
-    /// Batches and cancellable calls running on this node: what a cancel stops.
-    cancels: calls::Cancels,
-    /// When the engine started: the clock of the runtimes' least-recently-used order.
-    started: std::time::Instant,
+    /// Where this node's session workspaces live, and who owns them.
+    workspaces: toolexec_workspace::Workspaces,
     /// This node's share of the host's inotify instances and watches (workspace scans).
     inotify: Arc<toolexec_workspace::scan::InotifyPool>,
     /// The node's budget of scan contents held until their calls are recorded.
     contents: Arc<scans::ContentPool>,
-    /// The live streams of sessions' logs followed on this node.
-    streams: Arc<stream::StreamHub>,
-    /// The bounds in bytes of pages and streams, and the excerpts of what is over them.
-    pages: Arc<pages::Pages>,
-    /// The sessions whose calls this node runs now (their leases in the store).
-    leases: Arc<leases::Leases>,
-    /// Where this node's session workspaces live, and who owns them.
-    workspaces: toolexec_workspace::Workspaces,
-    /// States being rebuilt from logs on this node (`limits.max_concurrent_folds`).
-    folds: Arc<tokio::sync::Semaphore>,
-    /// Each tenant's event streams and replays on this node.
-    stream_slots: Arc<slots::TenantSlots>,
-    replay_slots: Arc<slots::TenantSlots>,
-    /// Each tenant's archive uploads and downloads on this node.
-    archive_slots: Arc<slots::TenantSlots>,
-    /// Archive uploads under way on this node, all tenants (`limits.max_concurrent_archive_uploads`).
-    archive_uploads: Arc<tokio::sync::Semaphore>,
-    /// Each tenant's commands running on this node (`limits.max_processes_per_tenant`).
-    process_slots: Option<Arc<slots::TenantSlots>>,
-    /// Sessions a verify replay is re-running calls in: no other batch may run in them until
-    /// it ends.
-    replaying: Mutex<std::collections::HashSet<Uuid>>,
-    /// The calls waiting for approval whose expiry this node times.
-    approval_timers: Mutex<HashMap<Uuid, tokio::task::AbortHandle>>,
-    /// This engine, for the tasks it starts on its own (approval timers) without keeping it
-    /// alive.
-    me: std::sync::OnceLock<std::sync::Weak<Engine>>,
+    /// The sessions live on this node: their workspaces, sandboxes, terminals, read-state.
+    runtimes: runtimes::Runtimes,
+    /// Running, recording and cancelling batches of calls.
+    calls: calls::Calls,
+    /// The calls waiting for a person's decision.
+    approvals: calls::Approvals,
+    /// A session's past: folds, tree, files at a seq, fork, rewind, replay.
+    history: history::History,
+    /// Uploads and downloads of workspace archives.
+    archives: archive::Archives,
+    /// Reading sessions' logs: pages, events, invocations, live streams.
+    streams: stream::Streams,
+    /// The leases of the sessions this node runs, forwarding and taking over.
+    cluster: cluster::Cluster,
 }
 
 impl std::fmt::Debug for Engine {
@@ -194,7 +181,7 @@ impl Engine {
                 .map_err(|e| EngineError::Internal(format!("limits.session_disk_bytes: {e}")))?;
         }
         let metrics = Arc::new(metrics::Metrics::default());
-        let pages = pages::Pages::new(&config.limits);
+        let pages = stream::pages::Pages::new(&config.limits);
         let streams = Arc::new(stream::StreamHub::new(
             pages.clone(),
             config.limits.max_streams_per_node,
@@ -216,9 +203,6 @@ impl Engine {
                 wait: ms(config.limits.lease_wait_ms),
             },
         );
-        let folds = Arc::new(tokio::sync::Semaphore::new(
-            config.limits.max_concurrent_folds.max(1),
-        ));
         let stream_slots = slots::TenantSlots::new(
             "event streams open",
             "limits.max_streams_per_tenant",
@@ -244,37 +228,35 @@ impl Engine {
         });
         // Alive before it serves: the other replicas forward to a node they know is there.
         leases.heartbeat().await;
+        let cluster = cluster::Cluster::new(
+            store.clone(),
+            config.node.clone(),
+            config.cluster.advertise_url.is_some(),
+            leases,
+        );
         let engine = Arc::new(Self {
-            store,
+            store: store.clone(),
             registry,
             recorder,
             metrics,
+            runtimes: runtimes::Runtimes::new(process_slots),
+            calls: calls::Calls::new(),
+            approvals: calls::Approvals::new(),
+            history: history::History::new(config.limits.max_concurrent_folds.max(1), replay_slots),
+            archives: archive::Archives::new(archive_slots, config_uploads, workspaces.clone()),
+            streams: stream::Streams::new(store.clone(), streams, stream_slots, pages),
+            cluster,
             config,
-            runtimes: Mutex::new(HashMap::new()),
-            inflight: calls::Inflight::default(),
-            cancels: calls::Cancels::default(),
-            started: std::time::Instant::now(),
+            workspaces,
             inotify,
             contents,
-            streams,
-            pages,
-            leases,
-            workspaces,
-            folds,
-            stream_slots,
-            replay_slots,
-            process_slots,
-            archive_slots,
-            archive_uploads: Arc::new(tokio::sync::Semaphore::new(config_uploads)),
-            replaying: Mutex::new(std::collections::HashSet::new()),
-            approval_timers: Mutex::new(HashMap::new()),
-            me: std::sync::OnceLock::new(),
         });
-        let _ = engine.me.set(Arc::downgrade(&engine));
+        engine.approvals.wire(&engine);
         // The calls this node recorded waiting for approval before it stopped: their waits
         // are timed again (those that ended meanwhile are denied now).
         engine
-            .arm_pending(toolexec_store::Waiters::Node(&engine.config.node))
+            .approvals
+            .arm_pending(&engine, toolexec_store::Waiters::Node(&engine.config.node))
             .await;
         Ok(engine)
     }
@@ -294,7 +276,7 @@ impl Engine {
 
     /// The metrics as Prometheus text, with the gauges read now.
     pub fn render_metrics(&self) -> String {
-        let cached = self.runtimes.lock().map_or(0, |m| m.len());
+        let cached = self.runtimes.cached_count();
         self.metrics.sessions_cached(cached);
         self.metrics.render()
     }
@@ -305,6 +287,226 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Where this node stands among the replicas: routing, forwarding, draining, leaving.
+    pub fn cluster(&self) -> &cluster::Cluster {
+        &self.cluster
+    }
+
+    /// The reading side of sessions' logs: pages, events, invocations, live streams.
+    pub fn streams(&self) -> &stream::Streams {
+        &self.streams
+    }
+
+    /// Uploads and downloads of workspace archives: each tenant's slots, the spools.
+    pub fn archives(&self) -> &archive::Archives {
+        &self.archives
+    }
+
+    /// Runs a batch of calls for a session and returns one result per call, in request order.
+    ///
+    /// The batch runs in a task of its own: if this future is dropped (the client went away),
+    /// no call is cut in half. The call running then finishes and is recorded, and the calls
+    /// that had not started are recorded `cancelled` without running (see `cancel`).
+    pub async fn run_calls(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        batch: CallBatch,
+    ) -> Result<Vec<CallResult>> {
+        self.calls
+            .run_calls(self, tenant_id, session_id, batch)
+            .await
+    }
+
+    /// Creates a session: its workspace with the seed files, then the session row and its first
+    /// events (`session.created`, one `file.created` per seed file) in one transaction.
+    pub async fn create_session(&self, tenant_id: Uuid, new: NewSession) -> Result<Session> {
+        self.runtimes.create_session(self, tenant_id, new).await
+    }
+
+    pub async fn get_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        self.runtimes.get_session(self, tenant_id, id).await
+    }
+
+    /// Closes a session: stops its background processes, records `session.closed` (with how
+    /// each process ended), then removes its workspace. The log stays.
+    pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        self.runtimes.close_session(self, tenant_id, id).await
+    }
+
+    /// A session's todos as its log folds them (plan steps and tasks).
+    pub async fn todos_of(
+        &self,
+        tenant_id: &Uuid,
+        session_id: Uuid,
+    ) -> Result<toolexec_core::todo::Todos> {
+        self.runtimes.todos_of(self, tenant_id, session_id).await
+    }
+
+    /// A `pending_approval` result once its call is decided and has ended, waiting up to
+    /// `wait` (for doors whose clients cannot be answered "later", such as MCP's `tools/call`);
+    /// any other result as it is. Still undecided after `wait` (or the wait cannot be
+    /// followed): the pending result.
+    pub async fn after_approval(
+        &self,
+        tenant_id: Uuid,
+        result: CallResult,
+        wait: std::time::Duration,
+    ) -> CallResult {
+        self.approvals
+            .after_approval(self, tenant_id, result, wait)
+            .await
+    }
+
+    /// Decides a waiting call (`POST /v1/invocations/{id}/approve|deny`, or its expiry) and
+    /// returns the invocation as it is then. An approved call starts running on this node
+    /// before this returns; wait for its end with [`Streams::wait_invocation`].
+    ///
+    /// For an approval, the session is made this node's (its lease held, a take-over done)
+    /// and the call registered as cancellable before the decision is recorded: what a
+    /// take-over interrupts is never the call just approved, and a cancel from the moment it
+    /// is approved reaches it.
+    pub async fn decide(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        decision: Decision,
+    ) -> Result<Invocation> {
+        self.approvals
+            .decide(self, tenant_id, invocation_id, decision)
+            .await
+    }
+
+    /// Cancels one invocation of this tenant. A finished one is returned as it is (a cancel
+    /// changes nothing then, so repeating it is harmless); a running one is stopped and returned
+    /// once recorded. Errors: not found (also another tenant's), or running on another node.
+    pub async fn cancel_invocation(
+        &self,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<CancelledInvocation> {
+        self.calls.cancel_invocation(self, tenant_id, id).await
+    }
+
+    /// Cancels every pending call of a session on this node: running calls are stopped, queued
+    /// ones never start; all are recorded. Returns what the stopped calls ended with. A session
+    /// with nothing pending (or closed) gives an empty report. Error: not found.
+    pub async fn cancel_session_calls(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+    ) -> Result<CancelledCalls> {
+        self.calls
+            .cancel_session_calls(self, tenant_id, session_id)
+            .await
+    }
+
+    /// Waits until no batch runs on this node. A batch outlives the request that sent it, so a
+    /// service shutting down waits here, after its last request, for batches whose clients went
+    /// away: their running call is recorded as it ended, not left to be marked `interrupted`.
+    pub async fn wait_for_batches(&self) {
+        self.calls.wait_for_batches().await
+    }
+
+    /// Pulls an image into this node's cache ahead of the sessions that will run in it
+    /// (`POST /v1/environments`), reporting the download's progress.
+    pub async fn pull_environment(
+        &self,
+        asked: &str,
+        progress: impl Fn(Progress) + Send + Sync + 'static,
+    ) -> Result<PulledEnvironment> {
+        self.runtimes.pull_environment(self, asked, progress).await
+    }
+
+    /// Unpacks the spooled archive into the session's workspace and records what it changed
+    /// (see the module's documentation).
+    pub async fn upload_archive(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        spool: Spool,
+    ) -> Result<ArchiveUploaded> {
+        self.archives
+            .upload_archive(self, tenant_id, session_id, spool)
+            .await
+    }
+
+    /// The workspace of a session of this tenant as the log has it right after event `at` (its
+    /// last by default), as a tar file in a spool the caller streams and drops. With
+    /// `allow_partial`, files whose contents the log lacks are left out (their names in the
+    /// second value); without, they make it a 409 that names them.
+    pub async fn archive_at(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+        allow_partial: bool,
+    ) -> Result<(Spool, i64, Vec<String>)> {
+        self.archives
+            .archive_at(self, tenant_id, session_id, at, allow_partial)
+            .await
+    }
+
+    /// One page of the workspace of a session as it was right after `at`.
+    pub async fn tree(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<Tree> {
+        self.history
+            .tree(self, tenant_id, session_id, at, cursor, limit)
+            .await
+    }
+
+    /// One file (or symlink) of a session's workspace as it was right after `at`.
+    pub async fn file_at(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        at: Option<i64>,
+        path: &[u8],
+    ) -> Result<FileAt> {
+        self.history
+            .file_at(self, tenant_id, session_id, at, path)
+            .await
+    }
+
+    /// A new session of the same tenant whose workspace starts as `source_id`'s was right after
+    /// `at_seq` (see [`ForkRequest`]).
+    pub async fn fork(&self, tenant_id: Uuid, source_id: Uuid, req: ForkRequest) -> Result<Forked> {
+        self.history.fork(self, tenant_id, source_id, req).await
+    }
+
+    /// Puts the live workspace of an active session back to its state right after `to_seq`
+    /// (see [`RewindRequest`]), and records that as a `workspace.rewound` event followed by a
+    /// `file.*` event per change. Waits for the session's calls in flight on this node.
+    pub async fn rewind(
+        &self,
+        tenant_id: Uuid,
+        session_id: Uuid,
+        req: RewindRequest,
+    ) -> Result<RewindResult> {
+        self.history.rewind(self, tenant_id, session_id, req).await
+    }
+
+    /// Starts a verify replay of a session of this tenant, waits for it up to the request
+    /// limit, and returns its report as it is then (`running` if it goes on).
+    pub async fn replay(
+        self: &Arc<Self>,
+        tenant_id: Uuid,
+        source_id: Uuid,
+        mode: ReplayMode,
+    ) -> Result<Replay> {
+        self.history.replay(self, tenant_id, source_id, mode).await
+    }
+
+    pub async fn get_replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
+        self.history.get_replay(self, tenant_id, id).await
     }
 
     /// Inotify instances and watches the workspace scans of this node hold.

@@ -301,7 +301,7 @@ pub async fn serve(
     // forwarding them here while it finishes what it runs.
     let shutdown = async move {
         shutdown.await;
-        draining.drain().await;
+        draining.cluster().drain().await;
     };
     let served = http::serve_app(toolexec_api::app(state), listener, limits, shutdown)
         .await
@@ -310,7 +310,7 @@ pub async fn serve(
     // their running call (SPEC §7: finish in-flight calls and record the outcome).
     engine.wait_for_batches().await;
     // Then the sessions are handed over: the next call of each, on any node, takes it over.
-    engine.leave().await;
+    engine.cluster().leave().await;
     served
 }
 

@@ -90,8 +90,12 @@ async fn put_archive(
         .get_session(tenant.id, id)
         .await
         .map_err(or_not_found("session"))?;
-    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
-    let Some(_upload) = state.engine.archive_upload() else {
+    let _slot = state
+        .engine
+        .archives()
+        .archive_slot(tenant.id)
+        .map_err(retry_later)?;
+    let Some(_upload) = state.engine.archives().archive_upload() else {
         return Err(ApiError {
             retry_after: Some(RETRY_AFTER_SECS),
             ..ApiError::new(
@@ -109,7 +113,7 @@ async fn put_archive(
     // However slowly it may arrive, an upload ends: a body that trickles forever would hold its
     // request slot and spool space forever.
     let deadline = tokio::time::Instant::now() + UPLOAD_TOTAL;
-    let (spool, file) = state.engine.archive_spool().map_err(|e| {
+    let (spool, file) = state.engine.archives().archive_spool().map_err(|e| {
         tracing::error!(error = %e, "cannot spool an archive upload");
         ApiError::internal()
     })?;
@@ -213,7 +217,11 @@ async fn get_archive(
     ApiQuery(q): ApiQuery<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id, "session")?;
-    let _slot = state.engine.archive_slot(tenant.id).map_err(retry_later)?;
+    let _slot = state
+        .engine
+        .archives()
+        .archive_slot(tenant.id)
+        .map_err(retry_later)?;
     let (spool, at, missing) = state
         .engine
         .archive_at(tenant.id, id, q.at, q.allow_partial.unwrap_or(false))

@@ -398,6 +398,7 @@ async fn stream_events(
     };
     let stream = state
         .engine
+        .streams()
         .stream(tenant.id, id, after)
         .await
         .map_err(or_not_found("session"))?;

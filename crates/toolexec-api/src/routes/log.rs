@@ -76,6 +76,7 @@ async fn list_events(
     let id = parse_id(&id, "session")?;
     let page = state
         .engine
+        .streams()
         .event_page(tenant.id, id, q.after.unwrap_or(0), q.limit)
         .await
         .map_err(or_not_found("session"))?;
@@ -135,6 +136,7 @@ async fn get_event(
     })?;
     let event = state
         .engine
+        .streams()
         .event(tenant.id, id, seq)
         .await
         .map_err(or_not_found("session"))?;
@@ -180,6 +182,7 @@ async fn get_invocation(
     Ok(Json(
         state
             .engine
+            .streams()
             .wait_invocation(
                 tenant.id,
                 id,
@@ -240,6 +243,7 @@ async fn get_output(
     let id = parse_id(&id, "invocation")?;
     let s = state
         .engine
+        .streams()
         .invocation_output(tenant.id, id, q.offset, q.limit)
         .await
         .map_err(or_not_found("invocation"))?;

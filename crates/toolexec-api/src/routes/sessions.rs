@@ -90,6 +90,7 @@ async fn list_sessions(
     };
     let page = state
         .engine
+        .streams()
         .list_sessions(tenant.id, before, q.limit.unwrap_or(DEFAULT_PAGE))
         .await?;
     let next = match page.next_before {

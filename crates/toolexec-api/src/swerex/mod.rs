@@ -303,6 +303,7 @@ impl Ctx {
         }
         let text = if result.truncated.is_some() {
             engine
+                .streams()
                 .invocation_output(self.tenant.id, result.invocation_id, None, Some(usize::MAX))
                 .await
                 .map(|s| s.content)

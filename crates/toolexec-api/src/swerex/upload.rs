@@ -79,15 +79,16 @@ pub(crate) async fn upload(
 async fn import(ctx: &Ctx, data: Vec<u8>, rel: String, unzip: bool) -> Result<Value, Failure> {
     let engine = ctx.state.engine.clone();
     let _slot = engine
+        .archives()
         .archive_slot(ctx.tenant.id)
         .map_err(|e| Failure::from(crate::problem::ApiError::from(e)))?;
-    let Some(_upload) = engine.archive_upload() else {
+    let Some(_upload) = engine.archives().archive_upload() else {
         return Err(Failure::http(
             StatusCode::SERVICE_UNAVAILABLE,
             "this node has as many uploads under way as it takes at once; retry shortly",
         ));
     };
-    let (spool, file) = engine.archive_spool().map_err(|e| {
+    let (spool, file) = engine.archives().archive_spool().map_err(|e| {
         tracing::error!(error = %e, "cannot spool a SWE-ReX upload");
         Failure::http(
             StatusCode::INTERNAL_SERVER_ERROR,

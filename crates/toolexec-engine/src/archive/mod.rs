@@ -80,17 +80,44 @@ pub struct ArchiveUpload(
     #[allow(dead_code, reason = "held for its drop")] tokio::sync::OwnedSemaphorePermit,
 );
 
-impl Engine {
+/// Archives of workspaces: uploads unpacked into a session (spooled, checked, recorded as one
+/// batch of changes) and downloads of its state at a seq, each tenant's share of them and the
+/// node's bound on uploads at once. Writes the file changes an upload makes, as one batch.
+pub struct Archives {
+    /// Each tenant's archive uploads and downloads on this node.
+    slots: Arc<crate::slots::TenantSlots>,
+    /// Archive uploads under way on this node, all tenants
+    /// (`limits.max_concurrent_archive_uploads`).
+    uploads: Arc<tokio::sync::Semaphore>,
+    /// Where spools are made (in the workspace root, on the workspaces' file system).
+    workspaces: toolexec_workspace::Workspaces,
+}
+
+impl Archives {
+    pub(crate) fn new(
+        slots: Arc<crate::slots::TenantSlots>,
+        uploads: usize,
+        workspaces: toolexec_workspace::Workspaces,
+    ) -> Self {
+        Self {
+            slots,
+            uploads: Arc::new(tokio::sync::Semaphore::new(uploads)),
+            workspaces,
+        }
+    }
+}
+
+impl Archives {
     /// A slot for one of `tenant`'s archive transfers, or 429 `too_many_concurrent`.
     pub fn archive_slot(&self, tenant: Uuid) -> Result<ArchiveSlot> {
-        self.archive_slots.take(tenant).map(ArchiveSlot)
+        self.slots.take(tenant).map(ArchiveSlot)
     }
 
     /// Room for one more archive upload on this node, or `None` when it has
     /// `limits.max_concurrent_archive_uploads` under way (each holds a spool on disk and a core
     /// while it inflates): the caller answers 503 with a `Retry-After` without reading the body.
     pub fn archive_upload(&self) -> Option<ArchiveUpload> {
-        self.archive_uploads
+        self.uploads
             .clone()
             .try_acquire_owned()
             .ok()
@@ -122,17 +149,18 @@ impl Engine {
     /// (see the module's documentation).
     pub async fn upload_archive(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         spool: Spool,
     ) -> Result<ArchiveUploaded> {
-        let session = self.store.get_session(tenant_id, session_id).await?;
+        let session = engine.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
         }
         let bounds = Bounds {
-            files: self.config.limits.max_archive_files,
-            unpacked_bytes: self.config.limits.max_archive_unpacked_bytes,
+            files: engine.config.limits.max_archive_files,
+            unpacked_bytes: engine.config.limits.max_archive_unpacked_bytes,
         };
         // First pass: the archive alone, read once; nothing written.
         let spool = Arc::new(spool);
@@ -147,13 +175,16 @@ impl Engine {
             .map_err(|e| EngineError::Internal(format!("archive check: {e}")))??
         };
 
-        let (_lease, previous) = self.leases.hold(session_id).await?;
+        let (_lease, previous) = engine.cluster.hold(session_id).await?;
         if previous.is_some() {
-            self.forget_runtime(session_id);
+            engine.runtimes.forget_runtime(session_id);
         }
-        let rt = self.runtime(&session, previous.as_deref()).await?;
+        let rt = engine
+            .runtimes
+            .runtime(engine, &session, previous.as_deref())
+            .await?;
         let _turn = rt.schedule.write().await;
-        let session = self.store.get_session(tenant_id, session_id).await?;
+        let session = engine.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
         }
@@ -170,7 +201,7 @@ impl Engine {
             .map_err(|e| EngineError::Internal(format!("archive check: {e}")))??;
         }
         // The scans that record each batch compare with the workspace as it is now.
-        rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+        rt.ensure_baseline(&engine.inotify, crate::scans::budget(&engine.config.limits))
             .await?;
 
         // Second pass: written batch by batch, each batch recorded before the next.
@@ -213,7 +244,9 @@ impl Engine {
         let mut events = 0u64;
         let mut last_seq = session.last_seq;
         while let Some(_batch) = rx.recv().await {
-            let (n, seq) = self.record_upload_batch(&rt, tenant_id, session_id).await?;
+            let (n, seq) = self
+                .record_upload_batch(engine, &rt, tenant_id, session_id)
+                .await?;
             events += n;
             last_seq = seq.unwrap_or(last_seq);
             let _ = go_tx.send(());
@@ -221,7 +254,9 @@ impl Engine {
         let written = writer
             .await
             .map_err(|e| EngineError::Internal(format!("archive unpack: {e}")))?;
-        let (n, seq) = self.record_upload_batch(&rt, tenant_id, session_id).await?;
+        let (n, seq) = self
+            .record_upload_batch(engine, &rt, tenant_id, session_id)
+            .await?;
         events += n;
         last_seq = seq.unwrap_or(last_seq);
         match written {
@@ -251,13 +286,17 @@ impl Engine {
     /// second value); without, they make it a 409 that names them.
     pub async fn archive_at(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         at: Option<i64>,
         allow_partial: bool,
     ) -> Result<(Spool, i64, Vec<String>)> {
-        let _permit = self.fold_permit(1).await?;
-        let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
+        let _permit = engine.history.fold_permit(engine, 1).await?;
+        let (_, at, state) = engine
+            .history
+            .state_at(engine, tenant_id, session_id, at)
+            .await?;
         let missing = crate::history::unrestorable_names(&state);
         if !missing.is_empty() && !allow_partial {
             return Err(crate::history::unrestorable_error(
@@ -287,7 +326,7 @@ impl Engine {
             }
             let batch = entries[start..end].to_vec();
             let shas = toolexec_workspace::history::blobs_of(batch.iter().map(|(_, e)| e));
-            let contents: std::collections::HashMap<String, bytes::Bytes> = self
+            let contents: std::collections::HashMap<String, bytes::Bytes> = engine
                 .store
                 .blobs(&shas)
                 .await?
@@ -338,12 +377,16 @@ impl Engine {
     /// many, and the last seq when there were any.
     async fn record_upload_batch(
         &self,
-        rt: &crate::sessions::SessionRuntime,
+        engine: &Engine,
+        rt: &crate::runtimes::SessionRuntime,
         tenant_id: Uuid,
         session_id: Uuid,
     ) -> Result<(u64, Option<i64>)> {
         let mut out = toolexec_tools::ToolOutput::ok(String::new());
-        let _contents = self.record_workspace_changes(rt, &mut out).await;
+        let _contents = engine
+            .calls
+            .record_workspace_changes(engine, rt, &mut out)
+            .await;
         if !out.content.is_empty() {
             // The scan failed: what the batch wrote may be missing from the log; say so.
             return Err(EngineError::Unavailable(format!(
@@ -358,12 +401,12 @@ impl Engine {
         let mut blobs = Vec::new();
         for change in out.changes {
             rt.reads.forget(&change.change.path);
-            let (event, blob) = self.change_event(change);
+            let (event, blob) = engine.runtimes.change_event(engine, change);
             events.push(event);
             blobs.extend(blob);
         }
         let n = events.len() as u64;
-        let (_, last) = self
+        let (_, last) = engine
             .store
             .append_events(tenant_id, session_id, events, blobs)
             .await?;

@@ -28,7 +28,7 @@ use super::cancel::BatchControl;
 use super::commit::{closed, key_of};
 use super::inflight::Claim;
 use super::run::{Pending, Started};
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 
 /// A person's (or the clock's) decision on a waiting call.
@@ -79,12 +79,39 @@ pub(super) struct Gate<'a> {
     pub(super) replay_of: Option<Uuid>,
 }
 
-impl Engine {
+/// The calls a person must approve: recording one as waiting, timing its wait (and denying it
+/// when the wait ends), recording a decision, and running an approved call in a task of its
+/// own. Writes `approval.requested` and `approval.decided` (through the store's approval
+/// methods), and the call's end.
+pub struct Approvals {
+    /// The calls waiting for approval whose expiry this node times.
+    timers: std::sync::Mutex<std::collections::HashMap<Uuid, tokio::task::AbortHandle>>,
+    /// The engine, for the tasks approvals start on their own (timers, approved calls) without
+    /// keeping it alive.
+    me: std::sync::OnceLock<Weak<Engine>>,
+}
+
+impl Approvals {
+    pub(crate) fn new() -> Self {
+        Self {
+            timers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            me: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Gives the timers the engine they decide in.
+    pub(crate) fn wire(&self, engine: &Arc<Engine>) {
+        let _ = self.me.set(Arc::downgrade(engine));
+    }
+}
+
+impl Approvals {
     /// Records a call the policy gates as waiting, and answers so. A session where
     /// `limits.max_waiting_approvals_per_session` calls wait already gets the call recorded
     /// `denied` instead, saying why.
     pub(super) async fn request_approval(
         &self,
+        engine: &Engine,
         session: &Session,
         rt: &Arc<SessionRuntime>,
         pending: Pending<'_>,
@@ -95,7 +122,7 @@ impl Engine {
         let timeout_ms = gate
             .policy
             .timeout_ms()
-            .min(self.config.limits.max_approval_wait_ms);
+            .min(engine.config.limits.max_approval_wait_ms);
         let expires_at = Utc::now()
             + chrono::Duration::milliseconds(i64::try_from(timeout_ms).unwrap_or(i64::MAX / 2));
         let mut data = json!({
@@ -108,15 +135,15 @@ impl Engine {
         }
         let key = key_of(&pending.invocation);
         let id = pending.invocation.id;
-        let max = self.config.limits.max_waiting_approvals_per_session;
-        match self
+        let max = engine.config.limits.max_waiting_approvals_per_session;
+        match engine
             .store
             .request_approval(pending.invocation.clone(), data, max)
             .await?
         {
             Ok(seq) => {
                 rt.remember(key);
-                self.streams.notify(session.id);
+                engine.streams.notify(session.id);
                 self.arm_expiry(session.tenant_id, id, expires_at);
                 let call = pending.call;
                 let result = CallResult {
@@ -139,12 +166,15 @@ impl Engine {
                 let out = toolexec_tools::ToolOutput::denied(format!(
                     "Denied without asking: {n} calls of this session already wait for a person's approval (limits.max_waiting_approvals_per_session). Wait for them to be decided, then call again."
                 ));
-                self.record_at_once(rt, pending, out).await
+                engine.calls.record_at_once(engine, rt, pending, out).await
             }
             Err(WriteError::DuplicateCall(other)) => {
                 let call = pending.call;
                 drop(pending.guard);
-                self.adopt_recorded(rt, call, args_hash, other).await
+                engine
+                    .calls
+                    .adopt_recorded(engine, rt, call, args_hash, other)
+                    .await
             }
             Err(WriteError::SessionNotActive) => Err(closed(session.id)),
             Err(e) => Err(EngineError::Internal(e.to_string())),
@@ -157,6 +187,7 @@ impl Engine {
     /// followed): the pending result.
     pub async fn after_approval(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         result: CallResult,
         wait: std::time::Duration,
@@ -164,7 +195,8 @@ impl Engine {
         if result.status != CallStatus::PendingApproval {
             return result;
         }
-        match self
+        match engine
+            .streams
             .wait_invocation(tenant_id, result.invocation_id, wait, None, Some(1))
             .await
         {
@@ -177,34 +209,38 @@ impl Engine {
 
     /// Decides a waiting call (`POST /v1/invocations/{id}/approve|deny`, or its expiry) and
     /// returns the invocation as it is then. An approved call starts running on this node
-    /// before this returns; wait for its end with [`Engine::wait_invocation`].
+    /// before this returns; wait for its end with [`Streams::wait_invocation`](crate::Streams::wait_invocation).
     ///
     /// For an approval, the session is made this node's (its lease held, a take-over done)
     /// and the call registered as cancellable before the decision is recorded: what a
     /// take-over interrupts is never the call just approved, and a cancel from the moment it
     /// is approved reaches it.
     pub async fn decide(
-        self: &Arc<Self>,
+        &self,
+        engine: &Arc<Engine>,
         tenant_id: Uuid,
         invocation_id: Uuid,
         decision: Decision,
     ) -> Result<Invocation> {
-        let inv = self
+        let inv = engine
             .store
             .invocation_page(tenant_id, invocation_id, 0, 0)
             .await?;
         if inv.status == InvocationStatus::PendingApproval {
             let prepared = match decision.approve {
-                true => Some(self.prepare_approved(tenant_id, &inv).await?),
+                true => Some(self.prepare_approved(engine, tenant_id, &inv).await?),
                 false => None,
             };
-            match self.record_decision(tenant_id, &inv, &decision).await? {
+            match self
+                .record_decision(engine, tenant_id, &inv, &decision)
+                .await?
+            {
                 Ok(done) => {
                     if let Some(prepared) = prepared {
-                        self.spawn_approved(prepared, inv);
+                        self.spawn_approved(engine, prepared, inv);
                     }
                     tracing::info!(invocation = %invocation_id, session = %done.session_id, approved = decision.approve, expired = decision.expired, "approval decided");
-                    return Ok(self
+                    return Ok(engine
                         .store
                         .invocation_page(tenant_id, invocation_id, 0, 0)
                         .await?);
@@ -213,7 +249,9 @@ impl Engine {
                 Err(WriteError::WaitEnded(at)) => {
                     // Too late: the wait ended (its timer is late, or on a node that is gone).
                     // It is denied as expired now, and the approval says so.
-                    let _ = self.record_decision(tenant_id, &inv, &expiry()).await?;
+                    let _ = self
+                        .record_decision(engine, tenant_id, &inv, &expiry())
+                        .await?;
                     return Err(EngineError::Conflict {
                         code: ProblemCode::AlreadyDecided,
                         detail: format!(
@@ -226,11 +264,11 @@ impl Engine {
             }
         }
         // Decided before (or never waiting): the same decision answers as the first did.
-        let inv = self
+        let inv = engine
             .store
             .invocation_page(tenant_id, invocation_id, 0, 0)
             .await?;
-        match self.recorded_decision(tenant_id, &inv).await? {
+        match self.recorded_decision(engine, tenant_id, &inv).await? {
             Some(d)
                 if d["decision"]
                     == if decision.approve {
@@ -268,6 +306,7 @@ impl Engine {
     /// its timer when it is recorded.
     async fn record_decision(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         inv: &Invocation,
         decision: &Decision,
@@ -280,12 +319,12 @@ impl Engine {
             "expired": decision.expired,
         });
         let denied = (!decision.approve).then(|| denial(inv, decision));
-        let done = self
+        let done = engine
             .store
-            .decide_approval(tenant_id, inv.id, data, denied, &self.config.node)
+            .decide_approval(tenant_id, inv.id, data, denied, &engine.config.node)
             .await?;
         if let Ok(d) = &done {
-            self.streams.notify(d.session_id);
+            engine.streams.notify(d.session_id);
             self.disarm_expiry(inv.id);
         }
         Ok(done)
@@ -295,6 +334,7 @@ impl Engine {
     /// `invocation.started` (approved) or its `invocation.finished` (denied).
     async fn recorded_decision(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<Option<serde_json::Value>> {
@@ -306,7 +346,7 @@ impl Engine {
         .into_iter()
         .flatten()
         {
-            let found = self
+            let found = engine
                 .store
                 .events_of_kinds(
                     tenant_id,
@@ -327,29 +367,39 @@ impl Engine {
     /// Makes an approved call's session this node's and registers the call, before the
     /// approval is recorded (see [`Engine::decide`]). An error here records nothing: the call
     /// still waits.
-    async fn prepare_approved(&self, tenant_id: Uuid, inv: &Invocation) -> Result<Approved> {
-        let session = self.store.get_session(tenant_id, inv.session_id).await?;
+    async fn prepare_approved(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        inv: &Invocation,
+    ) -> Result<Approved> {
+        let session = engine.store.get_session(tenant_id, inv.session_id).await?;
         if session.status != toolexec_core::SessionStatus::Active {
             return Err(closed(session.id));
         }
-        let Some(tool) = self.registry.resolve(&inv.name) else {
+        let Some(tool) = engine.registry.resolve(&inv.name) else {
             return Err(EngineError::Unavailable(format!(
                 "tool {} is not in this node's catalog any more, so the call cannot run here; deny it",
                 inv.name
             )));
         };
-        let observed = self.replayed_observations(&session, inv, &tool).await?;
-        let (lease, previous) = self.leases.hold(session.id).await?;
+        let observed = self
+            .replayed_observations(engine, &session, inv, &tool)
+            .await?;
+        let (lease, previous) = engine.cluster.hold(session.id).await?;
         if previous.is_some() {
-            self.forget_runtime(session.id);
+            engine.runtimes.forget_runtime(session.id);
         }
-        let rt = self.runtime(&session, previous.as_deref()).await?;
+        let rt = engine
+            .runtimes
+            .runtime(engine, &session, previous.as_deref())
+            .await?;
         let control = Arc::new(BatchControl::new(tenant_id, session.id, 1));
         control.planned(vec![true]);
-        let registration = self.cancels.register_batch(control.clone());
+        let registration = engine.calls.register_batch(control.clone());
         let cancel = control.call_token();
-        let cancellable = self
-            .cancels
+        let cancellable = engine
+            .calls
             .register_call(inv.id, tenant_id, cancel.clone());
         Ok(Approved {
             session,
@@ -369,6 +419,7 @@ impl Engine {
     /// call approved again is served from the record like any replayed call.
     async fn replayed_observations(
         &self,
+        engine: &Engine,
         session: &Session,
         inv: &Invocation,
         tool: &Resolved,
@@ -380,7 +431,7 @@ impl Engine {
         if !replay || !tool.spec().has(toolexec_core::Capability::Network) {
             return Ok(live);
         }
-        let requested = self
+        let requested = engine
             .store
             .events_of_kinds(
                 session.tenant_id,
@@ -404,14 +455,16 @@ impl Engine {
             name: inv.name.clone(),
             arguments: serde_json::Value::Null,
         };
-        self.observed_for(session, recorded, &call, &inv.arguments_sha256)
+        engine
+            .history
+            .observed_for(engine, session, recorded, &call, &inv.arguments_sha256)
             .await
     }
 
     /// Runs an approved call in a task of its own: the decision is recorded whatever happens to
     /// the request that made it.
-    fn spawn_approved(self: &Arc<Self>, approved: Approved, inv: Invocation) {
-        let engine = self.clone();
+    fn spawn_approved(&self, engine: &Arc<Engine>, approved: Approved, inv: Invocation) {
+        let engine = engine.clone();
         tokio::spawn(async move {
             let id = inv.id;
             let tenant_id = approved.session.tenant_id;
@@ -420,17 +473,24 @@ impl Engine {
                 name: inv.name.clone(),
                 arguments: inv.arguments.clone(),
             };
-            let guard = match engine.inflight.claim(approved.session.id, &call.id) {
+            let guard = match engine.calls.claim(approved.session.id, &call.id) {
                 Ok(Claim::Mine(g)) => g,
                 // Already running here (it cannot be: one decision is recorded), or a poisoned
                 // map: nothing ran, and it says so.
                 Ok(Claim::Wait(_)) => return,
                 Err(e) => {
-                    engine.fail_approved(tenant_id, id, &e).await;
+                    engine
+                        .approvals
+                        .fail_approved(&engine, tenant_id, id, &e)
+                        .await;
                     return;
                 }
             };
-            match engine.run_approved(&approved, &call, guard, id).await {
+            match engine
+                .approvals
+                .run_approved(&engine, &approved, &call, guard, id)
+                .await
+            {
                 Ok(result) => approved.control.ended(0, &result),
                 // Its tool ran (or was being run): its end is recorded by the finish path,
                 // which retries until the store takes it.
@@ -443,6 +503,7 @@ impl Engine {
 
     async fn run_approved(
         &self,
+        engine: &Engine,
         a: &Approved,
         call: &Call,
         guard: super::inflight::InflightGuard,
@@ -459,12 +520,12 @@ impl Engine {
             .capabilities
             .contains(&toolexec_core::Capability::Process)
             && let Err(e) =
-                a.rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+                a.rt.ensure_baseline(&engine.inotify, crate::scans::budget(&engine.config.limits))
                     .await
         {
             // Nothing ran: recorded failed, so that nobody waits for it.
             drop(guard);
-            self.fail_approved(a.session.tenant_id, invocation_id, &e)
+            self.fail_approved(engine, a.session.tenant_id, invocation_id, &e)
                 .await;
             return Err(e);
         }
@@ -475,24 +536,33 @@ impl Engine {
             guard,
             t0: Instant::now(),
         };
-        let mut ctx = self.tool_context(&a.session, &a.rt);
+        let mut ctx = engine.runtimes.tool_context(engine, &a.session, &a.rt);
         ctx.observed = a.observed.clone();
-        self.run_started(
-            &a.session,
-            &a.rt,
-            started,
-            &a.tool,
-            ctx,
-            &a.control,
-            a.cancel.clone(),
-        )
-        .await
+        engine
+            .calls
+            .run_started(
+                engine,
+                &a.session,
+                &a.rt,
+                started,
+                &a.tool,
+                ctx,
+                &a.control,
+                a.cancel.clone(),
+            )
+            .await
     }
 
     /// An approved call that could not be started is recorded failed, so that nobody waits
     /// for it.
-    async fn fail_approved(&self, tenant_id: Uuid, invocation_id: Uuid, e: &EngineError) {
-        let Ok(inv) = self
+    async fn fail_approved(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        invocation_id: Uuid,
+        e: &EngineError,
+    ) {
+        let Ok(inv) = engine
             .store
             .invocation_page(tenant_id, invocation_id, 0, 0)
             .await
@@ -523,7 +593,7 @@ impl Engine {
             side_effects: Vec::new(),
             blobs: Vec::new(),
         };
-        if let Err(e) = self.recorder.write(write).await {
+        if let Err(e) = engine.recorder.write(write).await {
             tracing::error!(error = %e, invocation = %invocation_id, "the failure of an approved call could not be recorded");
         }
     }
@@ -534,7 +604,7 @@ impl Engine {
         let Some(engine) = self.me.get().cloned() else {
             return;
         };
-        let Ok(mut armed) = self.approval_timers.lock() else {
+        let Ok(mut armed) = self.timers.lock() else {
             return;
         };
         if armed.contains_key(&invocation_id) {
@@ -545,7 +615,7 @@ impl Engine {
     }
 
     fn disarm_expiry(&self, invocation_id: Uuid) {
-        if let Ok(mut armed) = self.approval_timers.lock()
+        if let Ok(mut armed) = self.timers.lock()
             && let Some(task) = armed.remove(&invocation_id)
         {
             task.abort();
@@ -555,8 +625,8 @@ impl Engine {
     /// Arms the timers of waiting calls: those this node recorded (at start-up), or those of a
     /// session (one this node takes over). Errors are logged: a call left unarmed is still
     /// decided by a person, denied if approved after its wait, or timed by the next start.
-    pub(crate) async fn arm_pending(&self, of: Waiters<'_>) {
-        match self.store.pending_approvals(of).await {
+    pub(crate) async fn arm_pending(&self, engine: &Engine, of: Waiters<'_>) {
+        match engine.store.pending_approvals(of).await {
             Ok(found) => {
                 for p in found {
                     self.arm_expiry(
@@ -576,11 +646,12 @@ impl Engine {
     /// rewound: a call asked for in a state that is gone).
     pub(crate) async fn deny_waiting_of_session(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         why: &str,
     ) {
-        let found = match self
+        let found = match engine
             .store
             .pending_approvals(Waiters::Session(session_id))
             .await
@@ -598,14 +669,17 @@ impl Engine {
             expired: false,
         };
         for p in found.into_iter().filter(|p| p.tenant_id == tenant_id) {
-            let Ok(inv) = self
+            let Ok(inv) = engine
                 .store
                 .invocation_page(tenant_id, p.invocation_id, 0, 0)
                 .await
             else {
                 continue;
             };
-            if let Err(e) = self.record_decision(tenant_id, &inv, &decision).await {
+            if let Err(e) = self
+                .record_decision(engine, tenant_id, &inv, &decision)
+                .await
+            {
                 tracing::error!(error = %e, invocation = %p.invocation_id, "a waiting call could not be denied");
             }
         }
@@ -613,14 +687,22 @@ impl Engine {
 
     /// `POST /v1/invocations/{id}/cancel` of a call that waits for approval: it is denied (it
     /// will never run), by the tenant that cancelled it.
-    pub(crate) async fn cancel_waiting(&self, tenant_id: Uuid, inv: &Invocation) -> Result<()> {
+    pub(crate) async fn cancel_waiting(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        inv: &Invocation,
+    ) -> Result<()> {
         let decision = Decision {
             approve: false,
             by: json!({"tenant_id": tenant_id}),
             reason: Some("cancelled (POST /v1/invocations/{id}/cancel)".into()),
             expired: false,
         };
-        match self.record_decision(tenant_id, inv, &decision).await? {
+        match self
+            .record_decision(engine, tenant_id, inv, &decision)
+            .await?
+        {
             Ok(_) | Err(WriteError::NotPending(_)) => Ok(()),
             Err(e) => Err(EngineError::Internal(e.to_string())),
         }
@@ -706,7 +788,7 @@ async fn expire(engine: Weak<Engine>, tenant_id: Uuid, invocation_id: Uuid, at: 
     let Some(engine) = engine.upgrade() else {
         return;
     };
-    if let Ok(mut armed) = engine.approval_timers.lock() {
+    if let Ok(mut armed) = engine.approvals.timers.lock() {
         armed.remove(&invocation_id);
     }
     let Ok(inv) = engine
@@ -719,7 +801,11 @@ async fn expire(engine: Weak<Engine>, tenant_id: Uuid, invocation_id: Uuid, at: 
     if inv.status != InvocationStatus::PendingApproval {
         return;
     }
-    if let Err(e) = engine.record_decision(tenant_id, &inv, &expiry()).await {
+    if let Err(e) = engine
+        .approvals
+        .record_decision(&engine, tenant_id, &inv, &expiry())
+        .await
+    {
         tracing::error!(error = %e, invocation = %invocation_id, "an expired approval could not be recorded denied; the next start retries");
     }
 }

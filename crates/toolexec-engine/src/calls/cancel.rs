@@ -22,6 +22,7 @@ use toolexec_core::ProblemCode;
 use toolexec_core::{CallResult, Invocation};
 use uuid::Uuid;
 
+use super::Calls;
 use super::inflight::wait_slot;
 use crate::{Engine, EngineError, Result};
 
@@ -335,19 +336,23 @@ pub struct CancelledCalls {
     pub ended: bool,
 }
 
-impl Engine {
+impl Calls {
     /// Cancels one invocation of this tenant. A finished one is returned as it is (a cancel
     /// changes nothing then, so repeating it is harmless); a running one is stopped and returned
     /// once recorded. Errors: not found (also another tenant's), or running on another node.
     pub async fn cancel_invocation(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<CancelledInvocation> {
-        let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
+        let inv = engine.store.invocation_page(tenant_id, id, 0, 0).await?;
         if inv.status == toolexec_core::InvocationStatus::PendingApproval {
             // A call that waits for a person: cancelled, it will never run, so it is denied.
-            self.cancel_waiting(tenant_id, &inv).await?;
+            engine
+                .approvals
+                .cancel_waiting(engine, tenant_id, &inv)
+                .await?;
         } else if inv.status.finished().is_none() {
             let here = self.cancels.cancel_call(tenant_id, id);
             // Not registered any more but still here: its record is being written.
@@ -364,13 +369,13 @@ impl Engine {
                         code: ProblemCode::NotRunningHere,
                         detail: format!(
                             "invocation {id} is running, but not on this node ('{}'): a call can only be stopped by the node that runs it, the one serving its session. Send POST /v1/sessions/{}/cancel, which a gateway routing by session id delivers to that node (it stops every pending call of the session)",
-                            self.config.node, inv.session_id
+                            engine.config.node, inv.session_id
                         ),
                     });
                 }
             }
         }
-        let invocation = self.invocation(tenant_id, id, None, None).await?;
+        let invocation = engine.streams.invocation(tenant_id, id, None, None).await?;
         let ended = invocation.status.finished().is_some();
         Ok(CancelledInvocation { invocation, ended })
     }
@@ -395,12 +400,17 @@ impl Engine {
     /// with nothing pending (or closed) gives an empty report. Error: not found.
     pub async fn cancel_session_calls(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
     ) -> Result<CancelledCalls> {
         // Tenancy first: another tenant's session is not found, whatever runs here.
-        if self.cached_runtime(tenant_id, session_id)?.is_none() {
-            self.store.get_session(tenant_id, session_id).await?;
+        if engine
+            .runtimes
+            .cached_runtime(tenant_id, session_id)?
+            .is_none()
+        {
+            engine.store.get_session(tenant_id, session_id).await?;
         }
         let batches = self.cancels.batches_of(tenant_id, session_id);
         let stopped: Vec<(Arc<BatchControl>, Vec<usize>)> = batches

@@ -10,10 +10,11 @@ use toolexec_store::{Assigned, CallKey, NewInvocation, Outcome, Write, WriteErro
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::Calls;
 use super::inflight::InflightGuard;
 use super::outcome::Recorded;
 use crate::metrics::Metrics;
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::storable;
 use crate::{Engine, EngineError, Result};
 
@@ -22,10 +23,11 @@ use crate::{Engine, EngineError, Result};
 /// is merely slow (a big change set going to the store) is waited for in full.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 
-impl Engine {
+impl Calls {
     /// Records a call that started and finished here in one write.
     pub(super) async fn commit_record(
         &self,
+        engine: &Engine,
         guard: InflightGuard,
         rt: &SessionRuntime,
         call: &Call,
@@ -34,20 +36,20 @@ impl Engine {
     ) -> Result<CallResult> {
         let session_id = invocation.session_id;
         let key = key_of(&invocation);
-        self.blob_budget(&mut rec);
+        self.blob_budget(engine, &mut rec);
         let write = Write::Record {
             invocation,
             outcome: rec.outcome,
             side_effects: rec.side_effects,
             blobs: rec.blobs,
         };
-        let (mut recorded, mut back) = self.recorder.write_back(write).await;
+        let (mut recorded, mut back) = engine.recorder.write_back(write).await;
         let mut result = rec.result;
         // A write the store cannot hold is recorded as a failed call instead (nothing to retry).
         if let (Ok(Err(WriteError::Refused(reason))), Some(original)) = (&recorded, back.take()) {
             tracing::error!(%reason, call_id = %call.id, "the store refused a call's record; recording it as failed");
             for (fallback, outcome) in storable::fallbacks(&original, reason) {
-                recorded = self.recorder.write(fallback).await;
+                recorded = engine.recorder.write(fallback).await;
                 if !matches!(recorded, Ok(Err(WriteError::Refused(_)))) {
                     result = refused_result(result, &outcome);
                     break;
@@ -59,11 +61,11 @@ impl Engine {
             Err(e) => Err(e.into()),
             Ok(Ok(a)) => {
                 rt.remember(key);
-                Ok(finish(&self.metrics, guard, result, a))
+                Ok(finish(&engine.metrics, guard, result, a))
             }
             Ok(Err(WriteError::DuplicateCall(other))) => {
                 drop(guard);
-                self.adopt_recorded(rt, call, &key.arguments_sha256, other)
+                self.adopt_recorded(engine, rt, call, &key.arguments_sha256, other)
                     .await
             }
             Ok(Err(WriteError::SessionNotActive)) => Err(closed(session_id)),
@@ -78,12 +80,13 @@ impl Engine {
     /// [`FINISH_GRACE`] for the retries; a retry of the call meanwhile waits for the record.
     pub(super) async fn commit_finish(
         &self,
+        engine: &Engine,
         guard: InflightGuard,
         session_id: Uuid,
         invocation_id: Uuid,
         mut rec: Recorded,
     ) -> Result<CallResult> {
-        self.blob_budget(&mut rec);
+        self.blob_budget(engine, &mut rec);
         let write = Write::Finish {
             session_id,
             invocation_id,
@@ -91,8 +94,8 @@ impl Engine {
             side_effects: rec.side_effects,
             blobs: rec.blobs,
         };
-        let recorder = self.recorder.clone();
-        let metrics = self.metrics.clone();
+        let recorder = engine.recorder.clone();
+        let metrics = engine.metrics.clone();
         let result = rec.result;
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
@@ -126,8 +129,8 @@ impl Engine {
     }
 
     /// Holds a call's stored contents to `limits.max_blob_bytes_per_call`.
-    fn blob_budget(&self, rec: &mut Recorded) {
-        let max = self.config.limits.max_blob_bytes_per_call;
+    fn blob_budget(&self, engine: &Engine, rec: &mut Recorded) {
+        let max = engine.config.limits.max_blob_bytes_per_call;
         let dropped = storable::apply_blob_budget(&mut rec.side_effects, &mut rec.blobs, max);
         if dropped > 0 {
             tracing::info!(

@@ -9,9 +9,10 @@ use toolexec_core::{Call, Invocation, Session, SessionStatus};
 use toolexec_tools::Resolved;
 use uuid::Uuid;
 
+use super::Calls;
 use crate::callindex::Seen;
 use crate::canonical::arguments_sha256;
-use crate::sessions::{SessionRuntime, invalid};
+use crate::runtimes::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
 
 /// Longest call id accepted, in characters (what the OpenAPI document states as `maxLength`):
@@ -87,13 +88,14 @@ pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
     Ok(())
 }
 
-impl Engine {
+impl Calls {
     /// Plans a batch that passed [`check_envelope`]: ids repeated within the batch, ids already
     /// recorded (retries), the tool of each call to run, and the session's runtime if anything
     /// runs. Errors: a reused id (409), a closed session with calls to run (409), an unknown
     /// session (404).
     pub(super) async fn plan_batch(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         calls: &[Call],
@@ -121,37 +123,41 @@ impl Engine {
             }
         }
         let ids: Vec<String> = first.keys().map(|s| (*s).to_owned()).collect();
-        let (session, existing, cached) = match self.cached_runtime(tenant_id, session_id)? {
-            // The node serving the session knows which call ids are new: only possible
-            // retries (and the index's rare false positives) need a store read.
-            Some(rt) => {
-                let ask: Vec<String> = calls
-                    .iter()
-                    .zip(&plans)
-                    .filter(|(c, p)| p.is_none() && rt.seen(&c.id) == Seen::Maybe)
-                    .map(|(c, _)| c.id.clone())
-                    .collect();
-                let existing = if ask.is_empty() {
-                    Vec::new()
-                } else {
-                    self.store
-                        .lookup_calls(tenant_id, session_id, &ask)
-                        .await?
-                        .1
-                };
-                self.metrics.call_index_answers(
-                    (ids.len() - ask.len()) as u64,
-                    existing.len() as u64,
-                    (ask.len() - existing.len()) as u64,
-                );
-                (rt.session.clone(), existing, Some(rt))
-            }
-            None => {
-                let (session, existing) =
-                    self.store.lookup_calls(tenant_id, session_id, &ids).await?;
-                (session, existing, None)
-            }
-        };
+        let (session, existing, cached) =
+            match engine.runtimes.cached_runtime(tenant_id, session_id)? {
+                // The node serving the session knows which call ids are new: only possible
+                // retries (and the index's rare false positives) need a store read.
+                Some(rt) => {
+                    let ask: Vec<String> = calls
+                        .iter()
+                        .zip(&plans)
+                        .filter(|(c, p)| p.is_none() && rt.seen(&c.id) == Seen::Maybe)
+                        .map(|(c, _)| c.id.clone())
+                        .collect();
+                    let existing = if ask.is_empty() {
+                        Vec::new()
+                    } else {
+                        engine
+                            .store
+                            .lookup_calls(tenant_id, session_id, &ask)
+                            .await?
+                            .1
+                    };
+                    engine.metrics.call_index_answers(
+                        (ids.len() - ask.len()) as u64,
+                        existing.len() as u64,
+                        (ask.len() - existing.len()) as u64,
+                    );
+                    (rt.session.clone(), existing, Some(rt))
+                }
+                None => {
+                    let (session, existing) = engine
+                        .store
+                        .lookup_calls(tenant_id, session_id, &ids)
+                        .await?;
+                    (session, existing, None)
+                }
+            };
         let mut existing: HashMap<String, Invocation> = existing
             .into_iter()
             .map(|inv| (inv.call_id.clone(), inv))
@@ -169,7 +175,7 @@ impl Engine {
                 plans[i] = Some(Plan::Recorded(Box::new(inv)));
             } else {
                 needs_run = true;
-                plans[i] = Some(Plan::Run(self.registry.resolve(&c.name)));
+                plans[i] = Some(Plan::Run(engine.registry.resolve(&c.name)));
             }
         }
         let runtime = if needs_run {
@@ -183,9 +189,9 @@ impl Engine {
             }
             // One node at a time runs the session's calls; one that takes the session over
             // from another forgets what it remembered of it.
-            let (lease, previous) = self.leases.hold(session_id).await?;
+            let (lease, previous) = engine.cluster.hold(session_id).await?;
             let cached = if previous.is_some() {
-                self.forget_runtime(session_id);
+                engine.runtimes.forget_runtime(session_id);
                 None
             } else {
                 cached
@@ -193,7 +199,12 @@ impl Engine {
             Some((
                 match cached {
                     Some(rt) => rt,
-                    None => self.runtime(&session, previous.as_deref()).await?,
+                    None => {
+                        engine
+                            .runtimes
+                            .runtime(engine, &session, previous.as_deref())
+                            .await?
+                    }
                 },
                 lease,
             ))

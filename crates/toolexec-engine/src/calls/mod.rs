@@ -33,7 +33,7 @@ use toolexec_core::{Call, CallResult};
 use tracing::Instrument;
 use uuid::Uuid;
 
-pub use approval::Decision;
+pub use approval::{Approvals, Decision};
 pub(crate) use cancel::Cancels;
 pub use cancel::{CANCEL_WAIT, CancelledCalls, CancelledInvocation};
 pub(crate) use commit::closed;
@@ -96,20 +96,61 @@ fn record_outcome(span: &tracing::Span, r: &Result<CallResult>) {
     }
 }
 
-impl Engine {
+/// Running batches of calls on this node: a batch planned (validated, checked against the
+/// session's policy and its recorded calls), its calls run in order (or waiting for approval),
+/// each recorded with the workspace changes it made, and cancelled on request. Owns the calls
+/// running here (a retry of one waits for it) and what a cancel stops.
+pub struct Calls {
+    /// Calls running on this node, by (session, call id): a retry of a running call waits here.
+    inflight: Inflight,
+    /// Batches and cancellable calls running on this node: what a cancel stops.
+    cancels: Cancels,
+}
+
+impl Calls {
+    pub(crate) fn new() -> Self {
+        Self {
+            inflight: Inflight::default(),
+            cancels: Cancels::default(),
+        }
+    }
+
+    /// Claims running `call_id` of `session` on this node (see [`Inflight::claim`]).
+    fn claim(&self, session: Uuid, call_id: &str) -> Result<inflight::Claim> {
+        self.inflight.claim(session, call_id)
+    }
+
+    /// Makes a batch one a cancel stops, while the registration lives.
+    fn register_batch(&self, batch: Arc<BatchControl>) -> cancel::BatchRegistration {
+        self.cancels.register_batch(batch)
+    }
+
+    /// Makes a call one a cancel of its invocation stops, while the registration lives.
+    fn register_call(
+        &self,
+        invocation_id: Uuid,
+        tenant_id: Uuid,
+        token: tokio_util::sync::CancellationToken,
+    ) -> cancel::CallRegistration {
+        self.cancels.register_call(invocation_id, tenant_id, token)
+    }
+}
+
+impl Calls {
     /// Runs a batch of calls for a session and returns one result per call, in request order.
     ///
     /// The batch runs in a task of its own: if this future is dropped (the client went away),
     /// no call is cut in half. The call running then finishes and is recorded, and the calls
     /// that had not started are recorded `cancelled` without running (see `cancel`).
     pub async fn run_calls(
-        self: &Arc<Self>,
+        &self,
+        engine: &Arc<Engine>,
         tenant_id: Uuid,
         session_id: Uuid,
         batch: CallBatch,
     ) -> Result<Vec<CallResult>> {
-        check_envelope(&batch.calls, self.config.limits.max_calls_per_batch)?;
-        if batch.replay_of.is_none() && self.replay_running(session_id) {
+        check_envelope(&batch.calls, engine.config.limits.max_calls_per_batch)?;
+        if batch.replay_of.is_none() && engine.history.replay_running(session_id) {
             return Err(EngineError::Conflict {
                 code: toolexec_core::ProblemCode::ReplayRunning,
                 detail: format!(
@@ -124,18 +165,19 @@ impl Engine {
         // Cancelled when this future is dropped before the batch is done: what has not started
         // then must not start.
         let client = control.client_gone().clone().drop_guard();
-        let engine = self.clone();
+        let task_engine = engine.clone();
         // In the request's span: the calls' spans are its children, in the logs and traces.
         let mut task = tokio::spawn(
             async move {
                 let _registration = registration;
-                engine
-                    .run_batch(tenant_id, session_id, &batch.calls, &control)
+                task_engine
+                    .calls
+                    .run_batch(&task_engine, tenant_id, session_id, &batch.calls, &control)
                     .await
             }
             .in_current_span(),
         );
-        let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
+        let waited = std::time::Duration::from_millis(engine.config.limits.request_timeout_ms);
         match tokio::time::timeout(waited, &mut task).await {
             Ok(done) => {
                 done.map_err(|e| EngineError::Internal(format!("the batch's task failed: {e}")))?
@@ -154,12 +196,15 @@ impl Engine {
 
     async fn run_batch(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         calls: &[Call],
         control: &BatchControl,
     ) -> Result<Vec<CallResult>> {
-        let planned = self.plan_batch(tenant_id, session_id, calls).await?;
+        let planned = self
+            .plan_batch(engine, tenant_id, session_id, calls)
+            .await?;
         let (session, rt, plans, hashes) = (
             &planned.session,
             &planned.runtime,
@@ -183,14 +228,22 @@ impl Engine {
                     // Nobody waits for the answer any more: a retry's record need not be
                     // waited for (the calls after it are what must be recorded).
                     Plan::Recorded(inv) => tokio::select! {
-                        r = self.recorded_result(session.tenant_id, inv) => r.map(Some),
+                        r = self.recorded_result(engine, session.tenant_id, inv) => r.map(Some),
                         () = control.client_gone().cancelled() => Ok(None),
                     },
                     Plan::Run(tool) => match rt {
                         Some(rt) => {
                             let span = call_span(session.tenant_id, session.id, &calls[k]);
                             let r = self
-                                .run_one(session, rt, &calls[k], tool.as_ref(), &hashes[k], control)
+                                .run_one(
+                                    engine,
+                                    session,
+                                    rt,
+                                    &calls[k],
+                                    tool.as_ref(),
+                                    &hashes[k],
+                                    control,
+                                )
                                 .instrument(span.clone())
                                 .await;
                             record_outcome(&span, &r);

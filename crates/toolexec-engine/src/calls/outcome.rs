@@ -9,6 +9,7 @@ use toolexec_store::{Blob, NewInvocation, Outcome};
 use toolexec_tools::{Tool, ToolOutput};
 use uuid::Uuid;
 
+use super::Calls;
 use crate::Engine;
 
 /// The output limit of a call: its tool's, or the session's override for that tool; a call of
@@ -27,15 +28,17 @@ pub(super) fn output_limit(
     limit
 }
 
-impl Engine {
+impl Calls {
     pub(super) fn outcome(
         &self,
+        engine: &Engine,
         limit: OutputLimit,
         inv: &NewInvocation,
         out: ToolOutput,
         t0: Instant,
     ) -> Recorded {
         self.outcome_for(
+            engine,
             limit,
             NewInvocationRef {
                 id: inv.id,
@@ -51,17 +54,18 @@ impl Engine {
     /// file changes into side-effect events with their blobs.
     pub(super) fn outcome_for(
         &self,
+        engine: &Engine,
         limit: OutputLimit,
         inv: NewInvocationRef<'_>,
         out: ToolOutput,
         t0: Instant,
     ) -> Recorded {
-        let limits = &self.config.limits;
+        let limits = &engine.config.limits;
         // File changes first: past the per-call cap they are summed up, and the model is told.
         let mut blobs = Vec::new();
         let mut files = crate::effects::FileEvents::new(limits.max_file_events_per_call);
         for change in out.changes {
-            let (event, blob) = self.change_event(change);
+            let (event, blob) = engine.runtimes.change_event(engine, change);
             files.push(event);
             blobs.extend(blob);
         }

@@ -6,38 +6,41 @@ use toolexec_core::{Call, CallResult, Invocation};
 use toolexec_store::CallKey;
 use uuid::Uuid;
 
+use super::Calls;
 use super::envelope::reused;
 use super::inflight::{FOREIGN_WAIT, wait_slot};
-use crate::sessions::SessionRuntime;
+use crate::runtimes::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 
-impl Engine {
+impl Calls {
     /// The result of an invocation that is already recorded, waiting if it is still running.
     pub(super) async fn recorded_result(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<CallResult> {
-        if let Some(r) = self.answer_from_record(tenant_id, inv).await? {
+        if let Some(r) = self.answer_from_record(engine, tenant_id, inv).await? {
             return Ok(r);
         }
         if let Some(rx) = self.inflight.peek(inv.session_id, &inv.call_id) {
             return wait_slot(rx).await;
         }
-        self.poll_until_finished(tenant_id, inv.id).await
+        self.poll_until_finished(engine, tenant_id, inv.id).await
     }
 
     /// A call found recorded only when writing it (another task or instance recorded the id
     /// first): the same call waits for that record; another call under the same id is a conflict.
     pub(super) async fn adopt_recorded(
         &self,
+        engine: &Engine,
         rt: &SessionRuntime,
         call: &Call,
         args_hash: &str,
         other: Uuid,
     ) -> Result<CallResult> {
         // Its status and result only: the side effects are not needed here.
-        let inv = self
+        let inv = engine
             .store
             .invocation_page(rt.session.tenant_id, other, 0, 0)
             .await?;
@@ -50,9 +53,12 @@ impl Engine {
             arguments_sha256: args_hash.to_owned(),
             invocation_id: other,
         });
-        match self.answer_from_record(rt.session.tenant_id, &inv).await? {
+        match self.answer_from_record(engine, rt.session.tenant_id, &inv).await? {
             Some(r) => Ok(r),
-            None => self.poll_until_finished(rt.session.tenant_id, other).await,
+            None => {
+                self.poll_until_finished(engine, rt.session.tenant_id, other)
+                    .await
+            }
         }
     }
 
@@ -61,6 +67,7 @@ impl Engine {
     /// first answer did (`shell_call_output`'s streams, not a split of the text).
     async fn answer_from_record(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         inv: &Invocation,
     ) -> Result<Option<CallResult>> {
@@ -68,7 +75,7 @@ impl Engine {
             return Ok(None);
         };
         if let Some(seq) = inv.finished_seq {
-            let finished = self
+            let finished = engine
                 .store
                 .events(tenant_id, inv.session_id, seq - 1, 1)
                 .await?;
@@ -83,20 +90,23 @@ impl Engine {
     /// Waits for an invocation that another instance runs (or ran) to finish.
     pub(super) async fn poll_until_finished(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         id: Uuid,
     ) -> Result<CallResult> {
         let deadline = Instant::now() + FOREIGN_WAIT;
         let mut delay = Duration::from_millis(20);
         loop {
-            let inv = self.store.invocation_page(tenant_id, id, 0, 0).await?;
-            if let Some(r) = self.answer_from_record(tenant_id, &inv).await? {
+            let inv = engine.store.invocation_page(tenant_id, id, 0, 0).await?;
+            if let Some(r) = self.answer_from_record(engine, tenant_id, &inv).await? {
                 return Ok(r);
             }
             // Waiting for a node that is gone would wait the whole FOREIGN_WAIT: this node takes
             // its session over instead, which records the call interrupted.
             if delay >= Duration::from_secs(1) {
-                self.take_over_if_orphaned(tenant_id, inv.session_id)
+                engine
+                    .cluster
+                    .take_over_if_orphaned(engine, tenant_id, inv.session_id)
                     .await?;
             }
             if Instant::now() > deadline {

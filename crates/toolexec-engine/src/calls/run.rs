@@ -11,13 +11,14 @@ use toolexec_core::{Call, CallResult, CallStatus, Capability, FileRead, Session,
 use toolexec_store::{NewInvocation, Write, WriteError};
 use toolexec_tools::{Resolved, ToolContext, ToolOutput};
 
+use super::Calls;
 use super::cancel::{BatchControl, Stop};
 use super::commit::{closed, key_of};
 use super::inflight::{Claim, InflightGuard, wait_slot};
 use super::outcome::{NewInvocationRef, output_limit};
 use crate::canonical::{nul_pointer, without_nul};
+use crate::runtimes::SessionRuntime;
 use crate::scans::ContentLease;
-use crate::sessions::SessionRuntime;
 use crate::{Engine, EngineError, Result};
 use toolexec_core::OutputLimit;
 
@@ -39,12 +40,14 @@ pub(super) struct Started<'a> {
     pub t0: Instant,
 }
 
-impl Engine {
+impl Calls {
     /// Runs one call of a batch with its resolved tool and records it (see the module docs of
     /// `calls` for the recording rules). A call whose batch is stopped before its tool starts
     /// — while it waits for its turn — is recorded `cancelled` and nothing of it runs.
+    #[allow(clippy::too_many_arguments)] // the engine it runs in is the eighth
     pub(super) async fn run_one(
         &self,
+        engine: &Engine,
         session: &Session,
         rt: &Arc<SessionRuntime>,
         call: &Call,
@@ -58,7 +61,7 @@ impl Engine {
         };
         let pending = Pending {
             call,
-            invocation: self.new_invocation(session, call, tool, args_hash),
+            invocation: self.new_invocation(engine, session, call, tool, args_hash),
             limit: output_limit(tool.map(Resolved::tool), session, &call.name),
             guard,
             t0: Instant::now(),
@@ -67,11 +70,11 @@ impl Engine {
         // whose batch was stopped before it came to it.
         let refusal = match control.stopped() {
             Some(stop) => Some(ToolOutput::cancelled(stop.not_started())),
-            None => self.refusal(session, call, tool),
+            None => self.refusal(engine, session, call, tool),
         };
         let tool = match (tool, refusal) {
             (Some(tool), None) => tool,
-            (_, Some(out)) => return self.record_at_once(rt, pending, out).await,
+            (_, Some(out)) => return self.record_at_once(engine, rt, pending, out).await,
             (None, None) => return Err(EngineError::Internal("unreachable".into())),
         };
         // A call the session's policy makes wait for a person is recorded waiting, and answered
@@ -86,8 +89,9 @@ impl Engine {
                     reasons,
                     replay_of: control.replay_of(),
                 };
-                return self
-                    .request_approval(session, rt, pending, gate, args_hash)
+                return engine
+                    .approvals
+                    .request_approval(engine, session, rt, pending, gate, args_hash)
                     .await;
             }
         }
@@ -102,34 +106,36 @@ impl Engine {
         let Some(turn) = turn else {
             let stop = control.stopped().unwrap_or(Stop::Session);
             let out = ToolOutput::cancelled(stop.not_started());
-            return self.record_at_once(rt, pending, out).await;
+            return self.record_at_once(engine, rt, pending, out).await;
         };
-        let mut ctx = self.tool_context(session, rt);
+        let mut ctx = engine.runtimes.tool_context(engine, session, rt);
         let network = tool.spec().has(Capability::Network);
         if let (true, Some(recorded)) = (network, control.replay_of()) {
-            ctx.observed = self
-                .observed_for(session, recorded, call, args_hash)
+            ctx.observed = engine
+                .history
+                .observed_for(engine, session, recorded, call, args_hash)
                 .await?;
         }
         // A call that reaches the outside world has its start recorded first, like a mutating
         // one: a request the service sent is never missing from the log, even after a crash.
-        if read_only && !network && !self.config.durable_start_for_read_only {
+        if read_only && !network && !engine.config.durable_start_for_read_only {
             // Not visible while it runs (nothing is recorded yet), so only a cancel of the
             // session's pending calls reaches it.
             ctx.cancel = control.call_token();
             let (out, reads) = self
-                .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
+                .run_tool(engine, tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
             drop(turn);
-            return self.record_ran(rt, pending, out, reads).await;
+            return self.record_ran(engine, rt, pending, out, reads).await;
         }
-        self.run_with_durable_start(session, rt, pending, tool, ctx, args_hash, control)
+        self.run_with_durable_start(engine, session, rt, pending, tool, ctx, args_hash, control)
             .await
     }
 
     /// The invocation a call is recorded as (its id, identity and what its tool declares).
     fn new_invocation(
         &self,
+        engine: &Engine,
         session: &Session,
         call: &Call,
         tool: Option<&Resolved>,
@@ -148,7 +154,7 @@ impl Engine {
             capabilities: tool
                 .map(|t| t.spec().capabilities.clone())
                 .unwrap_or_default(),
-            node: self.config.node.clone(),
+            node: engine.config.node.clone(),
             started_at: chrono::Utc::now(),
         }
     }
@@ -157,6 +163,7 @@ impl Engine {
     /// arguments its schema refuses — as the output it is recorded with; `None` if it may.
     fn refusal(
         &self,
+        engine: &Engine,
         session: &Session,
         call: &Call,
         tool: Option<&Resolved>,
@@ -176,7 +183,7 @@ impl Engine {
                 format!(
                     "Unknown tool '{}'. Available tools: {}.",
                     call.name,
-                    self.tools_for(session).join(", ")
+                    self.tools_for(engine, session).join(", ")
                 ),
             );
         };
@@ -186,7 +193,7 @@ impl Engine {
                 format!(
                     "Tool '{}' is not enabled for this session. Enabled tools: {}.",
                     call.name,
-                    self.tools_for(session).join(", ")
+                    self.tools_for(engine, session).join(", ")
                 ),
             );
         }
@@ -208,24 +215,26 @@ impl Engine {
     /// Records a call that never ran in one write.
     pub(super) async fn record_at_once(
         &self,
+        engine: &Engine,
         rt: &SessionRuntime,
         p: Pending<'_>,
         out: ToolOutput,
     ) -> Result<CallResult> {
-        self.record_ran(rt, p, out, Vec::new()).await
+        self.record_ran(engine, rt, p, out, Vec::new()).await
     }
 
     /// Records a call that ran without a start record in one write, with what it read.
     async fn record_ran(
         &self,
+        engine: &Engine,
         rt: &SessionRuntime,
         p: Pending<'_>,
         out: ToolOutput,
         reads: Vec<FileRead>,
     ) -> Result<CallResult> {
-        let mut recorded = self.outcome(p.limit, &p.invocation, out, p.t0);
+        let mut recorded = self.outcome(engine, p.limit, &p.invocation, out, p.t0);
         recorded.outcome.reads = reads;
-        self.commit_record(p.guard, rt, p.call, p.invocation, recorded)
+        self.commit_record(engine, p.guard, rt, p.call, p.invocation, recorded)
             .await
     }
 
@@ -238,6 +247,7 @@ impl Engine {
     )]
     async fn run_with_durable_start(
         &self,
+        engine: &Engine,
         session: &Session,
         rt: &Arc<SessionRuntime>,
         p: Pending<'_>,
@@ -247,7 +257,7 @@ impl Engine {
         control: &BatchControl,
     ) -> Result<CallResult> {
         if tool.spec().capabilities.contains(&Capability::Process) {
-            rt.ensure_baseline(&self.inotify, crate::scans::budget(&self.config.limits))
+            rt.ensure_baseline(&engine.inotify, crate::scans::budget(&engine.config.limits))
                 .await?;
         }
         let Pending {
@@ -265,11 +275,13 @@ impl Engine {
         let _cancellable =
             self.cancels
                 .register_call(invocation_id, session.tenant_id, cancel.clone());
-        match self.recorder.write(Write::Start { invocation }).await {
+        match engine.recorder.write(Write::Start { invocation }).await {
             Err(e) => return Err(e.into()),
             Ok(Err(WriteError::DuplicateCall(other))) => {
                 drop(guard);
-                return self.adopt_recorded(rt, call, args_hash, other).await;
+                return self
+                    .adopt_recorded(engine, rt, call, args_hash, other)
+                    .await;
             }
             Ok(Err(WriteError::SessionNotActive)) => return Err(closed(session.id)),
             Ok(Err(e)) => return Err(EngineError::Internal(e.to_string())),
@@ -282,7 +294,7 @@ impl Engine {
             guard,
             t0,
         };
-        self.run_started(session, rt, started, tool, ctx, control, cancel)
+        self.run_started(engine, session, rt, started, tool, ctx, control, cancel)
             .await
     }
 
@@ -294,6 +306,7 @@ impl Engine {
     )]
     pub(super) async fn run_started(
         &self,
+        engine: &Engine,
         session: &Session,
         rt: &Arc<SessionRuntime>,
         started: Started<'_>,
@@ -323,10 +336,10 @@ impl Engine {
         } else {
             ctx.cancel = cancel;
             let (mut out, reads) = self
-                .run_tool(tool.tool().as_ref(), ctx, call.arguments.clone())
+                .run_tool(engine, tool.tool().as_ref(), ctx, call.arguments.clone())
                 .await;
             if !spec.read_only {
-                lease = self.record_workspace_changes(rt, &mut out).await;
+                lease = self.record_workspace_changes(engine, rt, &mut out).await;
             }
             (out, reads)
         };
@@ -335,10 +348,10 @@ impl Engine {
             call_id: &call.id,
             name: &call.name,
         };
-        let mut recorded = self.outcome_for(limit, stub, out, t0);
+        let mut recorded = self.outcome_for(engine, limit, stub, out, t0);
         recorded.outcome.reads = reads;
         let committed = self
-            .commit_finish(guard, session.id, invocation_id, recorded)
+            .commit_finish(engine, guard, session.id, invocation_id, recorded)
             .await;
         drop(lease);
         committed
@@ -354,14 +367,15 @@ impl Engine {
     /// after the call's record is committed.
     pub(crate) async fn record_workspace_changes(
         &self,
+        engine: &Engine,
         rt: &SessionRuntime,
         out: &mut ToolOutput,
     ) -> Option<ContentLease> {
         let mut guard = rt.snapshot.lock().await;
         let mut snap = guard.take()?;
         let ws = rt.workspace.clone();
-        let mut budget = crate::scans::budget(&self.config.limits);
-        let mut lease = self.contents.take(budget.content_bytes);
+        let mut budget = crate::scans::budget(&engine.config.limits);
+        let mut lease = engine.contents.take(budget.content_bytes);
         budget.content_bytes = lease.bytes();
         let t0 = Instant::now();
         let scanned = tokio::task::spawn_blocking(move || {
@@ -376,7 +390,8 @@ impl Engine {
             },
             _ => "failed".to_owned(),
         };
-        self.metrics
+        engine
+            .metrics
             .workspace_scan(&mode, t0.elapsed().as_secs_f64());
         match scanned {
             Ok((snap, Ok(report))) => {
@@ -421,8 +436,9 @@ impl Engine {
         Some(lease)
     }
 
-    fn tools_for(&self, session: &Session) -> Vec<String> {
-        self.registry
+    fn tools_for(&self, engine: &Engine, session: &Session) -> Vec<String> {
+        engine
+            .registry
             .names()
             .filter(|n| session.allows_tool(n))
             .map(str::to_owned)

@@ -4,7 +4,7 @@
 use super::*;
 
 pub(super) fn io_error(e: std::io::Error) -> EngineError {
-    crate::sessions::out_of_descriptors(&e)
+    crate::runtimes::out_of_descriptors(&e)
         .unwrap_or_else(|| EngineError::Internal(format!("workspace: {e}")))
 }
 

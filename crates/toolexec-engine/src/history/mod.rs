@@ -25,10 +25,11 @@ use toolexec_workspace::history::{self, Entry, EntryKind, Plan, State};
 use toolexec_workspace::scan::{SeenEntry, Snapshot};
 use uuid::Uuid;
 
-use crate::sessions::{SessionRuntime, invalid};
+use crate::runtimes::{SessionRuntime, invalid};
 use crate::{Engine, EngineError, Result};
 
 mod entries;
+mod replay;
 
 use entries::*;
 pub(crate) use entries::{unrestorable_error, unrestorable_names};
@@ -69,7 +70,33 @@ const FILE_KINDS: [EventKind; 4] = [
     EventKind::FilesChanged,
 ];
 
-impl Engine {
+/// A session's past: folding its log into the state at a seq (a bounded number at a time on
+/// this node), its tree and files at a seq, forks and rewinds, verify replays and the
+/// observations they serve again. Writes `workspace.rewound`, the new session of a fork or a
+/// replay (`session.created` with its origin), and a replay's calls (through [`Calls`]).
+///
+/// [`Calls`]: crate::calls::Calls
+pub struct History {
+    /// States being rebuilt from logs on this node (`limits.max_concurrent_folds`).
+    folds: Arc<tokio::sync::Semaphore>,
+    /// Each tenant's replays on this node.
+    replay_slots: Arc<crate::slots::TenantSlots>,
+    /// Sessions a verify replay is re-running calls in: no other batch may run in them until
+    /// it ends.
+    replaying: std::sync::Mutex<std::collections::HashSet<Uuid>>,
+}
+
+impl History {
+    pub(crate) fn new(folds: usize, replay_slots: Arc<crate::slots::TenantSlots>) -> Self {
+        Self {
+            folds: Arc::new(tokio::sync::Semaphore::new(folds)),
+            replay_slots,
+            replaying: std::sync::Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+}
+
+impl History {
     /// The seq `at` stands for in `session` (its last event when absent), checked.
     fn resolve_at(session: &Session, at: Option<i64>) -> Result<i64> {
         let at = at.unwrap_or(session.last_seq);
@@ -89,13 +116,14 @@ impl Engine {
     /// from the log alone.
     pub async fn state_at(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         at: Option<i64>,
     ) -> Result<(Session, i64, State)> {
-        let session = self.store.get_session(tenant_id, session_id).await?;
+        let session = engine.store.get_session(tenant_id, session_id).await?;
         let at = Self::resolve_at(&session, at)?;
-        let state = self.fold(&session, at).await?;
+        let state = self.fold(engine, &session, at).await?;
         Ok((session, at, state))
     }
 
@@ -103,10 +131,11 @@ impl Engine {
     /// waited for up to `limits.lease_wait_ms`.
     pub(crate) async fn fold_permit(
         &self,
+        engine: &Engine,
         folds: u32,
     ) -> Result<tokio::sync::OwnedSemaphorePermit> {
-        let cap = self.config.limits.max_concurrent_folds.max(1) as u32;
-        let wait = std::time::Duration::from_millis(self.config.limits.lease_wait_ms);
+        let cap = engine.config.limits.max_concurrent_folds.max(1) as u32;
+        let wait = std::time::Duration::from_millis(engine.config.limits.lease_wait_ms);
         match tokio::time::timeout(wait, self.folds.clone().acquire_many_owned(folds.min(cap))).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => Err(EngineError::Unavailable(
@@ -116,7 +145,7 @@ impl Engine {
     }
 
     /// Folds the file events of `session` (after its origin's state) up to `at`.
-    pub(crate) async fn fold(&self, session: &Session, at: i64) -> Result<State> {
+    pub(crate) async fn fold(&self, engine: &Engine, session: &Session, at: i64) -> Result<State> {
         let mut chain = vec![(session.id, at)];
         let mut origin = session.origin;
         while let Some(o) = origin {
@@ -127,7 +156,7 @@ impl Engine {
                 )));
             }
             chain.push((o.session_id, o.seq));
-            origin = self
+            origin = engine
                 .store
                 .get_session(session.tenant_id, o.session_id)
                 .await?
@@ -137,7 +166,7 @@ impl Engine {
         for (id, up_to) in chain.into_iter().rev() {
             let mut after = 0;
             loop {
-                let page = self
+                let page = engine
                     .store
                     .events_of_kinds(session.tenant_id, id, &FILE_KINDS, after, up_to, FOLD_PAGE)
                     .await?;
@@ -145,8 +174,8 @@ impl Engine {
                 after = last.seq;
                 let full = page.len() as u32 == FOLD_PAGE;
                 for event in &page {
-                    self.apply_event(&mut state, event).await?;
-                    self.check_state_size(&state, session)?;
+                    self.apply_event(engine, &mut state, event).await?;
+                    self.check_state_size(engine, &state, session)?;
                 }
                 if !full {
                     break;
@@ -156,8 +185,8 @@ impl Engine {
         Ok(state)
     }
 
-    fn check_state_size(&self, state: &State, session: &Session) -> Result<()> {
-        let max = self.config.limits.max_state_entries;
+    fn check_state_size(&self, engine: &Engine, state: &State, session: &Session) -> Result<()> {
+        let max = engine.config.limits.max_state_entries;
         if state.len() > max {
             return Err(EngineError::Conflict {
                 code: ProblemCode::StateTooLarge,
@@ -170,12 +199,12 @@ impl Engine {
         Ok(())
     }
 
-    async fn apply_event(&self, state: &mut State, event: &Event) -> Result<()> {
+    async fn apply_event(&self, engine: &Engine, state: &mut State, event: &Event) -> Result<()> {
         let corrupt = |e: String| EngineError::Internal(format!("event {}: {e}", event.seq));
         if event.kind == EventKind::FilesChanged {
             let summary: toolexec_core::FilesChanged =
                 serde_json::from_value(event.data.clone()).map_err(|e| corrupt(e.to_string()))?;
-            let Some(manifest) = self.store.blob(&summary.manifest_sha256).await? else {
+            let Some(manifest) = engine.store.blob(&summary.manifest_sha256).await? else {
                 return Err(corrupt(
                     "the manifest of files.changed is not stored".into(),
                 ));
@@ -211,7 +240,7 @@ impl Engine {
                     .map_err(|e| corrupt(e.to_string()))?;
                 applied += 1;
                 if applied.is_multiple_of(1024)
-                    && state.len() > self.config.limits.max_state_entries
+                    && state.len() > engine.config.limits.max_state_entries
                 {
                     return Ok(());
                 }
@@ -228,14 +257,15 @@ impl Engine {
     /// One page of the workspace of a session as it was right after `at`.
     pub async fn tree(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         at: Option<i64>,
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<Tree> {
-        let _permit = self.fold_permit(1).await?;
-        let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
+        let _permit = self.fold_permit(engine, 1).await?;
+        let (_, at, state) = self.state_at(engine, tenant_id, session_id, at).await?;
         let after = match cursor {
             Some(c) => base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(c)
@@ -276,13 +306,14 @@ impl Engine {
     /// One file (or symlink) of a session's workspace as it was right after `at`.
     pub async fn file_at(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         at: Option<i64>,
         path: &[u8],
     ) -> Result<FileAt> {
-        let _permit = self.fold_permit(1).await?;
-        let (_, at, state) = self.state_at(tenant_id, session_id, at).await?;
+        let _permit = self.fold_permit(engine, 1).await?;
+        let (_, at, state) = self.state_at(engine, tenant_id, session_id, at).await?;
         let shown = names::display_bytes(path);
         let entry = state.get(path).ok_or_else(|| {
             EngineError::Missing(format!(
@@ -297,7 +328,7 @@ impl Engine {
                     .as_deref()
                     .filter(|_| entry.restorable())
                     .ok_or_else(|| not_recorded(&shown, entry))?;
-                let data = self
+                let data = engine
                     .store
                     .blob(sha)
                     .await?
@@ -323,6 +354,7 @@ impl Engine {
     /// could not be written (the others are).
     pub(crate) async fn fill(
         &self,
+        engine: &Engine,
         ws: &Arc<Workspace>,
         plan: &Plan<'_>,
     ) -> Result<(Vec<Vec<u8>>, history::Failed)> {
@@ -341,7 +373,7 @@ impl Engine {
                 .map(|(p, e)| (p.to_vec(), (*e).clone()))
                 .collect();
             let shas = history::blobs_of(batch.iter().map(|(_, e)| e));
-            let contents: HashMap<String, Bytes> = self
+            let contents: HashMap<String, Bytes> = engine
                 .store
                 .blobs(&shas)
                 .await?
@@ -368,8 +400,13 @@ impl Engine {
     /// Writes a whole state into a fresh workspace. Contents the log names but the store does
     /// not have fail it (with their names), as does any other failure: a fork's or replay's
     /// workspace is what the log says or is not made.
-    async fn fill_fresh(&self, ws: &Arc<Workspace>, plan: &Plan<'_>) -> Result<()> {
-        let (missing, failed) = self.fill(ws, plan).await?;
+    async fn fill_fresh(
+        &self,
+        engine: &Engine,
+        ws: &Arc<Workspace>,
+        plan: &Plan<'_>,
+    ) -> Result<()> {
+        let (missing, failed) = self.fill(engine, ws, plan).await?;
         if !missing.is_empty() {
             let shown: Vec<String> = missing
                 .iter()
@@ -396,34 +433,40 @@ impl Engine {
 
     /// A new session of the same tenant whose workspace starts as `source_id`'s was right after
     /// `at_seq` (see [`ForkRequest`]).
-    pub async fn fork(&self, tenant_id: Uuid, source_id: Uuid, req: ForkRequest) -> Result<Forked> {
-        let source = self.store.get_session(tenant_id, source_id).await?;
+    pub async fn fork(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        source_id: Uuid,
+        req: ForkRequest,
+    ) -> Result<Forked> {
+        let source = engine.store.get_session(tenant_id, source_id).await?;
         // "Now" waits for the source's calls in flight, on any node (its lease), and for a
         // mutating one on this node (its scheduling lock).
         let _lease = match (req.at_seq, source.status) {
             (None, SessionStatus::Active) => {
-                let (lease, previous) = self.leases.hold(source_id).await?;
+                let (lease, previous) = engine.cluster.hold(source_id).await?;
                 if previous.is_some() {
-                    self.forget_runtime(source_id);
+                    engine.runtimes.forget_runtime(source_id);
                 }
                 Some(lease)
             }
             _ => None,
         };
-        let cached = self.cached_runtime(tenant_id, source_id)?;
+        let cached = engine.runtimes.cached_runtime(tenant_id, source_id)?;
         let _turn = match (&cached, req.at_seq) {
             (Some(rt), None) => Some(rt.schedule.read().await),
             _ => None,
         };
         let source = if _turn.is_some() {
-            self.store.get_session(tenant_id, source_id).await?
+            engine.store.get_session(tenant_id, source_id).await?
         } else {
             source
         };
         let at = Self::resolve_at(&source, req.at_seq)?;
         self.check_fork(&source, &req)?;
-        let _permit = self.fold_permit(1).await?;
-        let state = self.fold(&source, at).await?;
+        let _permit = self.fold_permit(engine, 1).await?;
+        let state = self.fold(engine, &source, at).await?;
         let unrestorable = unrestorable_names(&state);
         if !unrestorable.is_empty() && !req.allow_partial {
             return Err(unrestorable_error(&unrestorable, "fork"));
@@ -457,6 +500,7 @@ impl Engine {
         // A fork runs in its source's image: the same digest, whatever its tag names now.
         let (session, shares_contents) = self
             .create_from_state(
+                engine,
                 tenant_id,
                 new_id(),
                 new,
@@ -529,8 +573,10 @@ impl Engine {
 
     /// Creates a session (checked like any new one) whose workspace is `state`, recorded as
     /// coming from `origin`: on the base of that state when forks share contents, else a copy.
+    #[allow(clippy::too_many_arguments)] // the engine it runs in is the eighth
     pub(crate) async fn create_from_state(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         id: Uuid,
         new: NewSession,
@@ -538,10 +584,13 @@ impl Engine {
         environment: Option<toolexec_core::SessionEnvironment>,
         state: &State,
     ) -> Result<(Session, bool)> {
-        self.check_new_session(&new)?;
-        self.check_origin_depth(tenant_id, origin.session_id)
+        engine.runtimes.check_new_session(engine, &new)?;
+        self.check_origin_depth(engine, tenant_id, origin.session_id)
             .await?;
-        let image = self.session_image(environment.as_ref()).await?;
+        let image = engine
+            .runtimes
+            .session_image(engine, environment.as_ref())
+            .await?;
         let name = id.to_string();
         let session = Session {
             id,
@@ -560,27 +609,27 @@ impl Engine {
         };
         // What its origin had read at its seq (the workspace is that state, so the hashes
         // match): its log has nothing yet, so the fold starts at the origin.
-        let reads = self.reads_at(&session, 0).await?;
+        let reads = engine.runtimes.reads_at(engine, &session, 0).await?;
         let empty = history::plan(std::iter::empty(), state);
-        let shares = self.workspaces.shares_contents();
+        let shares = engine.workspaces.shares_contents();
         let workspace = if shares {
             let key = format!("{}@{}", origin.session_id, origin.seq);
-            if self.workspaces.existing_base(&key).is_none() {
-                let builder = self.workspaces.begin_base(&key).map_err(io_error)?;
+            if engine.workspaces.existing_base(&key).is_none() {
+                let builder = engine.workspaces.begin_base(&key).map_err(io_error)?;
                 let ws = builder.workspace();
-                match self.fill_fresh(&ws, &empty).await {
+                match self.fill_fresh(engine, &ws, &empty).await {
                     Ok(()) => {
                         drop(ws);
-                        self.workspaces.finish_base(builder).map_err(io_error)?;
+                        engine.workspaces.finish_base(builder).map_err(io_error)?;
                     }
                     Err(e) => {
                         drop(ws);
-                        self.workspaces.abandon_base(builder);
+                        engine.workspaces.abandon_base(builder);
                         return Err(e);
                     }
                 }
             }
-            let workspaces = self.workspaces.clone();
+            let workspaces = engine.workspaces.clone();
             let name = name.clone();
             tokio::task::spawn_blocking(move || workspaces.create_on(&name, &key))
                 .await
@@ -588,7 +637,7 @@ impl Engine {
                 .map_err(io_error)?
         } else {
             // Off the async threads: with a disk quota this makes and mounts a filesystem.
-            let workspaces = self.workspaces.clone();
+            let workspaces = engine.workspaces.clone();
             let made = {
                 let name = name.clone();
                 tokio::task::spawn_blocking(move || workspaces.create(&name))
@@ -596,41 +645,52 @@ impl Engine {
                     .map_err(|e| EngineError::Internal(format!("cannot create workspace: {e}")))?
             };
             let ws = Arc::new(made.map_err(io_error)?);
-            if let Err(e) = self.fill_fresh(&ws, &empty).await {
+            if let Err(e) = self.fill_fresh(engine, &ws, &empty).await {
                 drop(ws);
-                self.workspaces.remove(&name);
+                engine.workspaces.remove(&name);
                 return Err(e);
             }
             Arc::try_unwrap(ws)
                 .map_err(|_| EngineError::Internal("workspace still shared".into()))?
         };
-        let rt = Arc::new(self.fresh_runtime(session.clone(), workspace, image));
+        let rt = Arc::new(
+            engine
+                .runtimes
+                .fresh_runtime(engine, session.clone(), workspace, image),
+        );
         rt.reads.replace(reads);
-        let event = self.session_created(&session, Some(state.len()));
-        let (cap, disk_binds) = self.open_session_cap();
-        match self
+        let event = engine
+            .runtimes
+            .session_created(engine, &session, Some(state.len()));
+        let (cap, disk_binds) = engine.runtimes.open_session_cap(engine);
+        match engine
             .store
             .create_session(&session, vec![event], Vec::new(), cap)
             .await
         {
             Ok(stored) => {
-                self.keep_runtime(rt);
-                self.settle(stored.id).await;
+                engine.runtimes.keep_runtime(engine, rt);
+                engine.cluster.settle(stored.id).await;
                 Ok((stored, shares))
             }
             Err(e) => {
                 drop(rt);
-                self.workspaces.remove(&name);
-                Err(self.refused_create(e, disk_binds))
+                engine.workspaces.remove(&name);
+                Err(engine.runtimes.refused_create(engine, e, disk_binds))
             }
         }
     }
 
     /// A session made from `source` would have one origin more than `source`: refused when
     /// that is more than a fold follows.
-    async fn check_origin_depth(&self, tenant_id: Uuid, source: Uuid) -> Result<()> {
+    async fn check_origin_depth(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        source: Uuid,
+    ) -> Result<()> {
         let mut depth = 1;
-        let mut origin = self.store.get_session(tenant_id, source).await?.origin;
+        let mut origin = engine.store.get_session(tenant_id, source).await?.origin;
         while let Some(o) = origin {
             depth += 1;
             if depth > MAX_ORIGIN_DEPTH {
@@ -641,7 +701,7 @@ impl Engine {
                     ),
                 ));
             }
-            origin = self
+            origin = engine
                 .store
                 .get_session(tenant_id, o.session_id)
                 .await?
@@ -655,43 +715,51 @@ impl Engine {
     /// `file.*` event per change. Waits for the session's calls in flight on this node.
     pub async fn rewind(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session_id: Uuid,
         req: RewindRequest,
     ) -> Result<RewindResult> {
-        let session = self.store.get_session(tenant_id, session_id).await?;
+        let session = engine.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
         }
-        let (_lease, previous) = self.leases.hold(session_id).await?;
+        let (_lease, previous) = engine.cluster.hold(session_id).await?;
         if previous.is_some() {
-            self.forget_runtime(session_id);
+            engine.runtimes.forget_runtime(session_id);
         }
-        let rt = self.runtime(&session, previous.as_deref()).await?;
+        let rt = engine
+            .runtimes
+            .runtime(engine, &session, previous.as_deref())
+            .await?;
         let _turn = rt.schedule.write().await;
         // Calls waiting for approval were asked for in a state the rewind takes away: they
         // must not run on the state it brings back.
-        self.deny_waiting_of_session(tenant_id, session_id, "the workspace was rewound")
+        engine
+            .approvals
+            .deny_waiting_of_session(engine, tenant_id, session_id, "the workspace was rewound")
             .await;
         // Read again under the lock: calls that ran while it was awaited moved last_seq.
-        let session = self.store.get_session(tenant_id, session_id).await?;
+        let session = engine.store.get_session(tenant_id, session_id).await?;
         if session.status != SessionStatus::Active {
             return Err(crate::calls::closed(session_id));
         }
         let to_seq = Self::resolve_at(&session, Some(req.to_seq))?;
         // Read before anything changes: what the session had read at `to_seq` is its
         // read-state after the rewind (the files are as they were then).
-        let reads = self.reads_at(&session, to_seq).await?;
-        let _permit = self.fold_permit(2).await?;
-        let target = self.fold(&session, to_seq).await?;
-        let recorded = self.fold(&session, session.last_seq).await?;
+        let reads = engine.runtimes.reads_at(engine, &session, to_seq).await?;
+        let _permit = self.fold_permit(engine, 2).await?;
+        let target = self.fold(engine, &session, to_seq).await?;
+        let recorded = self.fold(engine, &session, session.last_seq).await?;
         let unrestorable = unrestorable_names(&target);
         if !unrestorable.is_empty() && !req.allow_partial {
             return Err(unrestorable_error(&unrestorable, "rewind"));
         }
 
         // Background processes started after to_seq go first: they could write meanwhile.
-        let stopped = self.stop_processes_after(&rt, &session, to_seq).await?;
+        let stopped = self
+            .stop_processes_after(engine, &rt, &session, to_seq)
+            .await?;
         // Terminals and the persistent shell too: their programs could write meanwhile, and
         // their working directories may not survive the rewind.
         let mut terminals_ended = Vec::new();
@@ -702,7 +770,7 @@ impl Engine {
 
         // What is really there now (a command's unrecorded writes included), hashed.
         let ws = rt.workspace.clone();
-        let budget = crate::scans::budget(&self.config.limits);
+        let budget = crate::scans::budget(&engine.config.limits);
         let live =
             tokio::task::spawn_blocking(move || Snapshot::capture_within(&ws, None, &budget))
                 .await
@@ -723,7 +791,7 @@ impl Engine {
         })
         .await
         .map_err(|e| EngineError::Internal(format!("rewind: {e}")))?;
-        let (_, not_written) = self.fill(&rt.workspace, &plan).await?;
+        let (_, not_written) = self.fill(engine, &rt.workspace, &plan).await?;
         failed.extend(not_written);
         for (path, e) in &failed {
             tracing::warn!(session = %session_id, path = %names::display_bytes(path), error = %e, "a rewind could not put an entry back");
@@ -733,8 +801,8 @@ impl Engine {
         // process writing meanwhile): the record says exactly that, so that folding the log
         // gives the workspace on disk. It is also the next scan's baseline.
         let ws = rt.workspace.clone();
-        let inotify = self.inotify.clone();
-        let budget = crate::scans::budget(&self.config.limits);
+        let inotify = engine.inotify.clone();
+        let budget = crate::scans::budget(&engine.config.limits);
         let after = tokio::task::spawn_blocking(move || {
             Snapshot::capture_within(&ws, Some(&inotify), &budget)
         })
@@ -807,11 +875,11 @@ impl Engine {
                 "killed_by": e.killed_by,
             }),
         }));
-        let (seq, _) = self
+        let (seq, _) = engine
             .store
             .append_events(tenant_id, session_id, events, Vec::<Blob>::new())
             .await?;
-        self.streams.notify(session_id);
+        engine.streams.notify(session_id);
         // The next scan compares with the rewound workspace, as recorded.
         *rt.snapshot.lock().await = Some(after);
         Ok(RewindResult {
@@ -825,6 +893,7 @@ impl Engine {
     /// event data.
     async fn stop_processes_after(
         &self,
+        engine: &Engine,
         rt: &SessionRuntime,
         session: &Session,
         seq: i64,
@@ -832,7 +901,7 @@ impl Engine {
         let Some(table) = &rt.processes else {
             return Ok(Vec::new());
         };
-        let started = self
+        let started = engine
             .store
             .events_of_kinds(
                 session.tenant_id,

@@ -18,7 +18,7 @@
 //! The source is read a page of ids at a time and one call when it is re-run ([`Steps`]), never
 //! whole. A call the session's `policy.approval` gates waits for a person again, as any call of
 //! the replay session would: an approval in the source was for that run only
-//! ([`Engine::decided`], docs/design.md, "Approval gates").
+//! (`History::decided`, docs/design.md, "Approval gates").
 //!
 //! Observations from outside — the responses of tools that declare the `network` capability
 //! (`web_fetch`, `web_search`: their `web.exchange` events) — are served from the record, never
@@ -40,6 +40,7 @@ use uuid::Uuid;
 
 use toolexec_tools::observe::{Observed, Recorded};
 
+use super::History;
 use crate::calls::CallBatch;
 use crate::{Engine, EngineError, Result};
 
@@ -180,26 +181,27 @@ impl Steps {
     }
 }
 
-impl Engine {
+impl History {
     /// Starts a verify replay of a session of this tenant, waits for it up to the request
     /// limit, and returns its report as it is then (`running` if it goes on).
     pub async fn replay(
-        self: &Arc<Self>,
+        &self,
+        engine: &Arc<Engine>,
         tenant_id: Uuid,
         source_id: Uuid,
         mode: ReplayMode,
     ) -> Result<Replay> {
-        let source = self.store.get_session(tenant_id, source_id).await?;
+        let source = engine.store.get_session(tenant_id, source_id).await?;
         let slot = self.replay_slots.take(tenant_id)?;
         // How many calls, then the state right before the first step: two passes over the
         // ids of the source's log, a page at a time.
         let mut calls_total = 0u64;
         let mut counting = Steps::of(&source);
-        while let Some(step) = counting.next(self).await? {
+        while let Some(step) = counting.next(engine).await? {
             calls_total += u64::from(matches!(step, StepRef::Call(_)));
         }
         let mut steps = Steps::of(&source);
-        let first = steps.next_step(self).await?;
+        let first = steps.next_step(engine).await?;
         let initial = first
             .as_ref()
             .map_or(source.last_seq, |s| match s {
@@ -207,8 +209,8 @@ impl Engine {
                 Step::Rewind { last_seq, .. } => last_seq - 1,
             })
             .max(1);
-        let permit = self.fold_permit(1).await?;
-        let state = self.fold(&source, initial).await?;
+        let permit = self.fold_permit(engine, 1).await?;
+        let state = self.fold(engine, &source, initial).await?;
         let mut metadata = source.metadata.clone();
         if let Value::Object(m) = &mut metadata {
             m.insert("replay_of".into(), json!(source.id));
@@ -229,9 +231,10 @@ impl Engine {
         // Before the session exists (a listing could show it): no client's batch runs in it
         // while the replay re-runs the source's calls.
         let id = new_id();
-        let replaying = Replaying::start(self, id);
+        let replaying = Replaying::start(engine, id);
         let (session, _) = self
             .create_from_state(
+                engine,
                 tenant_id,
                 id,
                 new,
@@ -256,32 +259,45 @@ impl Engine {
             created_at: chrono::Utc::now(),
             finished_at: None,
         };
-        self.store.save_replay(tenant_id, &replay).await?;
-        let engine = self.clone();
+        engine.store.save_replay(tenant_id, &replay).await?;
         let id = replay.id;
-        let task = tokio::spawn(async move {
-            let _slot = slot;
-            let _replaying = replaying;
-            engine
-                .run_replay(tenant_id, source, session, initial, (first, steps), replay)
-                .await
+        let task = tokio::spawn({
+            let engine = engine.clone();
+            async move {
+                let _slot = slot;
+                let _replaying = replaying;
+                engine
+                    .history
+                    .run_replay(
+                        &engine,
+                        tenant_id,
+                        source,
+                        session,
+                        initial,
+                        (first, steps),
+                        replay,
+                    )
+                    .await
+            }
         });
-        let waited = std::time::Duration::from_millis(self.config.limits.request_timeout_ms);
+        let waited = std::time::Duration::from_millis(engine.config.limits.request_timeout_ms);
         match tokio::time::timeout(waited, task).await {
             Ok(Ok(done)) => Ok(done),
             Ok(Err(e)) => Err(EngineError::Internal(format!(
                 "the replay's task failed: {e}"
             ))),
-            Err(_) => Ok(self.store.replay(tenant_id, id).await?),
+            Err(_) => Ok(engine.store.replay(tenant_id, id).await?),
         }
     }
 
-    pub async fn get_replay(&self, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
-        Ok(self.store.replay(tenant_id, id).await?)
+    pub async fn get_replay(&self, engine: &Engine, tenant_id: Uuid, id: Uuid) -> Result<Replay> {
+        Ok(engine.store.replay(tenant_id, id).await?)
     }
 
+    #[allow(clippy::too_many_arguments)] // the engine it runs in is the eighth
     async fn run_replay(
-        self: Arc<Self>,
+        &self,
+        engine: &Arc<Engine>,
         tenant_id: Uuid,
         source: Session,
         session: Session,
@@ -308,7 +324,7 @@ impl Engine {
             match step {
                 Step::Call(recorded) => {
                     let entry = self
-                        .replay_call(tenant_id, &session, &recorded, &mut ids)
+                        .replay_call(engine, tenant_id, &session, &recorded, &mut ids)
                         .await;
                     match entry {
                         Ok((entry, seq)) => {
@@ -335,6 +351,7 @@ impl Engine {
                         .map_or(1, |(_, dst)| *dst);
                     match self
                         .rewind(
+                            engine,
                             tenant_id,
                             session.id,
                             RewindRequest {
@@ -353,10 +370,10 @@ impl Engine {
                 }
             }
             if i % SAVE_EVERY == SAVE_EVERY - 1 {
-                let _ = self.store.save_replay(tenant_id, &replay).await;
+                let _ = engine.store.save_replay(tenant_id, &replay).await;
             }
             i += 1;
-            next = steps.next_step(&self).await;
+            next = steps.next_step(engine).await;
         }
         replay.status = if failure.is_some() {
             ReplayStatus::Failed
@@ -365,7 +382,7 @@ impl Engine {
         };
         replay.error = failure;
         replay.finished_at = Some(chrono::Utc::now());
-        if let Err(e) = self.store.save_replay(tenant_id, &replay).await {
+        if let Err(e) = engine.store.save_replay(tenant_id, &replay).await {
             tracing::error!(error = %e, replay = %replay.id, "the replay's report could not be saved");
         }
         replay
@@ -374,7 +391,8 @@ impl Engine {
     /// Re-runs one recorded call in the replay session and compares it with its record; the
     /// replay's seq of its `invocation.finished`.
     async fn replay_call(
-        self: &Arc<Self>,
+        &self,
+        engine: &Arc<Engine>,
         tenant_id: Uuid,
         session: &Session,
         recorded: &Invocation,
@@ -393,8 +411,10 @@ impl Engine {
             name: recorded.name.clone(),
             arguments,
         };
-        let results = self
+        let results = engine
+            .calls
             .run_calls(
+                engine,
                 tenant_id,
                 session.id,
                 CallBatch {
@@ -408,10 +428,10 @@ impl Engine {
             .next()
             .ok_or_else(|| EngineError::Internal("a batch of one gave no result".into()))?;
         if result.status == toolexec_core::CallStatus::PendingApproval {
-            result = self.decided(tenant_id, session, result).await?;
+            result = self.decided(engine, tenant_id, session, result).await?;
         }
         ids.insert(recorded.id.to_string(), result.invocation_id.to_string());
-        let replayed = self
+        let replayed = engine
             .store
             .invocation_page(
                 tenant_id,
@@ -451,8 +471,14 @@ impl Engine {
             ids.terminal_tokens.0.insert(a, n);
             ids.terminal_tokens.1.insert(b, n);
         }
-        let before = self.store.invocation_output(tenant_id, recorded.id).await?;
-        let after = self.store.invocation_output(tenant_id, replayed.id).await?;
+        let before = engine
+            .store
+            .invocation_output(tenant_id, recorded.id)
+            .await?;
+        let after = engine
+            .store
+            .invocation_output(tenant_id, replayed.id)
+            .await?;
         let terminal = matches!(recorded.name.as_str(), "exec_command" | "write_stdin");
         let (before, after) = if terminal {
             (
@@ -493,13 +519,14 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl History {
     /// A replayed call the session's policy gates waits for a person again, as any call of the
     /// session would (docs/design.md, "Approval gates"): its result once it is decided and has
     /// run (or was denied, or its wait ended). Followed as `GET /v1/invocations/{id}?wait=`
     /// does; polled every second when the tenant's streams are all in use.
     async fn decided(
         &self,
+        engine: &Engine,
         tenant_id: Uuid,
         session: &Session,
         mut result: CallResult,
@@ -511,7 +538,7 @@ impl Engine {
             .map_or(toolexec_core::DEFAULT_APPROVAL_TIMEOUT_MS, |p| {
                 p.timeout_ms()
             })
-            .min(self.config.limits.max_approval_wait_ms);
+            .min(engine.config.limits.max_approval_wait_ms);
         // The expiry denies it at the end of its wait; the margin covers a late timer.
         let deadline = tokio::time::Instant::now()
             + std::time::Duration::from_millis(wait_ms)
@@ -526,7 +553,10 @@ impl Engine {
             }
             let waited = left.min(std::time::Duration::from_secs(60));
             let t0 = tokio::time::Instant::now();
-            result = self.after_approval(tenant_id, result, waited).await;
+            result = engine
+                .approvals
+                .after_approval(engine, tenant_id, result, waited)
+                .await;
             if result.status == toolexec_core::CallStatus::PendingApproval && t0.elapsed() < waited
             {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -544,7 +574,7 @@ pub(crate) struct Replaying {
 
 impl Replaying {
     pub(crate) fn start(engine: &Arc<Engine>, session_id: Uuid) -> Self {
-        if let Ok(mut set) = engine.replaying.lock() {
+        if let Ok(mut set) = engine.history.replaying.lock() {
             set.insert(session_id);
         }
         Self {
@@ -556,13 +586,13 @@ impl Replaying {
 
 impl Drop for Replaying {
     fn drop(&mut self) {
-        if let Ok(mut set) = self.engine.replaying.lock() {
+        if let Ok(mut set) = self.engine.history.replaying.lock() {
             set.remove(&self.session_id);
         }
     }
 }
 
-impl Engine {
+impl History {
     /// Whether a replay is re-running calls in this session (a poisoned lock counts as yes:
     /// refusing a client's batch is the safe side).
     pub(crate) fn replay_running(&self, session_id: Uuid) -> bool {
@@ -576,12 +606,13 @@ impl Engine {
     /// served, and nothing goes to the network).
     pub(crate) async fn observed_for(
         &self,
+        engine: &Engine,
         session: &Session,
         recorded: Uuid,
         call: &Call,
         args_hash: &str,
     ) -> Result<Observed> {
-        let source = self
+        let source = engine
             .store
             .invocation_page(
                 session.tenant_id,
@@ -607,7 +638,8 @@ impl Engine {
         let blobs: HashMap<String, bytes::Bytes> = if shas.is_empty() {
             HashMap::new()
         } else {
-            self.store
+            engine
+                .store
                 .blobs(&shas)
                 .await?
                 .into_iter()

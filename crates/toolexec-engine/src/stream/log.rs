@@ -3,7 +3,8 @@ use serde::Serialize;
 use toolexec_core::Invocation;
 use uuid::Uuid;
 
-use crate::{Engine, Result};
+use super::Streams;
+use crate::Result;
 
 /// Default and largest page of events.
 pub const DEFAULT_EVENTS_PAGE: u32 = 100;
@@ -28,7 +29,7 @@ pub struct OutputSlice {
     pub output_chars: usize,
 }
 
-impl Engine {
+impl Streams {
     /// One invocation with a page of its side effects: those after seq `after`, at most `limit`
     /// (1–1000, default 1000).
     /// An invocation once it has ended — not running, not waiting for approval — or as it is

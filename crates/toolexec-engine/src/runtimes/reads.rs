@@ -2,7 +2,7 @@
 //! the `reads` of its `invocation.finished` events (docs/design.md, "Read-state from the log").
 //!
 //! A session's runtime is built with it wherever the runtime is built from the record — a
-//! take-over, a restart, a reload after an eviction (`Engine::runtime`), a fork or a replay at
+//! take-over, a restart, a reload after an eviction (`Runtimes::runtime`), a fork or a replay at
 //! its origin's seq — and a rewind puts it back to what it was at the seq it rewinds to. The
 //! tools keep it current on the node afterwards; each call's reads go into its record.
 //!
@@ -18,13 +18,15 @@ use toolexec_core::Session;
 use toolexec_store::{ReadRecord, StoreError};
 
 use crate::history::MAX_ORIGIN_DEPTH;
+use crate::runtimes::Runtimes;
 use crate::{Engine, EngineError, Result};
 
-impl Engine {
+impl Runtimes {
     /// What `session` had read right after its event `up_to` (`i64::MAX`: now), path → SHA-256
     /// of the contents read.
     pub(crate) async fn reads_at(
         &self,
+        engine: &Engine,
         session: &Session,
         up_to: i64,
     ) -> Result<HashMap<String, String>> {
@@ -37,7 +39,7 @@ impl Engine {
             let mut rewound_to = None;
             // Nothing at or before seq 0 (a session made just now from its origin's state).
             if upper >= 1 {
-                let mut rows = self.store.read_records(id, upper);
+                let mut rows = engine.store.read_records(id, upper);
                 while let Some(row) = rows.next().await {
                     records += 1;
                     match row {
@@ -71,7 +73,7 @@ impl Engine {
                     session.id
                 )));
             }
-            origin = self
+            origin = engine
                 .store
                 .get_session(session.tenant_id, o.session_id)
                 .await?

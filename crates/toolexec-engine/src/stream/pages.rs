@@ -18,7 +18,8 @@ use toolexec_store::Store;
 use toolexec_store::pages::{ByteBounds, EventText, Listed};
 use uuid::Uuid;
 
-use crate::{Engine, EngineError, Result};
+use super::Streams;
+use crate::{EngineError, Result};
 
 /// Bytes an event's JSON takes besides its data (ids, kind, time, a `truncated` pointer), and
 /// an SSE frame's fields: what a page or a stream counts for each event on top of its data.
@@ -243,7 +244,7 @@ pub struct SessionsPage {
     pub next_before: Option<Uuid>,
 }
 
-impl Engine {
+impl Streams {
     /// A page of a session's events after `after`, at most `limit` (1–1000, default 100) and
     /// within `limits.page_bytes`.
     pub async fn event_page(

@@ -18,6 +18,9 @@
 //! slowly than the log grows, or not at all) gets a final `stream.overflow` item saying where
 //! to resume and is disconnected. The node serves at most `limits.max_streams_per_node` streams
 //! of all tenants together. The stream ends after `session.closed`.
+pub(crate) mod log;
+pub(crate) mod pages;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +32,43 @@ use toolexec_core::EventKind;
 use toolexec_store::Store;
 use uuid::Uuid;
 
-use crate::pages::{Pages, ShownEvent};
-use crate::{Engine, EngineError, Result};
+use crate::{EngineError, Result};
+use pages::{Pages, ShownEvent};
+
+/// The reading side of sessions' logs on this node: pages of events and sessions (bounded in
+/// bytes, with excerpts of what is over), single events and invocations, waiting for an
+/// invocation to end, and the live streams with each tenant's share of them. Writes no event;
+/// it is told of each commit (`Streams::notify`) to wake the streams that follow it.
+pub struct Streams {
+    store: Arc<dyn Store>,
+    /// The live streams of sessions' logs followed on this node.
+    hub: Arc<StreamHub>,
+    /// Each tenant's event streams on this node.
+    slots: Arc<crate::slots::TenantSlots>,
+    /// The bounds in bytes of pages and streams, and the excerpts of what is over them.
+    pages: Arc<Pages>,
+}
+
+impl Streams {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        hub: Arc<StreamHub>,
+        slots: Arc<crate::slots::TenantSlots>,
+        pages: Arc<Pages>,
+    ) -> Self {
+        Self {
+            store,
+            hub,
+            slots,
+            pages,
+        }
+    }
+
+    /// Wakes the streams following `session_id`: something of it was committed.
+    pub(crate) fn notify(&self, session_id: Uuid) {
+        self.hub.notify(session_id);
+    }
+}
 
 /// Longest a fetcher waits without a local commit before it looks at the store anyway: the
 /// delay of an event another replica wrote.
@@ -341,7 +379,7 @@ struct Subscriber {
     _node_slot: NodeSlot,
 }
 
-impl Engine {
+impl Streams {
     /// The log of a session of this tenant from `after` on, then live (see the module docs).
     pub async fn stream(
         &self,
@@ -350,13 +388,13 @@ impl Engine {
         after: i64,
     ) -> Result<impl Stream<Item = StreamItem> + Send + 'static> {
         let session = self.store.get_session(tenant_id, session_id).await?;
-        let slot = self.stream_slots.take(tenant_id)?;
-        let node_slot = self.streams.take_slot()?;
+        let slot = self.slots.take(tenant_id)?;
+        let node_slot = self.hub.take_slot()?;
         // Join the feed before catching up: whatever is committed after this point comes
         // through it, whatever before is read from the store.
-        let (feed, rx) =
-            self.streams
-                .subscribe(&self.store, tenant_id, session_id, session.last_seq);
+        let (feed, rx) = self
+            .hub
+            .subscribe(&self.store, tenant_id, session_id, session.last_seq);
         let sub = Subscriber {
             store: self.store.clone(),
             pages: self.pages.clone(),

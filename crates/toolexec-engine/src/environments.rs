@@ -56,9 +56,12 @@ pub(crate) fn problem(e: ImageError) -> EngineError {
     invalid(code, detail)
 }
 
-fn open(image: &Image) -> Result<Arc<SessionImage>> {
+/// The image for a session's sandboxes, holding a lease on it in the cache (not evicted nor
+/// removed while the session's runtime lives).
+fn open(store: &ImageStore, image: &Image) -> Result<Arc<SessionImage>> {
+    let lease = store.lease(image).map_err(problem)?;
     SessionImage::open(&image.rootfs, &image.env, &image.digest)
-        .map(Arc::new)
+        .map(|i| Arc::new(i.holding(lease)))
         .map_err(|e| {
             EngineError::Internal(format!(
                 "the image {} cannot be opened in the cache: {e}",
@@ -114,7 +117,7 @@ impl Engine {
             ));
         }
         let (environment, image, _) = self.pull_asked(envs, &asked, |_| {}).await?;
-        Ok(Some((environment, open(&image)?)))
+        Ok(Some((environment, open(&envs.store, &image)?)))
     }
 
     /// Resolves what a caller asked for (a configured name or an allowed reference) and pulls
@@ -228,6 +231,6 @@ impl Engine {
                 image.digest
             )));
         }
-        open(&image).map(Some)
+        open(&envs.store, &image).map(Some)
     }
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::{ImageError, reference};
 
 /// `[environments]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvironmentsConfig {
     /// Images by name (`[[environments.images]] name = "py312", image = "…"`): always allowed,
@@ -16,8 +16,23 @@ pub struct EnvironmentsConfig {
     pub allow_registries: Vec<String>,
     /// Registries reached over plain HTTP (a registry on the cluster's own network).
     pub insecure_registries: Vec<String>,
-    /// The image (a configured name) of sessions that name none. Not used yet.
+    /// The image (a configured name) of sessions that name none.
     pub default: Option<String>,
+    /// The most the node's image cache may take unpacked (`<workspace_root>/.images`): past
+    /// it, the least recently used images no session runs in are evicted.
+    pub max_cache_bytes: u64,
+}
+
+impl Default for EnvironmentsConfig {
+    fn default() -> Self {
+        Self {
+            images: Vec::new(),
+            allow_registries: Vec::new(),
+            insecure_registries: Vec::new(),
+            default: None,
+            max_cache_bytes: crate::DEFAULT_MAX_CACHE_BYTES,
+        }
+    }
 }
 
 /// One configured image.
@@ -105,6 +120,7 @@ mod tests {
             allow_registries: vec!["ghcr.io".into()],
             insecure_registries: vec![],
             default: Some("py312".into()),
+            ..EnvironmentsConfig::default()
         };
         c.validate().unwrap();
         assert_eq!(c.resolve("py312").unwrap(), "registry.local:5000/py:3.12");

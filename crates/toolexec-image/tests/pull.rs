@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use sha2::{Digest, Sha256};
-use toolexec_image::{ImageError, ImageStore, Limits};
+use toolexec_image::{ImageError, ImageStore, Limits, Removal};
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -31,6 +31,8 @@ struct State {
     blobs: HashMap<String, Vec<u8>>,
     blob_gets: HashMap<String, usize>,
     blob_delay: Duration,
+    /// A further delay before serving these blobs (a layer, not the config).
+    delays: HashMap<String, Duration>,
     /// When set, every `/v2/` request needs `Authorization: Bearer <it>`, got from `/token`.
     token: Option<String>,
     /// The query strings `/token` was asked with.
@@ -101,7 +103,8 @@ async fn serve(state: Arc<Mutex<State>>, uri: Uri, headers: HeaderMap) -> Respon
         let (bytes, delay) = {
             let mut s = state.lock().unwrap();
             *s.blob_gets.entry(d.to_string()).or_default() += 1;
-            (s.blobs.get(d).cloned(), s.blob_delay)
+            let extra = s.delays.get(d).copied().unwrap_or_default();
+            (s.blobs.get(d).cloned(), s.blob_delay + extra)
         };
         tokio::time::sleep(delay).await;
         return match bytes {
@@ -388,7 +391,8 @@ async fn an_image_is_pulled_by_tag_and_digest_with_its_layers_applied_in_order()
     let after: usize = reg.state.lock().unwrap().blob_gets.values().sum();
     assert_eq!(before, after);
     assert_eq!(store.list().unwrap().len(), 1);
-    assert!(store.remove(&digest).unwrap());
+    assert_eq!(store.remove(&digest).unwrap(), Removal::Removed);
+    assert_eq!(store.remove(&digest).unwrap(), Removal::NotCached);
     assert!(store.list().unwrap().is_empty());
     assert!(!root.exists());
     assert!(walk(&tmp.path().join("images/tmp")).is_empty());
@@ -981,10 +985,151 @@ async fn a_tree_made_deep_through_links_is_removed_without_exhausting_the_stack(
         .await
         .unwrap();
     let store = h.store(Limits::default());
-    assert!(store.remove(&image.digest).unwrap());
+    assert_eq!(store.remove(&image.digest).unwrap(), Removal::Removed);
     let image = h.pull(&[l1, l2], Limits::default()).await.unwrap();
     let mut left = walk(&image.rootfs);
     left.retain(|p| !p.starts_with('l'));
     assert_eq!(left, ["kept"]);
     h.check_outside();
+}
+
+/// The digest of a tar layer as pushed (gzipped).
+fn layer_digest(tar: &[u8]) -> String {
+    digest(&gzip(tar))
+}
+
+/// Waits until `dir` has an entry (a pull's folder in `tmp/`), at most 10 s.
+async fn until_not_empty(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while walk(dir).is_empty() {
+        assert!(Instant::now() < deadline, "nothing appeared in {}", dir.display());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn opening_the_cache_again_leaves_a_pull_under_way_alone() {
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    let digest = reg.push("slow/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_millis(800));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let r = reg.reference("slow/x", "t");
+    let pull = tokio::spawn(async move { store.pull(&r).await });
+    until_not_empty(&tmp.path().join("images/tmp")).await;
+    // What `toolexec images list` does in another process while the service pulls.
+    let other = reg.store(tmp.path(), Limits::default());
+    assert!(other.list().unwrap().is_empty());
+    let image = pull.await.unwrap().unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(read(&image.rootfs.join("a")), "a");
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn opening_the_cache_removes_what_a_dead_pull_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let left = tmp.path().join("images/tmp/1234-0-0");
+    std::fs::create_dir_all(left.join("rootfs/usr")).unwrap();
+    std::fs::write(left.join("rootfs/usr/f"), "x").unwrap();
+    let reg = Registry::start().await;
+    let _store = reg.store(tmp.path(), Limits::default());
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn a_pull_given_up_by_its_caller_leaves_nothing_in_tmp() {
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    reg.push("slow/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_secs(30));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let r = reg.reference("slow/x", "t");
+    let s = store.clone();
+    let pull = tokio::spawn(async move { s.pull(&r).await });
+    let work = tmp.path().join("images/tmp");
+    until_not_empty(&work).await;
+    pull.abort();
+    assert!(pull.await.unwrap_err().is_cancelled());
+    assert!(walk(&work).is_empty(), "{:?}", walk(&work));
+    assert!(store.list().unwrap().is_empty());
+}
+
+/// An image of one file of `bytes` bytes (its name `repo`'s, so that each is an image of its
+/// own).
+fn sized(reg: &Registry, repo: &str, bytes: usize) -> String {
+    let name = repo.replace('/', "-");
+    reg.push(repo, "t", &[Tar::new().file(&name, &"x".repeat(bytes)).done()])
+}
+
+#[tokio::test]
+async fn the_cache_evicts_the_least_recently_used_image_no_session_holds() {
+    let reg = Registry::start().await;
+    let a = sized(&reg, "a/x", 4000);
+    let b = sized(&reg, "b/x", 4000);
+    let c = sized(&reg, "c/x", 4000);
+    let d = sized(&reg, "d/x", 4000);
+    let tmp = tempfile::tempdir().unwrap();
+    // Room for two images of 4000 bytes, not three.
+    let limits = Limits {
+        max_cache_bytes: 10_000,
+        ..Limits::default()
+    };
+    let store = reg.store(tmp.path(), limits);
+    let cached = |store: &ImageStore| {
+        let mut d: Vec<String> = store.list().unwrap().into_iter().map(|i| i.digest).collect();
+        d.sort();
+        d
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let image_a = store.pull(&reg.reference("a/x", "t")).await.unwrap();
+    let lease = store.lease(&image_a).unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pull(&reg.reference("b/x", "t")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // a is the least recently used, but a session holds it: b goes.
+    store.pull(&reg.reference("c/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![a.clone(), c.clone()]));
+    // Another process on the node cannot remove it either.
+    let other = reg.store(tmp.path(), limits);
+    assert_eq!(other.remove(&a).unwrap(), Removal::InUse);
+    assert!(image_a.rootfs.join("a-x").is_file());
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Released, a is the least recently used: it goes for d.
+    store.pull(&reg.reference("d/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![c.clone(), d.clone()]));
+    assert!(!image_a.rootfs.exists());
+    // Taking c again makes d the one to go next.
+    let image_c = store.get(&c).unwrap().unwrap();
+    drop(store.lease(&image_c).unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pull(&reg.reference("b/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![b, c]));
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn a_lease_on_a_removed_image_fails() {
+    let reg = Registry::start().await;
+    sized(&reg, "a/x", 10);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let image = store.pull(&reg.reference("a/x", "t")).await.unwrap();
+    assert_eq!(store.remove(&image.digest).unwrap(), Removal::Removed);
+    let err = store.lease(&image).unwrap_err();
+    assert!(err.to_string().contains("pull it again"), "{err}");
 }

@@ -337,6 +337,7 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         max_image_bytes: config.limits.max_image_bytes,
         max_image_entries: config.limits.max_image_entries,
         pull_timeout: std::time::Duration::from_millis(config.limits.image_pull_timeout_ms),
+        max_cache_bytes: config.environments.max_cache_bytes,
     };
     // Beneath the workspace root, beside `.egress` and `.uploads`: the sandbox's init reaches an
     // image's tree the way it reaches a workspace, by a path beneath the one directory it may

@@ -746,3 +746,61 @@ async fn an_image_cannot_replace_the_sandboxs_own_mounts() {
     }
     assert!(escaped.is_empty(), "made outside the sandbox: {escaped:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_keeps_to_its_bound_and_never_removes_an_image_in_use() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    let one = registry.push(roots.path(), &["PATH=/bin", "WHICH=one"], "bb:one");
+    let two = registry.push(roots.path(), &["PATH=/bin", "WHICH=two"], "bb:two");
+    let hex = |d: &str| d.trim_start_matches("sha256:").to_owned();
+    let data = private_dir();
+    // Room for no more than one busybox.
+    let served = serve_with(
+        &registry,
+        data.path(),
+        &[("TOOLEXEC_ENVIRONMENTS__MAX_CACHE_BYTES", "1")],
+    );
+    let one_ref = format!("{}/bb:one", registry.host);
+    let (status, body) = post(&served, "/v1/environments", json!({"image": one_ref})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(image_dirs(data.path()), [hex(&one)]);
+
+    // A session in `two`: `one`, which no session runs in, is evicted for it.
+    let s = session(
+        &served,
+        json!({"environment": {"image": format!("{}/bb:two", registry.host)}}),
+    )
+    .await;
+    let sid = s["id"].as_str().unwrap();
+    assert_eq!(sh(&served, sid, "c1", "echo $WHICH").await, (0, "two\n".into()));
+    assert_eq!(image_dirs(data.path()), [hex(&two)]);
+
+    // `toolexec images rm` in another process refuses to take it from under the session.
+    let out = toolexec(data.path())
+        .args(["images", "rm", &two])
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert_eq!(image_dirs(data.path()), [hex(&two)]);
+    // Nor does `toolexec images list` disturb anything.
+    let out = toolexec(data.path())
+        .args(["images", "list"])
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&two));
+    assert_eq!(sh(&served, sid, "c2", "echo $WHICH").await, (0, "two\n".into()));
+
+    // `one` again: `two` is in use and stays, the cache over its bound until it is released.
+    let (status, body) = post(&served, "/v1/environments", json!({"image": one_ref})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut both = vec![hex(&one), hex(&two)];
+    both.sort();
+    assert_eq!(image_dirs(data.path()), both);
+}

@@ -21,6 +21,52 @@ pub struct EnvironmentsConfig {
     /// The most the node's image cache may take unpacked (`<workspace_root>/.images`): past
     /// it, the least recently used images no session runs in are evicted.
     pub max_cache_bytes: u64,
+    /// Credentials per registry (`[[environments.credentials]] registry = "host:port",
+    /// username = "…", password_file = "/run/secrets/…"`). Never logged, never in an error, a
+    /// result or the record.
+    pub credentials: Vec<RegistryCredential>,
+}
+
+/// The credentials the service pulls from one registry with: HTTP basic auth on a `Basic`
+/// challenge, or to get a token on a `Bearer` one.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryCredential {
+    /// `host` or `host:port`, as image references name it (`docker.io` for Docker Hub).
+    pub registry: String,
+    pub username: String,
+    /// The password or token itself; or
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// a file holding it (a mounted secret), read at each pull so that a rotated secret is
+    /// taken without a restart; a trailing newline is not part of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for RegistryCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredential")
+            .field("registry", &self.registry)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("password_file", &self.password_file)
+            .finish()
+    }
+}
+
+impl RegistryCredential {
+    /// The password: given, or read from its file now. The error names the file, never what
+    /// it holds.
+    pub fn password(&self) -> Result<String, String> {
+        match (&self.password, &self.password_file) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|p| p.trim_end_matches(['\n', '\r']).to_owned())
+                .map_err(|e| format!("{}: {}", path.display(), e.kind())),
+            (None, None) => Err("neither password nor password_file is set".into()),
+        }
+    }
 }
 
 impl Default for EnvironmentsConfig {
@@ -31,6 +77,7 @@ impl Default for EnvironmentsConfig {
             insecure_registries: Vec::new(),
             default: None,
             max_cache_bytes: crate::DEFAULT_MAX_CACHE_BYTES,
+            credentials: Vec::new(),
         }
     }
 }
@@ -45,6 +92,11 @@ pub struct NamedImage {
 }
 
 impl EnvironmentsConfig {
+    /// The operator's credentials for `registry`, if any.
+    pub fn credential(&self, registry: &str) -> Option<&RegistryCredential> {
+        self.credentials.iter().find(|c| c.registry == registry)
+    }
+
     /// Checks the configuration: every configured image a valid reference, names unique, the
     /// default one of them.
     pub fn validate(&self) -> Result<(), ImageError> {
@@ -67,15 +119,32 @@ impl EnvironmentsConfig {
                 "environments.default '{default}' is not a name of environments.images"
             )));
         }
+        let mut with_credentials = std::collections::BTreeSet::new();
+        for c in &self.credentials {
+            if !with_credentials.insert(c.registry.as_str()) {
+                return Err(ImageError::InvalidReference(format!(
+                    "environments.credentials: {} is given twice",
+                    c.registry
+                )));
+            }
+            if c.password.is_some() == c.password_file.is_some() {
+                return Err(ImageError::InvalidReference(format!(
+                    "environments.credentials for {}: give password or password_file, one of \
+                     them",
+                    c.registry
+                )));
+            }
+        }
         for host in self
             .allow_registries
             .iter()
             .chain(&self.insecure_registries)
+            .chain(self.credentials.iter().map(|c| &c.registry))
         {
             if host.is_empty() || host.contains('/') {
                 return Err(ImageError::InvalidReference(format!(
-                    "'{host}' in environments.allow_registries or insecure_registries is not \
-                     a registry (host or host:port)"
+                    "'{host}' in environments.allow_registries, insecure_registries or \
+                     credentials is not a registry (host or host:port)"
                 )));
             }
         }

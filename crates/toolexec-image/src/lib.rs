@@ -19,8 +19,8 @@
 //! lands, the least recently used images no one leases are evicted until the cache fits (the
 //! modification time of an image's `image.json` is when a session last took it).
 //!
-//! What is not built yet: registry credentials (anonymous bearer tokens work), the egress
-//! classification of the registry (the caller's client decides what may be dialled).
+//! What is not built yet: the egress classification of the registry (the caller's client
+//! decides what may be dialled).
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::os::fd::OwnedFd;
@@ -36,7 +36,7 @@ pub mod reference;
 mod registry;
 mod unpack;
 
-pub use config::{EnvironmentsConfig, NamedImage};
+pub use config::{EnvironmentsConfig, NamedImage, RegistryCredential};
 pub use reference::Reference;
 use registry::Registry;
 
@@ -174,6 +174,7 @@ struct Inner {
     limits: Limits,
     client: reqwest::Client,
     insecure: Vec<String>,
+    credentials: Vec<RegistryCredential>,
     inflight: Mutex<HashMap<String, Inflight>>,
 }
 
@@ -246,14 +247,22 @@ fn digest_hex(digest: &str) -> Result<&str, ImageError> {
 
 impl ImageStore {
     /// The image cache under `data_dir/images`, with `client` for registries (the registries
-    /// in `insecure` are reached over plain HTTP). Removes what an earlier run left unfinished.
+    /// in `insecure` are reached over plain HTTP, those in `credentials` with them). Removes
+    /// what an earlier run left unfinished.
     pub fn open(
         data_dir: &Path,
         limits: Limits,
         client: reqwest::Client,
         insecure: Vec<String>,
+        credentials: Vec<RegistryCredential>,
     ) -> Result<Self, ImageError> {
-        Self::open_at(&data_dir.join("images"), limits, client, insecure)
+        Self::open_at(
+            &data_dir.join("images"),
+            limits,
+            client,
+            insecure,
+            credentials,
+        )
     }
 
     /// [`ImageStore::open`] with the cache in `dir` itself.
@@ -262,6 +271,7 @@ impl ImageStore {
         limits: Limits,
         client: reqwest::Client,
         insecure: Vec<String>,
+        credentials: Vec<RegistryCredential>,
     ) -> Result<Self, ImageError> {
         let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
@@ -275,6 +285,7 @@ impl ImageStore {
                 limits,
                 client,
                 insecure,
+                credentials,
                 inflight: Mutex::new(HashMap::new()),
             }),
         })
@@ -488,7 +499,13 @@ impl ImageStore {
             return Ok((image, true));
         }
         let insecure = self.inner.insecure.contains(&r.registry);
-        let registry = Registry::new(self.inner.client.clone(), &r, insecure);
+        let credential = self
+            .inner
+            .credentials
+            .iter()
+            .find(|c| c.registry == r.registry)
+            .cloned();
+        let registry = Registry::new(self.inner.client.clone(), &r, insecure, credential);
         let (manifest, digest) = resolve_platform(&registry, &r).await?;
         if let Some(image) = self.get(&digest)? {
             self.touch(&image.digest);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use sha2::{Digest, Sha256};
-use toolexec_image::{ImageError, ImageStore, Limits, Removal};
+use toolexec_image::{ImageError, ImageStore, Limits, RegistryCredential, Removal};
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -37,6 +37,13 @@ struct State {
     token: Option<String>,
     /// The query strings `/token` was asked with.
     token_queries: Vec<String>,
+    /// When set, `/token` answers only this `Authorization` (HTTP basic).
+    token_basic: Option<String>,
+    /// When set, every `/v2/` request needs this `Authorization` (HTTP basic), else 401 with a
+    /// `Basic` challenge.
+    basic: Option<String>,
+    /// Every `Authorization` header the registry was sent.
+    authorizations: Vec<String>,
     host: String,
 }
 
@@ -44,14 +51,38 @@ struct State {
 struct Registry {
     state: Arc<Mutex<State>>,
     host: String,
+    /// What the stores this test opens are configured with.
+    credentials: Vec<RegistryCredential>,
 }
 
 async fn serve(state: Arc<Mutex<State>>, uri: Uri, headers: HeaderMap) -> Response<Body> {
     let path = uri.path().to_string();
     {
         let mut s = state.lock().unwrap();
+        if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+            s.authorizations.push(a.to_owned());
+        }
+        if let Some(basic) = s.basic.clone() {
+            let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+            if sent != Some(basic.as_str()) {
+                return Response::builder()
+                    .status(StatusCode::UNAUTHORIZED)
+                    .header("www-authenticate", r#"Basic realm="test-registry""#)
+                    .body(Body::empty())
+                    .unwrap();
+            }
+        }
         if let Some(token) = s.token.clone() {
             if path == "/token" {
+                let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+                if let Some(want) = &s.token_basic
+                    && sent != Some(want.as_str())
+                {
+                    return Response::builder()
+                        .status(StatusCode::UNAUTHORIZED)
+                        .body(Body::empty())
+                        .unwrap();
+                }
                 s.token_queries.push(uri.query().unwrap_or("").to_string());
                 return Response::new(Body::from(format!(r#"{{"token":"{token}"}}"#)));
             }
@@ -128,7 +159,11 @@ impl Registry {
         let app = axum::Router::new()
             .fallback(move |uri: Uri, headers: HeaderMap| serve(s.clone(), uri, headers));
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { state, host }
+        Self {
+            state,
+            host,
+            credentials: Vec::new(),
+        }
     }
 
     fn blob(&self, bytes: Vec<u8>) -> String {
@@ -218,6 +253,7 @@ impl Registry {
             limits,
             reqwest::Client::new(),
             vec![self.host.clone()],
+            self.credentials.clone(),
         )
         .unwrap()
     }
@@ -1002,7 +1038,11 @@ fn layer_digest(tar: &[u8]) -> String {
 async fn until_not_empty(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while walk(dir).is_empty() {
-        assert!(Instant::now() < deadline, "nothing appeared in {}", dir.display());
+        assert!(
+            Instant::now() < deadline,
+            "nothing appeared in {}",
+            dir.display()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1069,7 +1109,11 @@ async fn a_pull_given_up_by_its_caller_leaves_nothing_in_tmp() {
 /// own).
 fn sized(reg: &Registry, repo: &str, bytes: usize) -> String {
     let name = repo.replace('/', "-");
-    reg.push(repo, "t", &[Tar::new().file(&name, &"x".repeat(bytes)).done()])
+    reg.push(
+        repo,
+        "t",
+        &[Tar::new().file(&name, &"x".repeat(bytes)).done()],
+    )
 }
 
 #[tokio::test]
@@ -1087,7 +1131,12 @@ async fn the_cache_evicts_the_least_recently_used_image_no_session_holds() {
     };
     let store = reg.store(tmp.path(), limits);
     let cached = |store: &ImageStore| {
-        let mut d: Vec<String> = store.list().unwrap().into_iter().map(|i| i.digest).collect();
+        let mut d: Vec<String> = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|i| i.digest)
+            .collect();
         d.sort();
         d
     };
@@ -1132,4 +1181,106 @@ async fn a_lease_on_a_removed_image_fails() {
     assert_eq!(store.remove(&image.digest).unwrap(), Removal::Removed);
     let err = store.lease(&image).unwrap_err();
     assert!(err.to_string().contains("pull it again"), "{err}");
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+fn credential(reg: &Registry, password: Option<&str>, file: Option<&Path>) -> RegistryCredential {
+    RegistryCredential {
+        registry: reg.host.clone(),
+        username: "alice".into(),
+        password: password.map(str::to_owned),
+        password_file: file.map(Path::to_path_buf),
+    }
+}
+
+#[tokio::test]
+async fn a_registry_with_basic_auth_is_pulled_from_with_the_operators_credentials_only() {
+    let mut reg = Registry::start().await;
+    let digest = reg.push("priv/x", "t", &[Tar::new().file("a", "a").done()]);
+    reg.state.lock().unwrap().basic = Some(basic("alice", "s3cr3t-pw"));
+    let r = reg.reference("priv/x", "t");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.credentials"),
+        "{err}"
+    );
+
+    reg.credentials = vec![credential(&reg, Some("wrong-pw"), None)];
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(err.to_string().contains("check them"), "{err}");
+    assert!(!err.to_string().contains("wrong-pw"), "{err}");
+    assert!(!format!("{:?}", reg.credentials).contains("wrong-pw"));
+
+    // From a file (a mounted secret), its trailing newline not part of it.
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "s3cr3t-pw\n").unwrap();
+    reg.credentials = vec![credential(&reg, None, Some(&secret))];
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(read(&image.rootfs.join("a")), "a");
+    let json = std::fs::read_to_string(image.rootfs.parent().unwrap().join("image.json")).unwrap();
+    assert!(!json.contains("s3cr3t"), "{json}");
+}
+
+#[tokio::test]
+async fn a_registry_whose_token_service_wants_credentials_gets_them_for_the_token_only() {
+    let mut reg = Registry::start().await;
+    let digest = reg.push("tok/x", "t", &[Tar::new().file("a", "a").done()]);
+    {
+        let mut s = reg.state.lock().unwrap();
+        s.token = Some("t0k3n".into());
+        s.token_basic = Some(basic("alice", "s3cr3t-pw"));
+    }
+    let r = reg.reference("tok/x", "t");
+    let tmp = tempfile::tempdir().unwrap();
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.credentials"),
+        "{err}"
+    );
+
+    reg.credentials = vec![credential(&reg, Some("s3cr3t-pw"), None)];
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap();
+    assert_eq!(image.digest, digest);
+    // The credentials went to the token service; the registry itself saw the token.
+    let sent = reg.state.lock().unwrap().authorizations.clone();
+    assert!(sent.contains(&basic("alice", "s3cr3t-pw")), "{sent:?}");
+    assert!(sent.contains(&"Bearer t0k3n".to_owned()), "{sent:?}");
+    assert_eq!(
+        sent.iter().filter(|a| a.starts_with("Basic")).count(),
+        1,
+        "{sent:?}"
+    );
 }

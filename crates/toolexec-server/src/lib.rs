@@ -347,6 +347,7 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         limits,
         client,
         config.environments.insecure_registries.clone(),
+        config.environments.credentials.clone(),
     )
     .map_err(|e| anyhow::anyhow!("{e}"))
 }

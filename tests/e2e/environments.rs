@@ -966,3 +966,53 @@ async fn a_registry_that_wants_credentials_gets_the_operators_and_they_are_never
     .unwrap();
     assert!(!leaks(&record), "{record}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_images_env_loses_what_a_sessions_env_may_not_hold() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    std::fs::write(roots.path().join("etc/hook.sh"), "echo HOOK-RAN\n").unwrap();
+    registry.push(
+        roots.path(),
+        &[
+            "PATH=/bin",
+            "KEPT=yes",
+            "BASH_ENV=/etc/hook.sh",
+            "ENV=/etc/hook.sh",
+            "LD_PRELOAD=/nowhere.so",
+            "PYTHONPATH=/opt/evil",
+            "GIT_CONFIG_COUNT=1",
+        ],
+        "bb:env",
+    );
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let s = session(
+        &served,
+        json!({"environment": {"image": format!("{}/bb:env", registry.host)}}),
+    )
+    .await;
+    let sid = s["id"].as_str().unwrap();
+    let (code, out) = sh(
+        &served,
+        sid,
+        "c1",
+        "echo \"$KEPT [$BASH_ENV] [$ENV] [$LD_PRELOAD] [$PYTHONPATH] [$GIT_CONFIG_COUNT]\"",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "yes [] [] [] [] []\n"));
+    // The session's own env still goes through its rule (refused, not dropped).
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": format!("{}/bb:env", registry.host)},
+               "env": {"BASH_ENV": "/etc/hook.sh"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_env")),
+        "{body}"
+    );
+}

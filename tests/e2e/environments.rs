@@ -94,7 +94,9 @@ fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Serve
         .env("TOOLEXEC_DATA_DIR", data)
         .env("TOOLEXEC_LOG_FORMAT", "json")
         .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
+        // The test's registry is on loopback, which the egress policy refuses unless named.
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -440,7 +442,8 @@ async fn images_that_cannot_be_had_are_refused_with_their_own_codes() {
         .env(
             "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
             format!("{},{closed}", registry.host),
-        );
+        )
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
     let served = serve(cmd);
     for (image, status, code) in [
         (format!("{}/bb:nope", registry.host), 422, "image_not_found"),
@@ -900,6 +903,7 @@ async fn a_registry_that_wants_credentials_gets_the_operators_and_they_are_never
         .env("TOOLEXEC_LOG_FORMAT", "json")
         .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
         .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1")
         .env("TOOLEXEC_ENVIRONMENTS__CREDENTIALS", &credentials);
     let served = serve_logging_to(cmd, &log);
     let mut seen = Vec::new();
@@ -1015,4 +1019,36 @@ async fn an_images_env_loses_what_a_sessions_env_may_not_hold() {
         (422, Some("invalid_env")),
         "{body}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_on_a_network_the_operator_did_not_allow_is_not_reached() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    registry.push(roots.path(), &["PATH=/bin"], "bb:1");
+    let data = private_dir();
+    // Allowed as a registry, but on loopback, which environments.allow_cidrs does not name.
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LOG_FORMAT", "json")
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
+    let served = serve(cmd);
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": format!("{}/bb:1", registry.host)}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("image_not_allowed")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("environments.allow_cidrs"), "{body}");
+    assert!(detail.contains("loopback"), "{body}");
 }

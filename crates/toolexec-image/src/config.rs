@@ -21,6 +21,11 @@ pub struct EnvironmentsConfig {
     /// The most the node's image cache may take unpacked (`<workspace_root>/.images`): past
     /// it, the least recently used images no session runs in are evicted.
     pub max_cache_bytes: u64,
+    /// Networks beyond the public internet the service may pull from (CIDRs or addresses: a
+    /// registry on the cluster's own network, or on loopback in a test). The registry's
+    /// addresses (and its token service's, and every redirect's) are checked by the same egress
+    /// classification as the web tools'; default none: public registries only.
+    pub allow_cidrs: Vec<String>,
     /// Credentials per registry (`[[environments.credentials]] registry = "host:port",
     /// username = "…", password_file = "/run/secrets/…"`). Never logged, never in an error, a
     /// result or the record.
@@ -77,6 +82,7 @@ impl Default for EnvironmentsConfig {
             insecure_registries: Vec::new(),
             default: None,
             max_cache_bytes: crate::DEFAULT_MAX_CACHE_BYTES,
+            allow_cidrs: Vec::new(),
             credentials: Vec::new(),
         }
     }
@@ -92,6 +98,14 @@ pub struct NamedImage {
 }
 
 impl EnvironmentsConfig {
+    /// The egress policy registries are reached under: the public internet and `allow_cidrs`,
+    /// this host's own addresses refused unless allow-listed (as for the web tools).
+    pub fn policy(&self) -> Result<toolexec_net::NetPolicy, ImageError> {
+        toolexec_net::NetPolicy::new(&self.allow_cidrs)
+            .map(toolexec_net::NetPolicy::refusing_this_host)
+            .map_err(|e| ImageError::InvalidReference(format!("environments.allow_cidrs: {e}")))
+    }
+
     /// The operator's credentials for `registry`, if any.
     pub fn credential(&self, registry: &str) -> Option<&RegistryCredential> {
         self.credentials.iter().find(|c| c.registry == registry)
@@ -119,6 +133,7 @@ impl EnvironmentsConfig {
                 "environments.default '{default}' is not a name of environments.images"
             )));
         }
+        self.policy()?;
         let mut with_credentials = std::collections::BTreeSet::new();
         for c in &self.credentials {
             if !with_credentials.insert(c.registry.as_str()) {

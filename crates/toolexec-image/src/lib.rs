@@ -19,8 +19,9 @@
 //! lands, the least recently used images no one leases are evicted until the cache fits (the
 //! modification time of an image's `image.json` is when a session last took it).
 //!
-//! What is not built yet: the egress classification of the registry (the caller's client
-//! decides what may be dialled).
+//! Registries are reached through the egress classification (`toolexec-net`): a URL with an
+//! IP-literal host is checked here before it is requested, names by the caller's client when
+//! it dials (the service's resolves through the same policy, and checks redirect targets).
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::os::fd::OwnedFd;
@@ -100,6 +101,18 @@ impl Default for Limits {
     }
 }
 
+/// How registries are reached: which over plain HTTP, which with credentials, and which
+/// addresses at all.
+#[derive(Debug, Clone, Default)]
+pub struct Registries {
+    /// Registries (`host[:port]`) reached over plain HTTP.
+    pub insecure: Vec<String>,
+    pub credentials: Vec<RegistryCredential>,
+    /// The public internet plus the operator's allow-list (`environments.allow_cidrs`): a
+    /// registry on a private network or loopback must be named there.
+    pub policy: toolexec_net::NetPolicy,
+}
+
 /// What [`ImageStore::remove`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -175,6 +188,7 @@ struct Inner {
     client: reqwest::Client,
     insecure: Vec<String>,
     credentials: Vec<RegistryCredential>,
+    policy: toolexec_net::NetPolicy,
     inflight: Mutex<HashMap<String, Inflight>>,
 }
 
@@ -247,22 +261,18 @@ fn digest_hex(digest: &str) -> Result<&str, ImageError> {
 
 impl ImageStore {
     /// The image cache under `data_dir/images`, with `client` for registries (the registries
-    /// in `insecure` are reached over plain HTTP, those in `credentials` with them). Removes
-    /// what an earlier run left unfinished.
+    /// in `insecure` are reached over plain HTTP, those in `credentials` with them). Every URL
+    /// requested (a registry's, a token realm's) is checked against `policy` first: an
+    /// IP-literal host must be public or allow-listed. Names are the client's to check when
+    /// they are dialled (the service's client resolves through the same policy), as are
+    /// redirects. Removes what an earlier run left unfinished.
     pub fn open(
         data_dir: &Path,
         limits: Limits,
         client: reqwest::Client,
-        insecure: Vec<String>,
-        credentials: Vec<RegistryCredential>,
+        registries: Registries,
     ) -> Result<Self, ImageError> {
-        Self::open_at(
-            &data_dir.join("images"),
-            limits,
-            client,
-            insecure,
-            credentials,
-        )
+        Self::open_at(&data_dir.join("images"), limits, client, registries)
     }
 
     /// [`ImageStore::open`] with the cache in `dir` itself.
@@ -270,9 +280,13 @@ impl ImageStore {
         dir: &Path,
         limits: Limits,
         client: reqwest::Client,
-        insecure: Vec<String>,
-        credentials: Vec<RegistryCredential>,
+        registries: Registries,
     ) -> Result<Self, ImageError> {
+        let Registries {
+            insecure,
+            credentials,
+            policy,
+        } = registries;
         let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
         for d in [&dir.join("sha256"), &tmp] {
@@ -286,6 +300,7 @@ impl ImageStore {
                 client,
                 insecure,
                 credentials,
+                policy,
                 inflight: Mutex::new(HashMap::new()),
             }),
         })
@@ -368,9 +383,8 @@ impl ImageStore {
         }
         // Still the image's directory (not renamed away for removal before the lock was had).
         let held = rustix::fs::fstat(&fd).map_err(|e| io(&dir, e))?;
-        match rustix::fs::stat(&dir.join("image.json")) {
-            Ok(_) => {}
-            Err(_) => return Err(gone()),
+        if rustix::fs::stat(dir.join("image.json")).is_err() {
+            return Err(gone());
         }
         let now = rustix::fs::stat(&dir).map_err(|_| gone())?;
         if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino) {
@@ -505,7 +519,13 @@ impl ImageStore {
             .iter()
             .find(|c| c.registry == r.registry)
             .cloned();
-        let registry = Registry::new(self.inner.client.clone(), &r, insecure, credential);
+        let registry = Registry::new(
+            self.inner.client.clone(),
+            &r,
+            insecure,
+            credential,
+            self.inner.policy.clone(),
+        );
         let (manifest, digest) = resolve_platform(&registry, &r).await?;
         if let Some(image) = self.get(&digest)? {
             self.touch(&image.digest);

@@ -54,6 +54,7 @@ pub(crate) struct Registry {
     name: String,
     credential: Option<RegistryCredential>,
     auth: std::sync::Mutex<Auth>,
+    policy: toolexec_net::NetPolicy,
 }
 
 impl Registry {
@@ -62,6 +63,7 @@ impl Registry {
         reference: &Reference,
         insecure: bool,
         credential: Option<RegistryCredential>,
+        policy: toolexec_net::NetPolicy,
     ) -> Self {
         let scheme = if insecure { "http" } else { "https" };
         let host = if reference.registry == "docker.io" {
@@ -75,6 +77,37 @@ impl Registry {
             name: reference.registry.clone(),
             credential,
             auth: std::sync::Mutex::new(Auth::None),
+            policy,
+        }
+    }
+
+    /// Refuses `url` unless the egress policy lets the service reach it (an IP-literal host
+    /// public or allow-listed; a name is checked as it is dialled).
+    fn check(&self, url: &str) -> Result<(), ImageError> {
+        self.policy
+            .check_url(url)
+            .map(|_| ())
+            .map_err(|r| self.refused(&r))
+    }
+
+    /// The error of a destination the egress policy refused: names the registry and the setting,
+    /// not the address (which the log has).
+    fn refused(&self, r: &toolexec_net::Refusal) -> ImageError {
+        tracing::warn!(
+            registry = %self.name,
+            reason = r.reason(),
+            address = ?r.address(),
+            "a registry address refused by the egress policy"
+        );
+        if r.is_non_public() {
+            ImageError::RegistryNotAllowed(format!(
+                "{} is at a non-public address ({}), which the service reaches only when \
+                 environments.allow_cidrs names it",
+                self.name,
+                r.reason()
+            ))
+        } else {
+            ImageError::RegistryNotAllowed(format!("{}: {r}", self.name))
         }
     }
 
@@ -102,6 +135,7 @@ impl Registry {
             if let Some(accept) = accept {
                 req = req.header(reqwest::header::ACCEPT, accept);
             }
+            self.check(url)?;
             let auth = self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone();
             match auth {
                 Auth::None => {}
@@ -171,14 +205,15 @@ impl Registry {
             }
         }
         let what = format!("a token from {}", url.origin().ascii_serialization());
+        self.check(url.as_str())?;
         let mut req = self.client.get(url);
         if let Some((user, password)) = self.credentials()? {
             req = req.basic_auth(user, Some(password));
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ImageError::Unreachable(format!("{what}: {}", without_url(&e))))?;
+        let resp = req.send().await.map_err(|e| match refusal(&e) {
+            Some(r) => self.refused(r),
+            None => ImageError::Unreachable(format!("{what}: {}", without_url(&e))),
+        })?;
         if !resp.status().is_success() {
             return Err(ImageError::Unauthorized(format!(
                 "{} refused {what} ({}); {}",
@@ -214,7 +249,10 @@ impl Registry {
     }
 
     fn send_error(&self, e: reqwest::Error) -> ImageError {
-        ImageError::Unreachable(format!("{} cannot be reached: {e}", self.base))
+        match refusal(&e) {
+            Some(r) => self.refused(r),
+            None => ImageError::Unreachable(format!("{} cannot be reached: {e}", self.base)),
+        }
     }
 
     /// The manifest or index `reference` names in `repository`: its bytes, media type and
@@ -344,6 +382,24 @@ fn is_basic_challenge(header: &str) -> bool {
         .split(' ')
         .next()
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("basic"))
+}
+
+/// The egress policy's refusal behind a request's error (the client's resolver refused what a
+/// name resolved to, or a redirect's target), if that is what it was.
+fn refusal(e: &reqwest::Error) -> Option<&toolexec_net::Refusal> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<toolexec_net::Refusal>() {
+            return Some(r);
+        }
+        if let Some(toolexec_net::ConnectError::Refused(r)) =
+            s.downcast_ref::<toolexec_net::ConnectError>()
+        {
+            return Some(r);
+        }
+        source = s.source();
+    }
+    None
 }
 
 /// A request's error without its URL (a token realm's query may carry what the registry put

@@ -252,8 +252,12 @@ impl Registry {
             data,
             limits,
             reqwest::Client::new(),
-            vec![self.host.clone()],
-            self.credentials.clone(),
+            toolexec_image::Registries {
+                insecure: vec![self.host.clone()],
+                credentials: self.credentials.clone(),
+                // The test's registry is on loopback: allow-listed, as an operator would.
+                policy: toolexec_net::NetPolicy::new(&["127.0.0.0/8"]).unwrap(),
+            },
         )
         .unwrap()
     }
@@ -1283,4 +1287,32 @@ async fn a_registry_whose_token_service_wants_credentials_gets_them_for_the_toke
         1,
         "{sent:?}"
     );
+}
+
+#[tokio::test]
+async fn a_registry_at_an_address_the_egress_policy_refuses_is_not_reached() {
+    let reg = Registry::start().await;
+    reg.push("a/x", "t", &[Tar::new().file("a", "a").done()]);
+    let tmp = tempfile::tempdir().unwrap();
+    toolexec_tools::web::install_tls_provider();
+    let store = ImageStore::open(
+        tmp.path(),
+        Limits::default(),
+        reqwest::Client::new(),
+        toolexec_image::Registries {
+            insecure: vec![reg.host.clone()],
+            credentials: Vec::new(),
+            policy: toolexec_net::NetPolicy::public_only(),
+        },
+    )
+    .unwrap();
+    let err = store.pull(&reg.reference("a/x", "t")).await.unwrap_err();
+    assert!(matches!(err, ImageError::RegistryNotAllowed(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.allow_cidrs"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("loopback"), "{err}");
+    // Nothing was asked of it.
+    assert!(reg.state.lock().unwrap().blob_gets.is_empty());
 }

@@ -112,6 +112,7 @@ fn images(dir: &std::path::Path, host: &str, args: &[&str]) -> Output {
             format!(r#"[{{"name": "hello", "image": "{host}/demo/hello:1"}}]"#),
         )
         .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", host)
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1")
         .current_dir(dir)
         .output()
         .unwrap()

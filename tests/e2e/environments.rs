@@ -94,7 +94,9 @@ fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Serve
         .env("TOOLEXEC_DATA_DIR", data)
         .env("TOOLEXEC_LOG_FORMAT", "json")
         .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
+        // The test's registry is on loopback, which the egress policy refuses unless named.
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -440,7 +442,8 @@ async fn images_that_cannot_be_had_are_refused_with_their_own_codes() {
         .env(
             "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
             format!("{},{closed}", registry.host),
-        );
+        )
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
     let served = serve(cmd);
     for (image, status, code) in [
         (format!("{}/bb:nope", registry.host), 422, "image_not_found"),
@@ -745,4 +748,307 @@ async fn an_image_cannot_replace_the_sandboxs_own_mounts() {
         }
     }
     assert!(escaped.is_empty(), "made outside the sandbox: {escaped:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_keeps_to_its_bound_and_never_removes_an_image_in_use() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    let one = registry.push(roots.path(), &["PATH=/bin", "WHICH=one"], "bb:one");
+    let two = registry.push(roots.path(), &["PATH=/bin", "WHICH=two"], "bb:two");
+    let hex = |d: &str| d.trim_start_matches("sha256:").to_owned();
+    let data = private_dir();
+    // Room for no more than one busybox.
+    let served = serve_with(
+        &registry,
+        data.path(),
+        &[("TOOLEXEC_ENVIRONMENTS__MAX_CACHE_BYTES", "1")],
+    );
+    let one_ref = format!("{}/bb:one", registry.host);
+    let (status, body) = post(&served, "/v1/environments", json!({"image": one_ref})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(image_dirs(data.path()), [hex(&one)]);
+
+    // A session in `two`: `one`, which no session runs in, is evicted for it.
+    let s = session(
+        &served,
+        json!({"environment": {"image": format!("{}/bb:two", registry.host)}}),
+    )
+    .await;
+    let sid = s["id"].as_str().unwrap();
+    assert_eq!(
+        sh(&served, sid, "c1", "echo $WHICH").await,
+        (0, "two\n".into())
+    );
+    assert_eq!(image_dirs(data.path()), [hex(&two)]);
+
+    // `toolexec images rm` in another process refuses to take it from under the session.
+    let out = toolexec(data.path())
+        .args(["images", "rm", &two])
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert_eq!(image_dirs(data.path()), [hex(&two)]);
+    // Nor does `toolexec images list` disturb anything.
+    let out = toolexec(data.path())
+        .args(["images", "list"])
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&two));
+    assert_eq!(
+        sh(&served, sid, "c2", "echo $WHICH").await,
+        (0, "two\n".into())
+    );
+
+    // `one` again: `two` is in use and stays, the cache over its bound until it is released.
+    let (status, body) = post(&served, "/v1/environments", json!({"image": one_ref})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut both = vec![hex(&one), hex(&two)];
+    both.sort();
+    assert_eq!(image_dirs(data.path()), both);
+}
+
+/// `cmd` (`toolexec serve`), its log (JSON lines, whatever the level) written whole to
+/// `log`: every line of its life, not only those before it listened.
+fn serve_logging_to(mut cmd: std::process::Command, log: &Path) -> Served {
+    toolexec_tools::web::install_tls_provider();
+    cmd.env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    let child = cmd.spawn().unwrap();
+    let mut served = Served {
+        child,
+        base: String::new(),
+        log: Vec::new(),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    served.base = loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(address) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["message"] == "listening")
+            .and_then(|l| l["address"].as_str().map(str::to_owned))
+        {
+            break format!("http://{address}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not listening:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    served
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_wants_credentials_gets_the_operators_and_they_are_never_shown() {
+    const USER: &str = "puller";
+    const SECRET: &str = "reg-secret-8c1f";
+    let registry = Registry::start_with_auth(USER, SECRET);
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    let digest = registry.push(roots.path(), &["PATH=/bin"], "private/bb:1");
+    let image = format!("{}/private/bb:1", registry.host);
+    // What would give the secret away: itself, and as HTTP basic auth sends it.
+    let basic = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{SECRET}"))
+    };
+    let leaks = |text: &str| text.contains(SECRET) || text.contains(&basic);
+
+    // Without credentials: the registry's refusal, with what to do.
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": image}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (502, Some("registry_unauthorized")),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("environments.credentials"),
+        "{body}"
+    );
+    drop(served);
+
+    // With the operator's credentials for that registry (set in the environment, as a
+    // Kubernetes Secret would be): pulled, and the session runs in it.
+    let credentials =
+        json!([{"registry": registry.host, "username": USER, "password": SECRET}]).to_string();
+    let data = private_dir();
+    let log = data.path().join("toolexec.log");
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LOG_FORMAT", "json")
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1")
+        .env("TOOLEXEC_ENVIRONMENTS__CREDENTIALS", &credentials);
+    let served = serve_logging_to(cmd, &log);
+    let mut seen = Vec::new();
+    let s = session(&served, json!({"environment": {"image": image}})).await;
+    seen.push(s.to_string());
+    assert_eq!(s["environment"]["digest"], digest, "{s}");
+    let sid = s["id"].as_str().unwrap();
+    let (code, out) = sh(&served, sid, "c1", "echo in-the-image; ls /bin/busybox").await;
+    assert_eq!((code, out.as_str()), (0, "in-the-image\n/bin/busybox\n"));
+    seen.push(
+        get(&served, &format!("/v1/sessions/{sid}"))
+            .await
+            .to_string(),
+    );
+    seen.push(
+        get(&served, &format!("/v1/sessions/{sid}/events"))
+            .await
+            .to_string(),
+    );
+    let (status, pulled) = post(&served, "/v1/environments", json!({"image": image})).await;
+    assert_eq!(status, 200, "{pulled}");
+    seen.push(pulled.to_string());
+    // A wrong tag of that registry: refused as not found, with the credentials used.
+    let (status, missing) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": format!("{}/private/bb:nope", registry.host)}}),
+    )
+    .await;
+    assert_eq!(
+        (status, missing["code"].as_str()),
+        (422, Some("image_not_found")),
+        "{missing}"
+    );
+    seen.push(missing.to_string());
+    for text in &seen {
+        assert!(!leaks(text), "the secret is in a response: {text}");
+    }
+    drop(served);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.lines().count() > 5, "{logged}");
+    assert!(!leaks(&logged), "the secret is in the log:\n{logged}");
+
+    // Nor does `toolexec config` show it, nor the image's record in the cache.
+    let out = toolexec(data.path())
+        .arg("config")
+        .env("TOOLEXEC_ENVIRONMENTS__CREDENTIALS", &credentials)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shown.contains(USER), "{shown}");
+    assert!(!leaks(&shown), "{shown}");
+    let record = std::fs::read_to_string(
+        data.path()
+            .join("workspaces/.images/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+            .join("image.json"),
+    )
+    .unwrap();
+    assert!(!leaks(&record), "{record}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_images_env_loses_what_a_sessions_env_may_not_hold() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    std::fs::write(roots.path().join("etc/hook.sh"), "echo HOOK-RAN\n").unwrap();
+    registry.push(
+        roots.path(),
+        &[
+            "PATH=/bin",
+            "KEPT=yes",
+            "BASH_ENV=/etc/hook.sh",
+            "ENV=/etc/hook.sh",
+            "LD_PRELOAD=/nowhere.so",
+            "PYTHONPATH=/opt/evil",
+            "GIT_CONFIG_COUNT=1",
+        ],
+        "bb:env",
+    );
+    let data = private_dir();
+    let served = serve_with(&registry, data.path(), &[]);
+    let s = session(
+        &served,
+        json!({"environment": {"image": format!("{}/bb:env", registry.host)}}),
+    )
+    .await;
+    let sid = s["id"].as_str().unwrap();
+    let (code, out) = sh(
+        &served,
+        sid,
+        "c1",
+        "echo \"$KEPT [$BASH_ENV] [$ENV] [$LD_PRELOAD] [$PYTHONPATH] [$GIT_CONFIG_COUNT]\"",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "yes [] [] [] [] []\n"));
+    // The session's own env still goes through its rule (refused, not dropped).
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": format!("{}/bb:env", registry.host)},
+               "env": {"BASH_ENV": "/etc/hook.sh"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_env")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_on_a_network_the_operator_did_not_allow_is_not_reached() {
+    let registry = Registry::start();
+    let roots = tempfile::tempdir().unwrap();
+    busybox_root(roots.path());
+    registry.push(roots.path(), &["PATH=/bin"], "bb:1");
+    let data = private_dir();
+    // Allowed as a registry, but on loopback, which environments.allow_cidrs does not name.
+    let mut cmd = toolexec(data.path());
+    cmd.arg("serve")
+        .env("TOOLEXEC_BIND", "127.0.0.1:0")
+        .env("TOOLEXEC_DATA_DIR", data.path())
+        .env("TOOLEXEC_LOG_FORMAT", "json")
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
+    let served = serve(cmd);
+    let (status, body) = post(
+        &served,
+        "/v1/sessions",
+        json!({"environment": {"image": format!("{}/bb:1", registry.host)}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("image_not_allowed")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("environments.allow_cidrs"), "{body}");
+    assert!(detail.contains("loopback"), "{body}");
 }

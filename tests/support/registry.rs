@@ -13,7 +13,7 @@ pub fn tool(path: &str) -> PathBuf {
     assert!(
         p.is_file(),
         "{path} is missing: install it with `apt-get install -y docker-registry skopeo umoci \
-         busybox-static` (.ci/run does)"
+         busybox-static apache2-utils` (.ci/run does)"
     );
     p
 }
@@ -36,6 +36,8 @@ pub struct Registry {
     /// `127.0.0.1:PORT`: the registry part of an image reference.
     pub host: String,
     dir: tempfile::TempDir,
+    /// `user:password` when the registry wants them (`htpasswd` auth): skopeo pushes with them.
+    creds: Option<String>,
 }
 
 impl Drop for Registry {
@@ -47,6 +49,17 @@ impl Drop for Registry {
 
 impl Registry {
     pub fn start() -> Registry {
+        Self::start_with(None)
+    }
+
+    /// A registry that answers only `user` with `password` (HTTP basic auth against an
+    /// `htpasswd` file with a bcrypt line made by apache2-utils' `htpasswd`): anything else
+    /// gets 401 with a `Basic` challenge.
+    pub fn start_with_auth(user: &str, password: &str) -> Registry {
+        Self::start_with(Some((user, password)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Registry {
         let bin = tool("/usr/bin/docker-registry");
         let dir = tempfile::tempdir().unwrap();
         // A port nobody holds now (the registry binds it a moment later).
@@ -57,14 +70,20 @@ impl Registry {
             .port();
         let host = format!("127.0.0.1:{port}");
         let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
-                dir.path().join("storage").display()
-            ),
-        )
-        .unwrap();
+        let mut yaml = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+            dir.path().join("storage").display()
+        );
+        if let Some((user, password)) = auth {
+            let line = run(Command::new(tool("/usr/bin/htpasswd")).args(["-nbB", user, password]));
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, line.trim()).unwrap();
+            yaml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: test-registry\n    path: {}\n",
+                file.display()
+            ));
+        }
+        std::fs::write(&config, yaml).unwrap();
         let child = Command::new(bin)
             .arg("serve")
             .arg(&config)
@@ -72,7 +91,13 @@ impl Registry {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting docker-registry");
-        let mut registry = Registry { child, host, dir };
+        let creds = auth.map(|(u, p)| format!("{u}:{p}"));
+        let mut registry = Registry {
+            child,
+            host,
+            dir,
+            creds,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if std::net::TcpStream::connect(&registry.host).is_ok() {
@@ -150,8 +175,13 @@ impl Registry {
         )
         .unwrap();
         let digest_file = work.path().join("digest");
-        run(Command::new(&skopeo)
-            .args(["copy", "--quiet", "--dest-tls-verify=false", "--digestfile"])
+        let mut copy = Command::new(&skopeo);
+        copy.args(["copy", "--quiet", "--dest-tls-verify=false"]);
+        if let Some(creds) = &self.creds {
+            copy.arg("--dest-creds").arg(creds);
+        }
+        run(copy
+            .arg("--digestfile")
             .arg(&digest_file)
             .arg(format!("oci:{}:img", layout.display()))
             .arg(format!("docker://{}/{name}", self.host)));

@@ -181,6 +181,8 @@ async fn measure(data: &Path, dur: Duration, sessions_for_disk: usize) -> anyhow
     };
     config.environments.allow_registries = vec![registry.clone()];
     config.environments.insecure_registries = vec![registry.clone()];
+    // The bench's registry is on loopback: allow-listed for the egress policy.
+    config.environments.allow_cidrs = vec!["127.0.0.1".into()];
     config.limits.max_open_sessions_per_tenant = config
         .limits
         .max_open_sessions_per_tenant

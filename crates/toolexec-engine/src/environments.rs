@@ -57,9 +57,24 @@ pub(crate) fn problem(e: ImageError) -> EngineError {
     invalid(code, detail)
 }
 
-fn open(image: &Image) -> Result<Arc<SessionImage>> {
-    SessionImage::open(&image.rootfs, &image.env, &image.digest)
-        .map(Arc::new)
+/// The image for a session's sandboxes, holding a lease on it in the cache (not evicted nor
+/// removed while the session's runtime lives). The config's `Env` goes through the rule of a
+/// session's `env` (`session_env`): what it refuses there (`LD_*`, `BASH_ENV`, `PYTHONPATH`, …)
+/// is dropped here, and logged, so that an image cannot do what a session may not.
+fn open(store: &ImageStore, image: &Image) -> Result<Arc<SessionImage>> {
+    let lease = store.lease(image).map_err(problem)?;
+    let name = |kv: &String| kv.split_once('=').map_or(kv.clone(), |(k, _)| k.to_owned());
+    let (env, dropped): (Vec<String>, Vec<String>) = image
+        .env
+        .iter()
+        .cloned()
+        .partition(|kv| crate::session_env::refusal(&name(kv)).is_none());
+    if !dropped.is_empty() {
+        let names: Vec<String> = dropped.iter().map(name).collect();
+        tracing::info!(digest = %image.digest, dropped = ?names, "image Env variables a session's env may not hold were dropped");
+    }
+    SessionImage::open(&image.rootfs, &env, &image.digest)
+        .map(|i| Arc::new(i.holding(lease)))
         .map_err(|e| {
             EngineError::Internal(format!(
                 "the image {} cannot be opened in the cache: {e}",
@@ -117,7 +132,7 @@ impl Runtimes {
             ));
         }
         let (environment, image, _) = self.pull_asked(engine, envs, &asked, |_| {}).await?;
-        Ok(Some((environment, open(&image)?)))
+        Ok(Some((environment, open(&envs.store, &image)?)))
     }
 
     /// Resolves what a caller asked for (a configured name or an allowed reference) and pulls
@@ -236,6 +251,6 @@ impl Runtimes {
                 image.digest
             )));
         }
-        open(&image).map(Some)
+        open(&envs.store, &image).map(Some)
     }
 }

@@ -6,19 +6,30 @@
 //! - `sha256/<hex>/` — one image, by the digest of its (platform) manifest: `rootfs/` (the
 //!   layers applied in order) and `image.json` ([`Image`]). It appears whole (a rename) or not
 //!   at all.
-//! - `tmp/` — downloads and unpackings under way, removed when they end and at start-up.
+//! - `tmp/` — downloads and unpackings under way, and images being removed. Each entry is held
+//!   by an exclusive `flock` while its pull or removal runs; opening the cache (another process's
+//!   `toolexec images list`) removes only the entries no one holds, what a process that died
+//!   left. A pull whose caller gives up (its future dropped) removes its own entry.
 //!
 //! Sessions run in these trees (`toolexec-engine`'s `environments`, the sandbox init binds
-//! them). What is not built yet: registry credentials (anonymous bearer tokens work), the
-//! egress classification of the registry (the caller's client decides what may be dialled), a
-//! bound on the cache and its eviction.
+//! them), each holding a [`Lease`] on its image: a shared `flock` on the image's directory, seen
+//! by every process on the node. An image under a lease is neither removed
+//! ([`ImageStore::remove`] answers [`Removal::InUse`]) nor evicted. The cache is bounded
+//! (`environments.max_cache_bytes`, [`Limits::max_cache_bytes`]): before a pull and after it
+//! lands, the least recently used images no one leases are evicted until the cache fits (the
+//! modification time of an image's `image.json` is when a session last took it).
+//!
+//! Registries are reached through the egress classification (`toolexec-net`): a URL with an
+//! IP-literal host is checked here before it is requested, names by the caller's client when
+//! it dials (the service's resolves through the same policy, and checks redirect targets).
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{FlockOperation, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 mod config;
@@ -26,7 +37,7 @@ pub mod reference;
 mod registry;
 mod unpack;
 
-pub use config::{EnvironmentsConfig, NamedImage};
+pub use config::{EnvironmentsConfig, NamedImage, RegistryCredential};
 pub use reference::Reference;
 use registry::Registry;
 
@@ -68,7 +79,16 @@ pub struct Limits {
     /// Longest one pull may take, from its first request to the image in place
     /// (`limits.image_pull_timeout_ms`): a registry that trickles bytes cannot hold it forever.
     pub pull_timeout: std::time::Duration,
+    /// The most the cache's images may take unpacked, together
+    /// (`environments.max_cache_bytes`): past it, the least recently used images no session
+    /// holds are evicted. Images in use are never evicted, so the cache can exceed it while
+    /// they are.
+    pub max_cache_bytes: u64,
 }
+
+/// `environments.max_cache_bytes` when the operator sets none: four images at the largest
+/// `limits.max_image_bytes` allows by default.
+pub const DEFAULT_MAX_CACHE_BYTES: u64 = 32 * 1024 * 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -76,8 +96,39 @@ impl Default for Limits {
             max_image_bytes: 8 * 1024 * 1024 * 1024,
             max_image_entries: 1_000_000,
             pull_timeout: std::time::Duration::from_secs(30 * 60),
+            max_cache_bytes: DEFAULT_MAX_CACHE_BYTES,
         }
     }
+}
+
+/// How registries are reached: which over plain HTTP, which with credentials, and which
+/// addresses at all.
+#[derive(Debug, Clone, Default)]
+pub struct Registries {
+    /// Registries (`host[:port]`) reached over plain HTTP.
+    pub insecure: Vec<String>,
+    pub credentials: Vec<RegistryCredential>,
+    /// The public internet plus the operator's allow-list (`environments.allow_cidrs`): a
+    /// registry on a private network or loopback must be named there.
+    pub policy: toolexec_net::NetPolicy,
+}
+
+/// What [`ImageStore::remove`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    Removed,
+    /// The image is not in the cache.
+    NotCached,
+    /// A session (of this process or another on the node) runs in it: it was left alone.
+    InUse,
+}
+
+/// A session's hold on a cached image (a shared `flock` on its directory): while any exists,
+/// in any process, the image is neither evicted nor removed. Released when dropped.
+#[derive(Debug)]
+pub struct Lease {
+    _dir: OwnedFd,
+    pub digest: String,
 }
 
 /// An image in the cache.
@@ -136,6 +187,8 @@ struct Inner {
     limits: Limits,
     client: reqwest::Client,
     insecure: Vec<String>,
+    credentials: Vec<RegistryCredential>,
+    policy: toolexec_net::NetPolicy,
     inflight: Mutex<HashMap<String, Inflight>>,
 }
 
@@ -208,14 +261,18 @@ fn digest_hex(digest: &str) -> Result<&str, ImageError> {
 
 impl ImageStore {
     /// The image cache under `data_dir/images`, with `client` for registries (the registries
-    /// in `insecure` are reached over plain HTTP). Removes what an earlier run left unfinished.
+    /// in `insecure` are reached over plain HTTP, those in `credentials` with them). Every URL
+    /// requested (a registry's, a token realm's) is checked against `policy` first: an
+    /// IP-literal host must be public or allow-listed. Names are the client's to check when
+    /// they are dialled (the service's client resolves through the same policy), as are
+    /// redirects. Removes what an earlier run left unfinished.
     pub fn open(
         data_dir: &Path,
         limits: Limits,
         client: reqwest::Client,
-        insecure: Vec<String>,
+        registries: Registries,
     ) -> Result<Self, ImageError> {
-        Self::open_at(&data_dir.join("images"), limits, client, insecure)
+        Self::open_at(&data_dir.join("images"), limits, client, registries)
     }
 
     /// [`ImageStore::open`] with the cache in `dir` itself.
@@ -223,22 +280,27 @@ impl ImageStore {
         dir: &Path,
         limits: Limits,
         client: reqwest::Client,
-        insecure: Vec<String>,
+        registries: Registries,
     ) -> Result<Self, ImageError> {
+        let Registries {
+            insecure,
+            credentials,
+            policy,
+        } = registries;
         let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
-        if tmp.exists() {
-            remove_tree(&tmp)?;
-        }
         for d in [&dir.join("sha256"), &tmp] {
             std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
         }
+        sweep(&tmp)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 dir,
                 limits,
                 client,
                 insecure,
+                credentials,
+                policy,
                 inflight: Mutex::new(HashMap::new()),
             }),
         })
@@ -264,30 +326,149 @@ impl ImageStore {
 
     /// Every cached image.
     pub fn list(&self) -> Result<Vec<Image>, ImageError> {
+        let mut out: Vec<Image> = self.scan()?.into_iter().map(|(i, _)| i).collect();
+        out.sort_by(|a, b| a.reference.cmp(&b.reference));
+        Ok(out)
+    }
+
+    /// Every cached image with when a session last took it.
+    fn scan(&self) -> Result<Vec<(Image, std::time::SystemTime)>, ImageError> {
         let sha = self.inner.dir.join("sha256");
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&sha).map_err(|e| io(&sha, e))? {
             let entry = entry.map_err(|e| io(&sha, e))?;
             let digest = format!("sha256:{}", entry.file_name().to_string_lossy());
             if let Ok(Some(image)) = self.get(&digest) {
-                out.push(image);
+                let used = std::fs::metadata(entry.path().join("image.json"))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                out.push((image, used));
             }
         }
-        out.sort_by(|a, b| a.reference.cmp(&b.reference));
         Ok(out)
     }
 
-    /// Removes the cached image of `digest`; whether it was there.
-    pub fn remove(&self, digest: &str) -> Result<bool, ImageError> {
-        let dir = self.image_dir(digest)?;
-        if !dir.exists() {
-            return Ok(false);
+    /// Marks `digest` as used now (the order eviction goes by).
+    fn touch(&self, digest: &str) {
+        if let Ok(dir) = self.image_dir(digest) {
+            let now = std::time::SystemTime::now();
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(dir.join("image.json"))
+                .and_then(|f| f.set_times(std::fs::FileTimes::new().set_modified(now)));
         }
-        // Renamed away first, so that it is gone at once and whole.
+    }
+
+    /// A hold on `image` for a session that runs in it: while the [`Lease`] lives, the image
+    /// is neither evicted nor removed (by this process or another). Fails when the image is no
+    /// longer in the cache (it was removed meanwhile: pull it again).
+    pub fn lease(&self, image: &Image) -> Result<Lease, ImageError> {
+        let dir = self.image_dir(&image.digest)?;
+        let gone = || {
+            ImageError::Io(format!(
+                "{}: the image was removed from the cache as a session took it; pull it again",
+                image.digest
+            ))
+        };
+        let fd = match open_root(&dir) {
+            Ok(fd) => fd,
+            Err(_) if !dir.exists() => return Err(gone()),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {}
+            // Held exclusively: being removed.
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(gone()),
+            Err(e) => return Err(io(&dir, e)),
+        }
+        // Still the image's directory (not renamed away for removal before the lock was had).
+        let held = rustix::fs::fstat(&fd).map_err(|e| io(&dir, e))?;
+        if rustix::fs::stat(dir.join("image.json")).is_err() {
+            return Err(gone());
+        }
+        let now = rustix::fs::stat(&dir).map_err(|_| gone())?;
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino) {
+            return Err(gone());
+        }
+        self.touch(&image.digest);
+        Ok(Lease {
+            _dir: fd,
+            digest: image.digest.clone(),
+        })
+    }
+
+    /// Removes the cached image of `digest`, unless a session holds it.
+    pub fn remove(&self, digest: &str) -> Result<Removal, ImageError> {
+        let dir = self.image_dir(digest)?;
+        let fd = match open_root(&dir) {
+            Ok(fd) => fd,
+            Err(_) if !dir.exists() => return Ok(Removal::NotCached),
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(Removal::InUse),
+            Err(e) => return Err(io(&dir, e)),
+        }
+        // Renamed away first, so that it is gone at once and whole; the lock (on the directory
+        // itself) goes with it, so that no sweep of `tmp/` takes it meanwhile.
         let doomed = self.inner.dir.join("tmp").join(format!("rm-{}", unique()));
-        std::fs::rename(&dir, &doomed).map_err(|e| io(&dir, e))?;
+        match std::fs::rename(&dir, &doomed) {
+            Ok(()) => {}
+            // Removed by another meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::NotCached),
+            Err(e) => return Err(io(&dir, e)),
+        }
         remove_tree(&doomed)?;
-        Ok(true)
+        drop(fd);
+        Ok(Removal::Removed)
+    }
+
+    /// Evicts the least recently used images no session holds until the cache, with
+    /// `incoming` bytes more, fits `max_cache_bytes` (`keep` is never evicted: the image just
+    /// pulled). What cannot be evicted (in use) stays, and the cache is over its bound until it
+    /// is released.
+    fn make_room(&self, incoming: u64, keep: Option<&str>) {
+        let max = self.inner.limits.max_cache_bytes;
+        let Ok(mut images) = self.scan() else {
+            return;
+        };
+        let mut total: u64 = images.iter().map(|(i, _)| i.unpacked_bytes).sum();
+        if total.saturating_add(incoming) <= max {
+            return;
+        }
+        images.sort_by_key(|(_, used)| *used);
+        for (image, _) in images {
+            if total.saturating_add(incoming) <= max {
+                break;
+            }
+            if keep == Some(image.digest.as_str()) {
+                continue;
+            }
+            match self.remove(&image.digest) {
+                Ok(Removal::Removed) => {
+                    total = total.saturating_sub(image.unpacked_bytes);
+                    tracing::info!(
+                        digest = %image.digest,
+                        reference = %image.reference,
+                        bytes = image.unpacked_bytes,
+                        max_cache_bytes = max,
+                        "image evicted from the cache (least recently used)"
+                    );
+                }
+                Ok(Removal::NotCached | Removal::InUse) => {}
+                Err(e) => tracing::warn!(digest = %image.digest, "evicting: {e}"),
+            }
+        }
+        if total.saturating_add(incoming) > max {
+            tracing::warn!(
+                cache_bytes = total,
+                incoming,
+                max_cache_bytes = max,
+                "the image cache is over environments.max_cache_bytes: the images left are in \
+                 use by sessions"
+            );
+        }
     }
 
     /// Pulls `reference` (unless its manifest's digest is cached) and returns the image.
@@ -328,12 +509,26 @@ impl ImageStore {
         if r.is_digest()
             && let Some(image) = self.get(&r.reference)?
         {
+            self.touch(&image.digest);
             return Ok((image, true));
         }
         let insecure = self.inner.insecure.contains(&r.registry);
-        let registry = Registry::new(self.inner.client.clone(), &r, insecure);
+        let credential = self
+            .inner
+            .credentials
+            .iter()
+            .find(|c| c.registry == r.registry)
+            .cloned();
+        let registry = Registry::new(
+            self.inner.client.clone(),
+            &r,
+            insecure,
+            credential,
+            self.inner.policy.clone(),
+        );
         let (manifest, digest) = resolve_platform(&registry, &r).await?;
         if let Some(image) = self.get(&digest)? {
+            self.touch(&image.digest);
             return Ok((image, true));
         }
         let cell = {
@@ -422,8 +617,11 @@ impl ImageStore {
                 host_architecture()
             )));
         }
-        let work = self.inner.dir.join("tmp").join(unique());
-        std::fs::create_dir(&work).map_err(|e| io(&work, e))?;
+        // Room for it first (its download is the least it will take), then the work folder:
+        // held while the pull runs, removed when it ends or its caller gives up.
+        self.make_room(total, None);
+        let work = WorkDir::create(&self.inner.dir.join("tmp"))?;
+        let cancel = CancelOnDrop(work.cancelled.clone());
         // Within the deadline, or cut there (the unpacking checks it too, so that nothing goes
         // on writing once the pull has given up); either way `work` is removed below.
         let fetched = tokio::time::timeout_at(
@@ -439,35 +637,33 @@ impl ImageStore {
         )
         .await
         .unwrap_or_else(|_| Err(too_slow(&r.to_string(), limits.pull_timeout)));
-        let result = fetched.and_then(|(unpacked, skipped)| {
-            let run = parsed.config.unwrap_or_default();
-            let image = Image {
-                reference: r.to_string(),
-                digest: digest.to_string(),
-                config_digest: config.digest.clone(),
-                env: run.env.unwrap_or_default(),
-                working_dir: run.working_dir.unwrap_or_default(),
-                unpacked_bytes: unpacked,
-                download_bytes: total,
-                skipped_devices: skipped,
-                rootfs: PathBuf::new(),
-            };
-            let meta = work.join("image.json");
-            let json = serde_json::to_vec_pretty(&image).map_err(|e| io(&meta, e))?;
-            std::fs::write(&meta, json).map_err(|e| io(&meta, e))?;
-            let dest = self.image_dir(digest)?;
-            match std::fs::rename(&work, &dest) {
-                Ok(()) => {}
-                // Another process finished it meanwhile.
-                Err(_) if dest.join("image.json").exists() => {}
-                Err(e) => return Err(io(&dest, e)),
-            }
-            Ok(())
-        });
-        if work.exists() {
-            let _ = remove_tree(&work);
+        let (unpacked, skipped) = fetched?;
+        let run = parsed.config.unwrap_or_default();
+        let image = Image {
+            reference: r.to_string(),
+            digest: digest.to_string(),
+            config_digest: config.digest.clone(),
+            env: run.env.unwrap_or_default(),
+            working_dir: run.working_dir.unwrap_or_default(),
+            unpacked_bytes: unpacked,
+            download_bytes: total,
+            skipped_devices: skipped,
+            rootfs: PathBuf::new(),
+        };
+        let meta = work.path.join("image.json");
+        let json = serde_json::to_vec_pretty(&image).map_err(|e| io(&meta, e))?;
+        std::fs::write(&meta, json).map_err(|e| io(&meta, e))?;
+        let dest = self.image_dir(digest)?;
+        match std::fs::rename(&work.path, &dest) {
+            Ok(()) => {}
+            // Another process finished it meanwhile (`work` is removed as it is dropped).
+            Err(_) if dest.join("image.json").exists() => {}
+            Err(e) => return Err(io(&dest, e)),
         }
-        result?;
+        // Its lock released now: it is the image's directory, which sessions lease.
+        drop(cancel);
+        drop(work);
+        self.make_room(0, Some(digest));
         self.get(digest)?
             .ok_or_else(|| ImageError::Io(format!("{digest} vanished as it was stored")))
     }
@@ -478,10 +674,13 @@ impl ImageStore {
         registry: &Registry,
         r: &Reference,
         layers: &[Descriptor],
-        work: &Path,
+        work: &Arc<WorkDir>,
         deadline: std::time::Instant,
         (progress, total): (&tokio::sync::watch::Sender<Progress>, u64),
     ) -> Result<(u64, u64), ImageError> {
+        let cancelled = work.cancelled.clone();
+        let work_dir = work;
+        let work = work_dir.path.as_path();
         let limits = self.inner.limits;
         let mut done_before = total - layers.iter().map(|l| l.size).sum::<u64>();
         progress.send_replace(Progress {
@@ -517,10 +716,22 @@ impl ImageStore {
             let rootfs = rootfs.clone();
             let blob2 = blob.clone();
             let mut b = budget;
+            // The work folder stays until this ends, even when the pull is given up meanwhile
+            // (then the reader below fails at its next read, and the folder goes with the last
+            // hold on it).
+            let hold = work_dir.clone();
+            let cancelled = cancelled.clone();
             let (stats, b) = tokio::task::spawn_blocking(move || {
+                let _hold = hold;
                 let root = open_root(&rootfs)?;
                 let file = std::fs::File::open(&blob2).map_err(|e| io(&blob2, e))?;
-                let reader = BufReader::with_capacity(256 * 1024, file);
+                let reader = BufReader::with_capacity(
+                    256 * 1024,
+                    Cancellable {
+                        inner: file,
+                        cancelled,
+                    },
+                );
                 let stats = match compression {
                     // Every member of the stream: parallel compressors (umoci's pgzip, pigz)
                     // write a layer as several gzip members one after another, and a decoder
@@ -545,6 +756,100 @@ impl ImageStore {
         }
         Ok((limits.max_image_bytes - budget.bytes_left, skipped))
     }
+}
+
+/// A pull's folder under `tmp/`, held by an exclusive `flock` (so that another process opening
+/// the cache leaves it alone) and removed with the last hold on it: when the pull ends, or when
+/// its caller gives up and the unpacking under way has stopped.
+#[derive(Debug)]
+struct WorkDir {
+    path: PathBuf,
+    _lock: OwnedFd,
+    /// Set when the pull is given up: the unpacking stops at its next read.
+    cancelled: Arc<AtomicBool>,
+}
+
+impl WorkDir {
+    fn create(tmp: &Path) -> Result<Arc<Self>, ImageError> {
+        loop {
+            let path = tmp.join(unique());
+            std::fs::create_dir(&path).map_err(|e| io(&path, e))?;
+            let fd = open_root(&path)?;
+            rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)
+                .map_err(|e| io(&path, e))?;
+            // A sweep by another process may have taken it between the two: then anew.
+            let held = rustix::fs::fstat(&fd).map_err(|e| io(&path, e))?;
+            match rustix::fs::stat(&path) {
+                Ok(st) if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino) => {
+                    return Ok(Arc::new(Self {
+                        path,
+                        _lock: fd,
+                        cancelled: Arc::new(AtomicBool::new(false)),
+                    }));
+                }
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        // Gone already when the pull renamed it into place.
+        if std::fs::symlink_metadata(&self.path).is_ok()
+            && let Err(e) = remove_tree(&self.path)
+        {
+            tracing::warn!("removing an unfinished pull: {e}");
+        }
+    }
+}
+
+/// Marks a pull given up when the future that runs it is dropped before it ends.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A layer's blob, read until its pull is given up.
+struct Cancellable<R> {
+    inner: R,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl<R: io::Read> io::Read for Cancellable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the pull was given up"));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Removes what no process holds in the cache's `tmp/`: the pulls and removals of a process
+/// that died. Those under way (their folder `flock`ed) are left alone.
+fn sweep(tmp: &Path) -> Result<(), ImageError> {
+    for entry in std::fs::read_dir(tmp).map_err(|e| io(tmp, e))? {
+        let entry = entry.map_err(|e| io(tmp, e))?;
+        let path = entry.path();
+        let Ok(fd) = rustix::fs::open(
+            &path,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            // Not openable (a link): nothing can hold it.
+            let _ = std::fs::remove_file(&path);
+            continue;
+        };
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => remove_tree(&path)?,
+            Err(rustix::io::Errno::WOULDBLOCK) => {}
+            Err(e) => return Err(io(&path, e)),
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -7,14 +7,20 @@
 //! `darling`, `getset`, `strum_macros`, `const_format`), a noticeable build cost on the two
 //! cores our builders share, for three GET requests. What matters for safety here — bounding
 //! every body before it is read, hashing the blob as it is streamed to disk, and refusing it
-//! past its declared size — is what we need our own control of anyway. Anonymous bearer
-//! tokens are supported; per-registry credentials are not built yet.
+//! past its declared size — is what we need our own control of anyway.
+//!
+//! Authentication: a registry that answers 401 with a `Bearer` challenge gets a token from its
+//! realm (with the operator's credentials for that registry as HTTP basic auth when there are
+//! some, anonymously otherwise); one with a `Basic` challenge (a `docker-registry` with
+//! `htpasswd`) gets the credentials on every request. The credentials never appear in an error
+//! or a log line: errors name the registry and the setting, never the user or the secret.
 use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use crate::ImageError;
+use crate::config::RegistryCredential;
 use crate::reference::Reference;
 
 /// Media types of manifests and indexes we read.
@@ -29,16 +35,36 @@ pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 /// Largest token response.
 const MAX_TOKEN_BYTES: u64 = 64 * 1024;
 
-/// A registry reached with one client, and the anonymous bearer token it gave this pull.
+/// How this pull authenticates to the registry, once the registry has asked.
+#[derive(Debug, Clone)]
+enum Auth {
+    None,
+    Bearer(String),
+    /// The operator's credentials on every request (a `Basic` challenge).
+    Basic,
+}
+
+/// A registry reached with one client, the operator's credentials for it (if any), and how
+/// this pull authenticates.
 #[derive(Debug)]
 pub(crate) struct Registry {
     pub client: reqwest::Client,
     pub base: String,
-    token: std::sync::Mutex<Option<String>>,
+    /// `host[:port]` as the reference names it (the key of `environments.credentials`).
+    name: String,
+    credential: Option<RegistryCredential>,
+    auth: std::sync::Mutex<Auth>,
+    policy: toolexec_net::NetPolicy,
 }
 
 impl Registry {
-    pub fn new(client: reqwest::Client, reference: &Reference, insecure: bool) -> Self {
+    pub fn new(
+        client: reqwest::Client,
+        reference: &Reference,
+        insecure: bool,
+        credential: Option<RegistryCredential>,
+        policy: toolexec_net::NetPolicy,
+    ) -> Self {
         let scheme = if insecure { "http" } else { "https" };
         let host = if reference.registry == "docker.io" {
             "registry-1.docker.io"
@@ -48,14 +74,60 @@ impl Registry {
         Self {
             client,
             base: format!("{scheme}://{host}"),
-            token: std::sync::Mutex::new(None),
+            name: reference.registry.clone(),
+            credential,
+            auth: std::sync::Mutex::new(Auth::None),
+            policy,
         }
     }
 
-    /// GETs `url` with `accept`, with the pull's bearer token; on a 401 that asks for one
-    /// (`WWW-Authenticate: Bearer realm=…`), gets an anonymous token from the realm and tries
-    /// once more. (Credentials are not supported yet: what a registry refuses anonymously is
-    /// `unauthorized`.)
+    /// Refuses `url` unless the egress policy lets the service reach it (an IP-literal host
+    /// public or allow-listed; a name is checked as it is dialled).
+    fn check(&self, url: &str) -> Result<(), ImageError> {
+        self.policy
+            .check_url(url)
+            .map(|_| ())
+            .map_err(|r| self.refused(&r))
+    }
+
+    /// The error of a destination the egress policy refused: names the registry and the setting,
+    /// not the address (which the log has).
+    fn refused(&self, r: &toolexec_net::Refusal) -> ImageError {
+        tracing::warn!(
+            registry = %self.name,
+            reason = r.reason(),
+            address = ?r.address(),
+            "a registry address refused by the egress policy"
+        );
+        if r.is_non_public() {
+            ImageError::RegistryNotAllowed(format!(
+                "{} is at a non-public address ({}), which the service reaches only when \
+                 environments.allow_cidrs names it",
+                self.name,
+                r.reason()
+            ))
+        } else {
+            ImageError::RegistryNotAllowed(format!("{}: {r}", self.name))
+        }
+    }
+
+    /// The operator's credentials for this registry: `(username, password)`.
+    fn credentials(&self) -> Result<Option<(String, String)>, ImageError> {
+        let Some(c) = &self.credential else {
+            return Ok(None);
+        };
+        let password = c.password().map_err(|e| {
+            ImageError::Unauthorized(format!(
+                "the credentials for {} (environments.credentials) cannot be read: {e}",
+                self.name
+            ))
+        })?;
+        Ok(Some((c.username.clone(), password)))
+    }
+
+    /// GETs `url` with `accept`, authenticated as this pull is; on a 401 with a challenge,
+    /// authenticates as it asks (a bearer token from its realm, or the operator's credentials
+    /// for a `Basic` one) and tries once more.
     async fn get(&self, url: &str, accept: Option<&str>) -> Result<reqwest::Response, ImageError> {
         let mut retried = false;
         loop {
@@ -63,32 +135,58 @@ impl Registry {
             if let Some(accept) = accept {
                 req = req.header(reqwest::header::ACCEPT, accept);
             }
-            let token = self.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            if let Some(token) = token {
-                req = req.bearer_auth(token);
+            self.check(url)?;
+            let auth = self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            match auth {
+                Auth::None => {}
+                Auth::Bearer(token) => req = req.bearer_auth(token),
+                Auth::Basic => {
+                    if let Some((user, password)) = self.credentials()? {
+                        req = req.basic_auth(user, Some(password));
+                    }
+                }
             }
             let resp = req.send().await.map_err(|e| self.send_error(e))?;
             if resp.status() != reqwest::StatusCode::UNAUTHORIZED || retried {
                 return Ok(resp);
             }
-            let Some(challenge) = resp
+            let Some(header) = resp
                 .headers()
                 .get(reqwest::header::WWW_AUTHENTICATE)
                 .and_then(|v| v.to_str().ok())
-                .and_then(bearer_challenge)
             else {
                 return Ok(resp);
             };
-            let token = self.anonymous_token(&challenge).await?;
-            *self.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+            let next = if let Some(challenge) = bearer_challenge(header) {
+                Auth::Bearer(self.token(&challenge).await?)
+            } else if is_basic_challenge(header) && self.credential.is_some() {
+                Auth::Basic
+            } else {
+                return Ok(resp);
+            };
+            *self.auth.lock().unwrap_or_else(|p| p.into_inner()) = next;
             retried = true;
         }
     }
 
-    async fn anonymous_token(
-        &self,
-        challenge: &HashMap<String, String>,
-    ) -> Result<String, ImageError> {
+    /// What to do about a refusal: give credentials, or check the ones given.
+    fn refused_hint(&self) -> String {
+        if self.credential.is_some() {
+            format!(
+                "it refused the credentials environments.credentials gives for {}; check them",
+                self.name
+            )
+        } else {
+            format!(
+                "it may want credentials: give them for {} in environments.credentials",
+                self.name
+            )
+        }
+    }
+
+    /// A bearer token from the challenge's realm, asked for with the operator's credentials
+    /// for this registry when there are some (anonymously otherwise).
+    async fn token(&self, challenge: &HashMap<String, String>) -> Result<String, ImageError> {
         let realm = challenge.get("realm").ok_or_else(|| {
             ImageError::Unauthorized(format!("{} asks for a token but names no realm", self.base))
         })?;
@@ -107,17 +205,21 @@ impl Registry {
             }
         }
         let what = format!("a token from {}", url.origin().ascii_serialization());
-        let resp = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| ImageError::Unreachable(format!("{what}: {e}")))?;
+        self.check(url.as_str())?;
+        let mut req = self.client.get(url);
+        if let Some((user, password)) = self.credentials()? {
+            req = req.basic_auth(user, Some(password));
+        }
+        let resp = req.send().await.map_err(|e| match refusal(&e) {
+            Some(r) => self.refused(r),
+            None => ImageError::Unreachable(format!("{what}: {}", without_url(&e))),
+        })?;
         if !resp.status().is_success() {
             return Err(ImageError::Unauthorized(format!(
-                "{} refused {what} ({}); registry credentials are not supported yet",
+                "{} refused {what} ({}); {}",
                 self.base,
-                resp.status()
+                resp.status(),
+                self.refused_hint()
             )));
         }
         let body = read_capped(resp, MAX_TOKEN_BYTES, &what).await?;
@@ -137,8 +239,9 @@ impl Registry {
     fn status_error(&self, what: &str, status: reqwest::StatusCode) -> ImageError {
         match status.as_u16() {
             401 | 403 => ImageError::Unauthorized(format!(
-                "{} refused {what} ({status}); registry credentials are not supported yet",
-                self.base
+                "{} refused {what} ({status}); {}",
+                self.base,
+                self.refused_hint()
             )),
             404 => ImageError::NotFound(format!("{} has no {what}", self.base)),
             _ => ImageError::Unreachable(format!("{} answered {status} for {what}", self.base)),
@@ -146,7 +249,10 @@ impl Registry {
     }
 
     fn send_error(&self, e: reqwest::Error) -> ImageError {
-        ImageError::Unreachable(format!("{} cannot be reached: {e}", self.base))
+        match refusal(&e) {
+            Some(r) => self.refused(r),
+            None => ImageError::Unreachable(format!("{} cannot be reached: {e}", self.base)),
+        }
     }
 
     /// The manifest or index `reference` names in `repository`: its bytes, media type and
@@ -267,6 +373,43 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// Whether a `WWW-Authenticate` header is a `Basic` challenge.
+fn is_basic_challenge(header: &str) -> bool {
+    header
+        .trim()
+        .split(' ')
+        .next()
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("basic"))
+}
+
+/// The egress policy's refusal behind a request's error (the client's resolver refused what a
+/// name resolved to, or a redirect's target), if that is what it was.
+fn refusal(e: &reqwest::Error) -> Option<&toolexec_net::Refusal> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<toolexec_net::Refusal>() {
+            return Some(r);
+        }
+        if let Some(toolexec_net::ConnectError::Refused(r)) =
+            s.downcast_ref::<toolexec_net::ConnectError>()
+        {
+            return Some(r);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// A request's error without its URL (a token realm's query may carry what the registry put
+/// there).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(url.as_str(), "(url)");
+    }
+    text
 }
 
 /// The parameters of a `Bearer` challenge (`realm`, `service`, `scope`), values unquoted.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use sha2::{Digest, Sha256};
-use toolexec_image::{ImageError, ImageStore, Limits};
+use toolexec_image::{ImageError, ImageStore, Limits, RegistryCredential, Removal};
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -31,10 +31,19 @@ struct State {
     blobs: HashMap<String, Vec<u8>>,
     blob_gets: HashMap<String, usize>,
     blob_delay: Duration,
+    /// A further delay before serving these blobs (a layer, not the config).
+    delays: HashMap<String, Duration>,
     /// When set, every `/v2/` request needs `Authorization: Bearer <it>`, got from `/token`.
     token: Option<String>,
     /// The query strings `/token` was asked with.
     token_queries: Vec<String>,
+    /// When set, `/token` answers only this `Authorization` (HTTP basic).
+    token_basic: Option<String>,
+    /// When set, every `/v2/` request needs this `Authorization` (HTTP basic), else 401 with a
+    /// `Basic` challenge.
+    basic: Option<String>,
+    /// Every `Authorization` header the registry was sent.
+    authorizations: Vec<String>,
     host: String,
 }
 
@@ -42,14 +51,38 @@ struct State {
 struct Registry {
     state: Arc<Mutex<State>>,
     host: String,
+    /// What the stores this test opens are configured with.
+    credentials: Vec<RegistryCredential>,
 }
 
 async fn serve(state: Arc<Mutex<State>>, uri: Uri, headers: HeaderMap) -> Response<Body> {
     let path = uri.path().to_string();
     {
         let mut s = state.lock().unwrap();
+        if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+            s.authorizations.push(a.to_owned());
+        }
+        if let Some(basic) = s.basic.clone() {
+            let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+            if sent != Some(basic.as_str()) {
+                return Response::builder()
+                    .status(StatusCode::UNAUTHORIZED)
+                    .header("www-authenticate", r#"Basic realm="test-registry""#)
+                    .body(Body::empty())
+                    .unwrap();
+            }
+        }
         if let Some(token) = s.token.clone() {
             if path == "/token" {
+                let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+                if let Some(want) = &s.token_basic
+                    && sent != Some(want.as_str())
+                {
+                    return Response::builder()
+                        .status(StatusCode::UNAUTHORIZED)
+                        .body(Body::empty())
+                        .unwrap();
+                }
                 s.token_queries.push(uri.query().unwrap_or("").to_string());
                 return Response::new(Body::from(format!(r#"{{"token":"{token}"}}"#)));
             }
@@ -101,7 +134,8 @@ async fn serve(state: Arc<Mutex<State>>, uri: Uri, headers: HeaderMap) -> Respon
         let (bytes, delay) = {
             let mut s = state.lock().unwrap();
             *s.blob_gets.entry(d.to_string()).or_default() += 1;
-            (s.blobs.get(d).cloned(), s.blob_delay)
+            let extra = s.delays.get(d).copied().unwrap_or_default();
+            (s.blobs.get(d).cloned(), s.blob_delay + extra)
         };
         tokio::time::sleep(delay).await;
         return match bytes {
@@ -125,7 +159,11 @@ impl Registry {
         let app = axum::Router::new()
             .fallback(move |uri: Uri, headers: HeaderMap| serve(s.clone(), uri, headers));
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { state, host }
+        Self {
+            state,
+            host,
+            credentials: Vec::new(),
+        }
     }
 
     fn blob(&self, bytes: Vec<u8>) -> String {
@@ -214,7 +252,12 @@ impl Registry {
             data,
             limits,
             reqwest::Client::new(),
-            vec![self.host.clone()],
+            toolexec_image::Registries {
+                insecure: vec![self.host.clone()],
+                credentials: self.credentials.clone(),
+                // The test's registry is on loopback: allow-listed, as an operator would.
+                policy: toolexec_net::NetPolicy::new(&["127.0.0.0/8"]).unwrap(),
+            },
         )
         .unwrap()
     }
@@ -388,7 +431,8 @@ async fn an_image_is_pulled_by_tag_and_digest_with_its_layers_applied_in_order()
     let after: usize = reg.state.lock().unwrap().blob_gets.values().sum();
     assert_eq!(before, after);
     assert_eq!(store.list().unwrap().len(), 1);
-    assert!(store.remove(&digest).unwrap());
+    assert_eq!(store.remove(&digest).unwrap(), Removal::Removed);
+    assert_eq!(store.remove(&digest).unwrap(), Removal::NotCached);
     assert!(store.list().unwrap().is_empty());
     assert!(!root.exists());
     assert!(walk(&tmp.path().join("images/tmp")).is_empty());
@@ -981,10 +1025,294 @@ async fn a_tree_made_deep_through_links_is_removed_without_exhausting_the_stack(
         .await
         .unwrap();
     let store = h.store(Limits::default());
-    assert!(store.remove(&image.digest).unwrap());
+    assert_eq!(store.remove(&image.digest).unwrap(), Removal::Removed);
     let image = h.pull(&[l1, l2], Limits::default()).await.unwrap();
     let mut left = walk(&image.rootfs);
     left.retain(|p| !p.starts_with('l'));
     assert_eq!(left, ["kept"]);
     h.check_outside();
+}
+
+/// The digest of a tar layer as pushed (gzipped).
+fn layer_digest(tar: &[u8]) -> String {
+    digest(&gzip(tar))
+}
+
+/// Waits until `dir` has an entry (a pull's folder in `tmp/`), at most 10 s.
+async fn until_not_empty(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while walk(dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing appeared in {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn opening_the_cache_again_leaves_a_pull_under_way_alone() {
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    let digest = reg.push("slow/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_millis(800));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let r = reg.reference("slow/x", "t");
+    let pull = tokio::spawn(async move { store.pull(&r).await });
+    until_not_empty(&tmp.path().join("images/tmp")).await;
+    // What `toolexec images list` does in another process while the service pulls.
+    let other = reg.store(tmp.path(), Limits::default());
+    assert!(other.list().unwrap().is_empty());
+    let image = pull.await.unwrap().unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(read(&image.rootfs.join("a")), "a");
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn opening_the_cache_removes_what_a_dead_pull_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let left = tmp.path().join("images/tmp/1234-0-0");
+    std::fs::create_dir_all(left.join("rootfs/usr")).unwrap();
+    std::fs::write(left.join("rootfs/usr/f"), "x").unwrap();
+    let reg = Registry::start().await;
+    let _store = reg.store(tmp.path(), Limits::default());
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn a_pull_given_up_by_its_caller_leaves_nothing_in_tmp() {
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    reg.push("slow/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_secs(30));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let r = reg.reference("slow/x", "t");
+    let s = store.clone();
+    let pull = tokio::spawn(async move { s.pull(&r).await });
+    let work = tmp.path().join("images/tmp");
+    until_not_empty(&work).await;
+    pull.abort();
+    assert!(pull.await.unwrap_err().is_cancelled());
+    assert!(walk(&work).is_empty(), "{:?}", walk(&work));
+    assert!(store.list().unwrap().is_empty());
+}
+
+/// An image of one file of `bytes` bytes (its name `repo`'s, so that each is an image of its
+/// own).
+fn sized(reg: &Registry, repo: &str, bytes: usize) -> String {
+    let name = repo.replace('/', "-");
+    reg.push(
+        repo,
+        "t",
+        &[Tar::new().file(&name, &"x".repeat(bytes)).done()],
+    )
+}
+
+#[tokio::test]
+async fn the_cache_evicts_the_least_recently_used_image_no_session_holds() {
+    let reg = Registry::start().await;
+    let a = sized(&reg, "a/x", 4000);
+    let b = sized(&reg, "b/x", 4000);
+    let c = sized(&reg, "c/x", 4000);
+    let d = sized(&reg, "d/x", 4000);
+    let tmp = tempfile::tempdir().unwrap();
+    // Room for two images of 4000 bytes, not three.
+    let limits = Limits {
+        max_cache_bytes: 10_000,
+        ..Limits::default()
+    };
+    let store = reg.store(tmp.path(), limits);
+    let cached = |store: &ImageStore| {
+        let mut d: Vec<String> = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|i| i.digest)
+            .collect();
+        d.sort();
+        d
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let image_a = store.pull(&reg.reference("a/x", "t")).await.unwrap();
+    let lease = store.lease(&image_a).unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pull(&reg.reference("b/x", "t")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // a is the least recently used, but a session holds it: b goes.
+    store.pull(&reg.reference("c/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![a.clone(), c.clone()]));
+    // Another process on the node cannot remove it either.
+    let other = reg.store(tmp.path(), limits);
+    assert_eq!(other.remove(&a).unwrap(), Removal::InUse);
+    assert!(image_a.rootfs.join("a-x").is_file());
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Released, a is the least recently used: it goes for d.
+    store.pull(&reg.reference("d/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![c.clone(), d.clone()]));
+    assert!(!image_a.rootfs.exists());
+    // Taking c again makes d the one to go next.
+    let image_c = store.get(&c).unwrap().unwrap();
+    drop(store.lease(&image_c).unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pull(&reg.reference("b/x", "t")).await.unwrap();
+    assert_eq!(cached(&store), sorted(vec![b, c]));
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}
+
+#[tokio::test]
+async fn a_lease_on_a_removed_image_fails() {
+    let reg = Registry::start().await;
+    sized(&reg, "a/x", 10);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let image = store.pull(&reg.reference("a/x", "t")).await.unwrap();
+    assert_eq!(store.remove(&image.digest).unwrap(), Removal::Removed);
+    let err = store.lease(&image).unwrap_err();
+    assert!(err.to_string().contains("pull it again"), "{err}");
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+fn credential(reg: &Registry, password: Option<&str>, file: Option<&Path>) -> RegistryCredential {
+    RegistryCredential {
+        registry: reg.host.clone(),
+        username: "alice".into(),
+        password: password.map(str::to_owned),
+        password_file: file.map(Path::to_path_buf),
+    }
+}
+
+#[tokio::test]
+async fn a_registry_with_basic_auth_is_pulled_from_with_the_operators_credentials_only() {
+    let mut reg = Registry::start().await;
+    let digest = reg.push("priv/x", "t", &[Tar::new().file("a", "a").done()]);
+    reg.state.lock().unwrap().basic = Some(basic("alice", "s3cr3t-pw"));
+    let r = reg.reference("priv/x", "t");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.credentials"),
+        "{err}"
+    );
+
+    reg.credentials = vec![credential(&reg, Some("wrong-pw"), None)];
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(err.to_string().contains("check them"), "{err}");
+    assert!(!err.to_string().contains("wrong-pw"), "{err}");
+    assert!(!format!("{:?}", reg.credentials).contains("wrong-pw"));
+
+    // From a file (a mounted secret), its trailing newline not part of it.
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "s3cr3t-pw\n").unwrap();
+    reg.credentials = vec![credential(&reg, None, Some(&secret))];
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap();
+    assert_eq!(image.digest, digest);
+    assert_eq!(read(&image.rootfs.join("a")), "a");
+    let json = std::fs::read_to_string(image.rootfs.parent().unwrap().join("image.json")).unwrap();
+    assert!(!json.contains("s3cr3t"), "{json}");
+}
+
+#[tokio::test]
+async fn a_registry_whose_token_service_wants_credentials_gets_them_for_the_token_only() {
+    let mut reg = Registry::start().await;
+    let digest = reg.push("tok/x", "t", &[Tar::new().file("a", "a").done()]);
+    {
+        let mut s = reg.state.lock().unwrap();
+        s.token = Some("t0k3n".into());
+        s.token_basic = Some(basic("alice", "s3cr3t-pw"));
+    }
+    let r = reg.reference("tok/x", "t");
+    let tmp = tempfile::tempdir().unwrap();
+    let err = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.credentials"),
+        "{err}"
+    );
+
+    reg.credentials = vec![credential(&reg, Some("s3cr3t-pw"), None)];
+    let image = reg
+        .store(tmp.path(), Limits::default())
+        .pull(&r)
+        .await
+        .unwrap();
+    assert_eq!(image.digest, digest);
+    // The credentials went to the token service; the registry itself saw the token.
+    let sent = reg.state.lock().unwrap().authorizations.clone();
+    assert!(sent.contains(&basic("alice", "s3cr3t-pw")), "{sent:?}");
+    assert!(sent.contains(&"Bearer t0k3n".to_owned()), "{sent:?}");
+    assert_eq!(
+        sent.iter().filter(|a| a.starts_with("Basic")).count(),
+        1,
+        "{sent:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_registry_at_an_address_the_egress_policy_refuses_is_not_reached() {
+    let reg = Registry::start().await;
+    reg.push("a/x", "t", &[Tar::new().file("a", "a").done()]);
+    let tmp = tempfile::tempdir().unwrap();
+    toolexec_tools::web::install_tls_provider();
+    let store = ImageStore::open(
+        tmp.path(),
+        Limits::default(),
+        reqwest::Client::new(),
+        toolexec_image::Registries {
+            insecure: vec![reg.host.clone()],
+            credentials: Vec::new(),
+            policy: toolexec_net::NetPolicy::public_only(),
+        },
+    )
+    .unwrap();
+    let err = store.pull(&reg.reference("a/x", "t")).await.unwrap_err();
+    assert!(matches!(err, ImageError::RegistryNotAllowed(_)), "{err}");
+    assert!(
+        err.to_string().contains("environments.allow_cidrs"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("loopback"), "{err}");
+    // Nothing was asked of it.
+    assert!(reg.state.lock().unwrap().blob_gets.is_empty());
 }

@@ -23,6 +23,20 @@ pub struct SessionImage {
     pub(crate) shell: &'static str,
     /// The manifest digest, for messages.
     pub digest: String,
+    /// What keeps the tree in the cache while the session runs in it (the cache's lease).
+    hold: Option<Hold>,
+}
+
+/// Something held for as long as the image is (its lease in the cache), opaque here.
+struct Hold(
+    #[expect(dead_code, reason = "held for its drop: the lease ends with the image")]
+    Box<dyn std::any::Any + Send + Sync>,
+);
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hold")
+    }
 }
 
 impl SessionImage {
@@ -65,7 +79,14 @@ impl SessionImage {
             env,
             shell,
             digest: digest.to_owned(),
+            hold: None,
         })
+    }
+
+    /// This image, keeping `hold` (the cache's lease on the tree) for as long as it lives.
+    pub fn holding(mut self, hold: impl Send + Sync + 'static) -> Self {
+        self.hold = Some(Hold(Box::new(hold)));
+        self
     }
 
     /// The shell `shell` commands run with (`/bin/bash`, or `/bin/sh` in an image without it).

@@ -611,6 +611,18 @@ impl Config {
             if secret && !value.is_null() {
                 value = serde_json::Value::String("***".to_owned());
             }
+            // Registry passwords (`environments.credentials`): the registry and user only.
+            if let serde_json::Value::Array(entries) = &mut value
+                && key == "environments.credentials"
+            {
+                for entry in entries {
+                    if let Some(password) = entry.get_mut("password")
+                        && !password.is_null()
+                    {
+                        *password = serde_json::Value::String("***".to_owned());
+                    }
+                }
+            }
             // The operator APIs' and MCP servers' tokens (`tools.openapi`, `tools.mcp`).
             if let serde_json::Value::Array(entries) = &mut value
                 && key.starts_with("tools.")
@@ -882,6 +894,43 @@ mod tests {
     }
 
     #[test]
+    fn registry_credentials_come_from_the_environment_and_are_never_shown() {
+        let loaded = Config::load_from(
+            None,
+            env(&[(
+                "TOOLEXEC_ENVIRONMENTS__CREDENTIALS",
+                r#"[{"registry":"registry.local:5000","username":"alice","password":"s3cr3t-pw"},
+                    {"registry":"ghcr.io","username":"bot","password_file":"/run/secrets/ghcr"}]"#,
+            )]),
+        )
+        .unwrap();
+        let e = &loaded.config.environments;
+        e.validate().unwrap();
+        let c = e.credential("registry.local:5000").unwrap();
+        assert_eq!(c.password().unwrap(), "s3cr3t-pw");
+        assert_eq!(
+            e.credential("ghcr.io").unwrap().password_file.as_deref(),
+            Some(Path::new("/run/secrets/ghcr"))
+        );
+        let shown = Config::describe(&loaded);
+        assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+        assert!(shown.contains("alice"), "{shown}");
+        assert!(shown.contains("/run/secrets/ghcr"), "{shown}");
+        let debug = format!("{:?}", loaded.config);
+        assert!(!debug.contains("s3cr3t-pw"), "{debug}");
+        // One of password and password_file.
+        let both = Config::load_from(
+            None,
+            env(&[(
+                "TOOLEXEC_ENVIRONMENTS__CREDENTIALS",
+                r#"[{"registry":"r.local","username":"a","password":"x","password_file":"/f"}]"#,
+            )]),
+        )
+        .unwrap();
+        assert!(both.config.environments.validate().is_err());
+    }
+
+    #[test]
     fn every_setting_can_be_set_from_the_environment() {
         let defaults = defaults_json();
         for key in setting_keys() {
@@ -917,6 +966,11 @@ mod tests {
                     let v = json!([{"name": "docs", "url": "https://mcp.example/mcp",
                         "bearer_token": null, "bearer_token_env": "DOCS_MCP_TOKEN",
                         "tools": ["search"], "allow_cidrs": [], "timeout_ms": 20000}]);
+                    (v.to_string(), v)
+                }
+                serde_json::Value::Array(_) if key == "environments.credentials" => {
+                    let v = json!([{"registry": "registry.local:5000", "username": "bot",
+                        "password_file": "/run/secrets/registry"}]);
                     (v.to_string(), v)
                 }
                 serde_json::Value::Array(_) if key == "environments.images" => {

@@ -316,18 +316,31 @@ pub async fn serve(
 
 /// The image cache of this node (`<workspace_root>/.images`), reaching registries with
 /// rustls and the Mozilla roots (plain HTTP for `environments.insecure_registries`), no proxy
-/// from the environment, at most 5 redirects (registries send blobs from a CDN), a connect
-/// timeout of 30 s and a read timeout of 60 s. The egress classification of the sandbox does
-/// not apply to it yet (docs/environments.md).
+/// from the environment, a connect timeout of 30 s and a read timeout of 60 s, under the egress
+/// classification: the public internet plus `environments.allow_cidrs` (every name resolved
+/// through it, every IP-literal URL and each of at most 5 redirects — registries send blobs
+/// from a CDN — checked against it).
 pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore> {
-    config
-        .environments
-        .validate()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let envs = &config.environments;
+    envs.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy = envs.policy().map_err(|e| anyhow::anyhow!("{e}"))?;
     let tls = toolexec_tools::web::tls_config().map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+    let redirects = policy.clone();
     let client = reqwest::Client::builder()
         .no_proxy()
-        .redirect(reqwest::redirect::Policy::limited(5))
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 5 {
+                return attempt.error("more than 5 redirects");
+            }
+            match redirects.check_parsed_url(attempt.url().clone()) {
+                Ok(_) => attempt.follow(),
+                Err(refusal) => attempt.error(refusal),
+            }
+        }))
+        .dns_resolver(toolexec_tools::web::CheckedResolve::new(
+            policy.clone(),
+            std::sync::Arc::new(toolexec_net::SystemResolver),
+        ))
         .connect_timeout(std::time::Duration::from_secs(30))
         .read_timeout(std::time::Duration::from_secs(60))
         .tls_backend_preconfigured(tls)
@@ -337,6 +350,7 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         max_image_bytes: config.limits.max_image_bytes,
         max_image_entries: config.limits.max_image_entries,
         pull_timeout: std::time::Duration::from_millis(config.limits.image_pull_timeout_ms),
+        max_cache_bytes: envs.max_cache_bytes,
     };
     // Beneath the workspace root, beside `.egress` and `.uploads`: the sandbox's init reaches an
     // image's tree the way it reaches a workspace, by a path beneath the one directory it may
@@ -345,7 +359,11 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         &config.workspace_root().join(".images"),
         limits,
         client,
-        config.environments.insecure_registries.clone(),
+        toolexec_image::Registries {
+            insecure: envs.insecure_registries.clone(),
+            credentials: envs.credentials.clone(),
+            policy,
+        },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))
 }

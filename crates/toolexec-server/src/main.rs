@@ -279,8 +279,16 @@ async fn run() -> anyhow::Result<()> {
                     stdout(&format!("{:#}\n", serde_json::Value::from(shown)))?;
                 }
                 ImagesCommand::Rm { digest } => {
-                    if !store.remove(&digest).map_err(|e| anyhow::anyhow!("{e}"))? {
-                        anyhow::bail!("no image {digest} in {}", config.data_dir.display());
+                    match store.remove(&digest).map_err(|e| anyhow::anyhow!("{e}"))? {
+                        toolexec_image::Removal::Removed => {}
+                        toolexec_image::Removal::NotCached => {
+                            anyhow::bail!("no image {digest} in {}", config.data_dir.display())
+                        }
+                        toolexec_image::Removal::InUse => anyhow::bail!(
+                            "the image {digest} is in use: a session on this node runs in it, \
+                             and it stays while one does. Close those sessions (or let them go \
+                             idle) and try again"
+                        ),
                     }
                 }
             }

@@ -18,13 +18,24 @@ fn digest(bytes: &[u8]) -> String {
 
 /// Serves `paths` (`/v2/...` -> content type and bytes) on loopback; its `host:port`.
 async fn registry(paths: HashMap<String, (String, Vec<u8>)>) -> String {
+    registry_at("127.0.0.1", paths).await
+}
+
+/// [`registry`] on `ip`. A path whose content type is `redirect` answers 307 to its bytes (a
+/// URL), as registries send blobs to a CDN.
+async fn registry_at(ip: &str, paths: HashMap<String, (String, Vec<u8>)>) -> String {
     let paths = Arc::new(paths);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let host = listener.local_addr().unwrap().to_string();
     let app = axum::Router::new().fallback(move |uri: Uri| {
         let paths = paths.clone();
         async move {
             match paths.get(uri.path()) {
+                Some((ct, to)) if ct == "redirect" => Response::builder()
+                    .status(StatusCode::TEMPORARY_REDIRECT)
+                    .header("location", String::from_utf8_lossy(to).as_ref())
+                    .body(Body::empty())
+                    .unwrap(),
                 Some((ct, bytes)) => Response::builder()
                     .header("content-type", ct.as_str())
                     .body(Body::from(bytes.clone()))
@@ -101,6 +112,11 @@ fn image(paths: &mut HashMap<String, (String, Vec<u8>)>) -> String {
 }
 
 fn images(dir: &std::path::Path, host: &str, args: &[&str]) -> Output {
+    images_allowing(dir, host, "127.0.0.1", args)
+}
+
+/// [`images`] with `environments.allow_cidrs` = `allow`.
+fn images_allowing(dir: &std::path::Path, host: &str, allow: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_toolexec"))
         .arg("images")
         .args(args)
@@ -112,6 +128,7 @@ fn images(dir: &std::path::Path, host: &str, args: &[&str]) -> Output {
             format!(r#"[{{"name": "hello", "image": "{host}/demo/hello:1"}}]"#),
         )
         .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", host)
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", allow)
         .current_dir(dir)
         .output()
         .unwrap()
@@ -183,4 +200,47 @@ async fn images_are_pulled_by_configured_name_listed_and_removed() {
     assert!(!rootfs.exists());
     let out = run(&["list"]).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_an_address_the_operator_did_not_allow_is_not_followed() {
+    // The registry sends its blobs to a "CDN" at 127.0.0.2, which serves them.
+    let mut paths = HashMap::new();
+    image(&mut paths);
+    let cdn = registry_at("127.0.0.2", paths.clone()).await;
+    let redirected: HashMap<String, (String, Vec<u8>)> = paths
+        .into_iter()
+        .map(|(path, served)| {
+            if path.contains("/blobs/") {
+                let to = format!("http://{cdn}{path}").into_bytes();
+                (path, ("redirect".to_string(), to))
+            } else {
+                (path, served)
+            }
+        })
+        .collect();
+    let host = registry(redirected).await;
+    let pull = |allow: &'static str| {
+        let dir = tempfile::tempdir().unwrap();
+        let h = host.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = images_allowing(dir.path(), &h, allow, &["pull", "hello"]);
+            (out, dir)
+        })
+    };
+
+    // Only the registry's address allowed: the redirect's target is refused before it is asked.
+    let (out, _dir) = pull("127.0.0.1").await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("environments.allow_cidrs"), "{stderr}");
+    assert!(stderr.contains("loopback"), "{stderr}");
+
+    // Both allowed: the redirect is followed and the image pulled.
+    let (out, _dir) = pull("127.0.0.1,127.0.0.2").await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -578,10 +578,17 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// reqwest's resolver: [`resolve_checked`], so that every connection reqwest opens to a name
 /// goes to addresses the policy checked. (IP-literal hosts never reach a resolver: the URL
-/// layer checked them.)
-struct CheckedResolve {
+/// layer checked them.) Also the resolver of image pulls (toolexec-server's image store).
+pub struct CheckedResolve {
     policy: NetPolicy,
     resolver: Arc<dyn Resolver>,
+}
+
+impl CheckedResolve {
+    /// Names resolved with `resolver`, every answer checked against `policy`.
+    pub fn new(policy: NetPolicy, resolver: Arc<dyn Resolver>) -> Self {
+        Self { policy, resolver }
+    }
 }
 
 /// The port given to [`resolve_checked`], which refuses port 0. The resolver does not know the

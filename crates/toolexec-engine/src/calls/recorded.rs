@@ -53,7 +53,10 @@ impl Calls {
             arguments_sha256: args_hash.to_owned(),
             invocation_id: other,
         });
-        match self.answer_from_record(engine, rt.session.tenant_id, &inv).await? {
+        match self
+            .answer_from_record(engine, rt.session.tenant_id, &inv)
+            .await?
+        {
             Some(r) => Ok(r),
             None => {
                 self.poll_until_finished(engine, rt.session.tenant_id, other)

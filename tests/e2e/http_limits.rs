@@ -20,7 +20,7 @@ async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, 
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&buf).into_owned(), true),
+            Ok(Ok(0) | Err(_)) => return (String::from_utf8_lossy(&buf).into_owned(), true),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             Err(_) => return (String::from_utf8_lossy(&buf).into_owned(), false),
         }

@@ -271,9 +271,8 @@ async fn read_events(
     let mut raw = String::new();
     let mut out = Vec::new();
     loop {
-        let chunk = match tokio::time::timeout_at(deadline, resp.chunk()).await {
-            Ok(Ok(Some(c))) => c,
-            _ => return out,
+        let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(deadline, resp.chunk()).await else {
+            return out;
         };
         raw.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = raw.find("\n\n") {

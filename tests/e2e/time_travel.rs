@@ -867,9 +867,8 @@ async fn read_sse(
     let mut buf = String::new();
     let deadline = tokio::time::Instant::now() + within;
     while out.len() < n {
-        let chunk = match tokio::time::timeout_at(deadline, resp.chunk()).await {
-            Ok(Ok(Some(c))) => c,
-            _ => break,
+        let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(deadline, resp.chunk()).await else {
+            break;
         };
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buf.find("\n\n") {
@@ -984,8 +983,7 @@ async fn the_log_streams_across_a_reconnect_and_a_second_replica() {
     let mut again = a
         .http
         .get(a.url(&format!(
-            "/v1/sessions/{sid}/events/stream?after={}",
-            last_before
+            "/v1/sessions/{sid}/events/stream?after={last_before}"
         )))
         .send()
         .await

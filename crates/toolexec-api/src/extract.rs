@@ -49,7 +49,7 @@ impl BodySchemas {
                     validators.insert(name.to_owned(), v);
                 }
                 Err(e) => {
-                    tracing::error!(schema = name, error = %e, "request body schema does not compile")
+                    tracing::error!(schema = name, error = %e, "request body schema does not compile");
                 }
             }
         }

@@ -129,15 +129,12 @@ pub(crate) async fn forward_to_owner(
     };
     let (parts, body) = req.into_parts();
     // The body guard already bounded it in size and time.
-    let body = match axum::body::to_bytes(body, state.config.body_limit_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(
-                ProblemCode::UnreadableBody,
-                "the request body could not be read to its end",
-            )
-            .into_response();
-        }
+    let Ok(body) = axum::body::to_bytes(body, state.config.body_limit_bytes).await else {
+        return ApiError::new(
+            ProblemCode::UnreadableBody,
+            "the request body could not be read to its end",
+        )
+        .into_response();
     };
     let started = Instant::now();
     let wait = Duration::from_millis(engine.config().limits.lease_wait_ms);

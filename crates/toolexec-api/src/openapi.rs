@@ -114,7 +114,7 @@ fn add_tool_schemas(api: &mut OpenApi, registry: &Registry) {
                     .insert(format!("tool.{}.arguments", spec.name), s);
             }
             Err(e) => {
-                tracing::warn!(tool = %spec.name, error = %e, "tool schema not representable in OpenAPI")
+                tracing::warn!(tool = %spec.name, error = %e, "tool schema not representable in OpenAPI");
             }
         }
     }

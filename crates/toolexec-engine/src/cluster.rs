@@ -86,7 +86,7 @@ impl Cluster {
 
     /// Gives up the lease of `session_id` (a closed session): see [`Leases::release`].
     pub(crate) async fn release(&self, session_id: Uuid) {
-        self.leases.release(session_id).await
+        self.leases.release(session_id).await;
     }
 
     /// Where a request that must run where `session_id` lives goes: here if this node serves

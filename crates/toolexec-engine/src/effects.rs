@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn a_longer_output_keeps_its_ends_and_says_what_was_dropped() {
         let full = format!("{}{}{}", "h".repeat(100), "é".repeat(1000), "t".repeat(100));
-        let stored = stored_output(full.clone(), 200);
+        let stored = stored_output(full, 200);
         assert!(stored.starts_with(&"h".repeat(100)), "{stored}");
         assert!(stored.ends_with(&"t".repeat(100)), "{stored}");
         assert!(stored.contains("1000 characters (2000 bytes) of this output were dropped"));

@@ -407,7 +407,7 @@ impl Engine {
     /// service shutting down waits here, after its last request, for batches whose clients went
     /// away: their running call is recorded as it ended, not left to be marked `interrupted`.
     pub async fn wait_for_batches(&self) {
-        self.calls.wait_for_batches().await
+        self.calls.wait_for_batches().await;
     }
 
     /// Pulls an image into this node's cache ahead of the sessions that will run in it

@@ -240,7 +240,7 @@ mod tests {
         }
         // Within the budget nothing changes.
         let mut effects = vec![file(&c)];
-        let mut blobs = vec![c.clone()];
+        let mut blobs = vec![c];
         assert_eq!(apply_blob_budget(&mut effects, &mut blobs, 100), 0);
         assert_eq!(blobs.len(), 1);
     }
@@ -254,7 +254,7 @@ mod tests {
             data: json!({"role": "page", "body_sha256": page.sha256, "body_stored": true}),
         };
         let mut effects = vec![file(&file_blob), exchange];
-        let mut blobs = vec![file_blob.clone(), page.clone()];
+        let mut blobs = vec![file_blob.clone(), page];
         assert_eq!(apply_blob_budget(&mut effects, &mut blobs, 500), 1);
         assert_eq!(effects[1].data["body_stored"], false);
         assert!(effects[1].data.get("after_stored").is_none());

@@ -215,7 +215,7 @@ mod tests {
         assert!(err.to_string().contains("docker.io"), "{err}");
         let bad = EnvironmentsConfig {
             default: Some("nope".into()),
-            ..c.clone()
+            ..c
         };
         assert!(bad.validate().is_err());
     }

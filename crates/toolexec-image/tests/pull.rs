@@ -566,7 +566,7 @@ async fn entries_written_through_links_aimed_outside_stay_inside() {
         .symlink("abs", &outside_dir)
         .file("abs/canary", "through abs")
         .symlink("up", "../../../../../../../../..")
-        .file(&format!("up{}/canary2", outside_dir), "through up")
+        .file(&format!("up{outside_dir}/canary2"), "through up")
         .symlink("c", &h.canary.display().to_string())
         .done();
     // Next layer: a file where the link to the canary is, and an entry beneath a link of the

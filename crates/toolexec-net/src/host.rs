@@ -263,7 +263,7 @@ mod tests {
             match p.check_url(url) {
                 Ok(checked) => wrong.push(format!("{url:?} passed as {}", checked.url())),
                 Err(r) if r.reason() != *reason => {
-                    wrong.push(format!("{url:?} refused as {}, not {reason}", r.reason()))
+                    wrong.push(format!("{url:?} refused as {}, not {reason}", r.reason()));
                 }
                 Err(_) => {}
             }

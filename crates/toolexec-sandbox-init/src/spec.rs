@@ -395,7 +395,7 @@ mod tests {
             },
             CommandSpec {
                 argv: vec![b"bash".to_vec()],
-                ..cmd.clone()
+                ..cmd
             },
         ] {
             assert!(

@@ -549,7 +549,7 @@ impl ProcessTable {
             exit_taken: std::sync::atomic::AtomicBool::new(false),
         });
         if let Ok(mut procs) = self.procs.lock() {
-            procs.insert(id.clone(), proc.clone());
+            procs.insert(id, proc.clone());
         }
         let unsandboxed = self.sandbox.is_unsandboxed();
         let p = proc.clone();

@@ -104,7 +104,7 @@ impl Cgroups {
             match fs::create_dir_all(&dir) {
                 Ok(()) => v1.push((ctrl, dir)),
                 Err(e) => {
-                    tracing::warn!(controller = ctrl, error = %e, "cgroup v1 controller not usable")
+                    tracing::warn!(controller = ctrl, error = %e, "cgroup v1 controller not usable");
                 }
             }
         }

@@ -1062,10 +1062,7 @@ mod tests {
             c.telemetry.otlp_endpoint.as_deref(),
             Some("http://otel-collector:4318")
         );
-        assert_eq!(
-            loaded.sources["recorder_writers"],
-            Source::File(file.clone())
-        );
+        assert_eq!(loaded.sources["recorder_writers"], Source::File(file));
     }
 
     #[test]

@@ -119,7 +119,7 @@ fn the_catalog_describes_every_tool_truthfully() {
         ("web_search", true, &[Network], 30_000, Head),
     ];
     assert_eq!(
-        registry.names().collect::<Vec<_>>().len(),
+        registry.names().count(),
         expected.len(),
         "every tool is described here"
     );

@@ -188,6 +188,8 @@ impl Workspaces {
         if let Some(disks) = &self.disks
             && disks.has(session)
         {
+            // Clippy's redundant_clone is wrong here: `dir` is used after this.
+            #[allow(clippy::redundant_clone)]
             let target = match base {
                 Some(_) => disks.fork_mount(session),
                 None => dir.clone(),
@@ -299,6 +301,8 @@ impl Workspaces {
         if let Some(disks) = &self.disks {
             // The image's data goes with it: nothing in the upper layer or the workspace needs
             // deleting file by file.
+            // Clippy's redundant_clone is wrong here: `dir` is used after this.
+            #[allow(clippy::redundant_clone)]
             let target = match base {
                 Some(_) => disks.fork_mount(session),
                 None => dir.clone(),
@@ -624,7 +628,7 @@ mod tests {
         );
         assert!((8 << 20..=16 << 20).contains(&written), "{written}");
         // Through the jail, the model reads why.
-        let refused = s1.write("more.txt", &[0u8; 1 << 20]).unwrap_err();
+        let refused = s1.write("more.txt", &vec![0u8; 1 << 20]).unwrap_err();
         assert!(
             refused.model_message().contains("disk quota"),
             "{refused:?}"

@@ -351,7 +351,7 @@ fn a_fifo_is_refused_without_hanging() {
             "read_if_small {path}: {result:?}"
         );
     }
-    let ws = s.ws.clone();
+    let ws = s.ws;
     let result = within(Duration::from_secs(5), move || ws.write("pipe", b"x"));
     assert!(matches!(result, Err(JailError::NotARegularFile { .. })));
 }

@@ -158,7 +158,7 @@ async fn get_file(
     if let Some(sha) = &file.sha256
         && let Ok(v) = HeaderValue::from_str(sha)
     {
-        headers.insert("x-toolexec-sha256", v.clone());
+        headers.insert("x-toolexec-sha256", v);
         if let Ok(etag) = HeaderValue::from_str(&format!("\"{sha}\"")) {
             headers.insert(header::ETAG, etag);
         }

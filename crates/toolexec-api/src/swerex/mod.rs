@@ -146,7 +146,7 @@ impl From<ApiError> for Failure {
             tracing::error!(code = e.code.as_str(), detail = %e.detail, "a SWE-ReX request failed");
             "the service could not answer this request; the cause is in its log".to_owned()
         } else {
-            e.detail.clone()
+            e.detail
         };
         Self::Http { status, detail }
     }

@@ -495,7 +495,7 @@ impl Approvals {
                 // Its tool ran (or was being run): its end is recorded by the finish path,
                 // which retries until the store takes it.
                 Err(e) => {
-                    tracing::error!(error = %e, invocation = %id, "an approved call's end could not be recorded yet")
+                    tracing::error!(error = %e, invocation = %id, "an approved call's end could not be recorded yet");
                 }
             }
         });

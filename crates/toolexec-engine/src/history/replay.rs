@@ -914,7 +914,7 @@ fn first_effect_difference(recorded: &[Event], replayed: &[Event]) -> Option<Div
                     None,
                 ));
             }
-            (Some(_), Some(y)) | (None, Some(y)) => {
+            (Some(_) | None, Some(y)) => {
                 return Some(effect_divergence(
                     &y.0,
                     "was changed by the replay only",

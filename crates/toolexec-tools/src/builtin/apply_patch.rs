@@ -306,7 +306,7 @@ impl Plan {
                     shown_name(&display)
                 )));
             }
-            Err(JailError::NotFound { .. }) => (display.clone(), None),
+            Err(JailError::NotFound { .. }) => (display, None),
             Err(JailError::TooLarge { size, limit, .. }) => {
                 return Err(Failure::error(format!(
                     "{}: '{}' is {}, over the {} limit for files apply_patch changes. \

@@ -148,9 +148,8 @@ fn edit(workspace: &Workspace, reads: &CallReads, args: &Args, deadline: &Deadli
         Err(refusal) => return ToolOutput::error(refusal),
     };
 
-    let (old, new, starts) = match find(text, &args.old_string, &args.new_string) {
-        Some(found) => found,
-        None => return ToolOutput::error(not_found(path, text, args)),
+    let Some((old, new, starts)) = find(text, &args.old_string, &args.new_string) else {
+        return ToolOutput::error(not_found(path, text, args));
     };
     if starts.len() > 1 && !args.replace_all.unwrap_or(false) {
         return ToolOutput::error(several_matches(path, text, &starts));

@@ -333,8 +333,7 @@ fn render(f: &Finished, unsandboxed: bool, memory_bytes: u64) -> ToolOutput {
             "[cancelled after {secs:.2} s: the client stopped this call; the command and every process it started were killed; output so far below. Files it changed before it was stopped are recorded; check them before running it again]"
         ),
         (Some(KillReason::OutputLimit(n)), ..) => format!(
-            "[stopped: the command printed more than {} bytes, the output cap; output so far below. Redirect bulky output to a file and inspect it with grep or read_file, or pipe it through tail/head]",
-            n
+            "[stopped: the command printed more than {n} bytes, the output cap; output so far below. Redirect bulky output to a file and inspect it with grep or read_file, or pipe it through tail/head]"
         ),
         (None, Some(code), _) if f.oom_killed => format!(
             "[exit code {code} after {secs:.2} s: a process was killed for going over the session's memory limit of {} MiB]",

@@ -243,10 +243,7 @@ impl Tool for TaskUpdate {
             let mut out = ToolOutput::ok(format!("Task {} deleted.", current.id));
             out.events.push(event(
                 EventKind::TodoDeleted,
-                serde_json::to_value(TodoDeleted {
-                    id: current.id.clone(),
-                })
-                .unwrap_or_default(),
+                serde_json::to_value(TodoDeleted { id: current.id }).unwrap_or_default(),
             ));
             return out;
         }

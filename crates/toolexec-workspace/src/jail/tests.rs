@@ -66,6 +66,7 @@ fn sparse_files_hash_like_the_zeros_their_holes_read_as() {
     use std::os::unix::fs::FileExt;
     let (dir, ws) = workspace();
     const MIB: u64 = 1024 * 1024;
+    let dense = vec![7u8; 1024 * 1024 + 1];
     // Holes at the start, between data and at the end; data at the end; all hole; none.
     /// A name, a size, and the bytes written at offsets (the rest is holes).
     type Layout<'a> = (&'a str, u64, &'a [(u64, &'a [u8])]);
@@ -78,7 +79,7 @@ fn sparse_files_hash_like_the_zeros_their_holes_read_as() {
         ("data-at-end", 2 * MIB, &[(2 * MIB - 3, b"end")]),
         ("data-at-start", 3 * MIB, &[(0, b"start")]),
         ("all-hole", 5 * MIB + 7, &[]),
-        ("dense", MIB + 1, &[(0, &[7u8; 1024 * 1024 + 1])]),
+        ("dense", MIB + 1, &[(0, &dense)]),
     ];
     for (name, size, data) in layouts {
         let file = std::fs::File::create(dir.path().join(name)).unwrap();

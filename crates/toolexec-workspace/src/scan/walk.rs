@@ -301,7 +301,7 @@ impl Walk<'_> {
         match self.entries.get(&key) {
             // A chmod alone is a change too: a rebuild restores modes.
             Some(old) if old.same_contents(&record) && old.perm() == record.perm() => {
-                self.unkeep(after)
+                self.unkeep(after);
             }
             // Read again only because its timestamps were racy, and not to the end within the
             // budget: nothing says it changed. From now on it is followed by its metadata.

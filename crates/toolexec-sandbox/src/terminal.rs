@@ -46,6 +46,28 @@ pub const INLINE_SEARCH_BYTES: usize = 1024;
 /// A search that took longer than this makes the call wait as long before the next one.
 const SEARCH_PACE_AFTER: Duration = Duration::from_millis(1);
 
+/// Writes `chars` to a terminal's program (nothing for none): only a PTY's program reads
+/// input, and one that does not read it within 5 s fails the write.
+async fn write_input(term: &Term, chars: &[u8]) -> Result<(), TermError> {
+    if chars.is_empty() {
+        return Ok(());
+    }
+    if !term.tty {
+        return Err(TermError::StdinClosed);
+    }
+    let mut stdin = term.stdin.lock().await;
+    let Some(w) = stdin.as_mut() else {
+        return Err(TermError::StdinClosed);
+    };
+    match tokio::time::timeout(Duration::from_secs(5), w.write_all(chars)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(TermError::Write(e.to_string())),
+        Err(_) => Err(TermError::Write(
+            "the program did not read its input within 5 s".into(),
+        )),
+    }
+}
+
 /// Searches `window` for `until`, off the async workers when it is long: the window back, the
 /// match, and how long the search took.
 async fn search(
@@ -404,24 +426,7 @@ impl Terminals {
     ) -> Result<TermRead, TermError> {
         let term = self.get(id)?;
         term.touch();
-        if !chars.is_empty() {
-            if !term.tty {
-                return Err(TermError::StdinClosed);
-            }
-            let mut stdin = term.stdin.lock().await;
-            let Some(w) = stdin.as_mut() else {
-                return Err(TermError::StdinClosed);
-            };
-            match tokio::time::timeout(Duration::from_secs(5), w.write_all(chars)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(TermError::Write(e.to_string())),
-                Err(_) => {
-                    return Err(TermError::Write(
-                        "the program did not read its input within 5 s".into(),
-                    ));
-                }
-            }
-        }
+        write_input(&term, chars).await?;
         let deadline = tokio::time::Instant::now() + yield_for;
         loop {
             let notified = term.changed.notified();
@@ -479,24 +484,7 @@ impl Terminals {
     ) -> Result<(TermRead, Option<usize>), TermError> {
         let term = self.get(id)?;
         term.touch();
-        if !chars.is_empty() {
-            if !term.tty {
-                return Err(TermError::StdinClosed);
-            }
-            let mut stdin = term.stdin.lock().await;
-            let Some(w) = stdin.as_mut() else {
-                return Err(TermError::StdinClosed);
-            };
-            match tokio::time::timeout(Duration::from_secs(5), w.write_all(chars)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(TermError::Write(e.to_string())),
-                Err(_) => {
-                    return Err(TermError::Write(
-                        "the program did not read its input within 5 s".into(),
-                    ));
-                }
-            }
-        }
+        write_input(&term, chars).await?;
         let deadline = tokio::time::Instant::now() + yield_for;
         // What this call returns (bounded like the terminal's own buffer), and the end of the
         // stream it searches: a match may span chunks, not more than UNTIL_WINDOW bytes back.

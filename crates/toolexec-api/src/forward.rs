@@ -30,6 +30,7 @@ use uuid::Uuid;
 
 use crate::SharedState;
 use crate::problem::ApiError;
+use crate::session_path::SessionPath;
 
 /// Set on a forwarded request (the forwarding node's name): never forwarded again.
 pub static FORWARDED_BY: HeaderName = HeaderName::from_static("x-toolexec-forwarded-by");
@@ -57,11 +58,12 @@ enum Target {
     Upload(Uuid),
 }
 
-fn target(method: &Method, path: &str) -> Option<Target> {
-    let id = |s: &str| Uuid::parse_str(s).ok();
+/// `session`: the id the session-path layer parsed from the path, if its route names one.
+fn target(method: &Method, path: &str, session: Option<Uuid>) -> Option<Target> {
     if let Some(rest) = path.strip_prefix("/v1/sessions/") {
+        let session = session?;
         let mut parts = rest.split('/');
-        let session = id(parts.next()?)?;
+        parts.next();
         return match (method, parts.next(), parts.next()) {
             (&Method::POST, Some("calls" | "mcp" | "rewind" | "cancel" | "fork"), None)
             | (&Method::DELETE, None, None)
@@ -73,7 +75,7 @@ fn target(method: &Method, path: &str) -> Option<Target> {
     }
     let rest = path.strip_prefix("/v1/invocations/")?;
     let mut parts = rest.split('/');
-    let invocation = id(parts.next()?)?;
+    let invocation = Uuid::parse_str(parts.next()?).ok()?;
     match (method, parts.next(), parts.next()) {
         (&Method::POST, Some("cancel" | "approve" | "deny"), None) => {
             Some(Target::Invocation(invocation))
@@ -106,7 +108,8 @@ pub(crate) async fn forward_to_owner(
     {
         return next.run(req).await;
     }
-    let Some(target) = target(req.method(), req.uri().path()) else {
+    let session = req.extensions().get::<SessionPath>().map(|s| s.0);
+    let Some(target) = target(req.method(), req.uri().path(), session) else {
         return next.run(req).await;
     };
     // Who sends it, before its body is read or sent on (the owner authenticates it again;
@@ -127,7 +130,7 @@ pub(crate) async fn forward_to_owner(
             _ => return next.run(req).await,
         },
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     // The body guard already bounded it in size and time.
     let Ok(body) = axum::body::to_bytes(body, state.config.body_limit_bytes).await else {
         return ApiError::new(
@@ -143,9 +146,16 @@ pub(crate) async fn forward_to_owner(
             Ok(route) => route,
             Err(e) => return ApiError::from(e).into_response(),
         };
-        let Route::Forward { node, address } = route else {
-            let req = Request::from_parts(parts, Body::from(body));
-            return next.run(req).await;
+        let (node, address) = match route {
+            Route::Forward { node, address } => (node, address),
+            Route::Here(lease) => {
+                // The lease routing took goes on to the calls this request runs.
+                if let Some(lease) = lease {
+                    parts.extensions.insert(lease);
+                }
+                let req = Request::from_parts(parts, Body::from(body));
+                return next.run(req).await;
+            }
         };
         match send(
             engine,
@@ -295,7 +305,14 @@ mod tests {
     #[test]
     fn only_what_needs_the_sessions_node_is_forwarded() {
         let s = "01a2282a-7bae-7178-9bcd-084cb54c55a9";
-        let forwarded = |m: Method, p: &str| target(&m, p).is_some();
+        // As the session-path layer finds it.
+        let forwarded = |m: Method, p: &str| {
+            let session = p
+                .strip_prefix("/v1/sessions/")
+                .and_then(|rest| rest.split('/').next())
+                .and_then(|id| Uuid::parse_str(id).ok());
+            target(&m, p, session).is_some()
+        };
         for (m, p) in [
             (Method::POST, format!("/v1/sessions/{s}/calls")),
             (Method::POST, format!("/v1/sessions/{s}/rewind")),

@@ -15,6 +15,7 @@ mod observe;
 mod openapi;
 pub mod problem;
 mod routes;
+pub mod session_path;
 pub mod swerex;
 
 use std::sync::Arc;
@@ -203,6 +204,8 @@ pub fn app(state: Arc<AppState>) -> Router {
                 .make_span_with(|req: &Request<_>| observe::request_span(req, &X_REQUEST_ID))
                 .on_response(observe::on_response),
         )
+        // Before the span is made: the session id is parsed here, once, for everything after.
+        .layer(axum::middleware::from_fn(session_path::parse))
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID.clone()))
         .layer(SetRequestIdLayer::new(
             X_REQUEST_ID.clone(),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -37,20 +37,22 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use toolexec_core::{Call, NetworkPolicy, ProblemCode, Session, Tenant};
-use toolexec_engine::CallBatch;
+use toolexec_engine::{CallBatch, RoutedLease, SessionRef};
 use tracing::Instrument;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
 use crate::dialects::{mcp_result, mcp_tool};
-use crate::extract::parse_id;
 use crate::problem::{ApiError, or_not_found};
+use crate::session_path::{Routed, SessionPath};
 
 /// What a request is for, put in its extensions for the SDK's handler.
 #[derive(Debug, Clone)]
 struct Target {
     tenant: Tenant,
     session: Session,
+    /// The lease routing took for the request, if it took one.
+    lease: Option<RoutedLease>,
 }
 
 /// The route: POST for JSON-RPC; GET and DELETE answered 405 (stateless, see the module doc).
@@ -79,7 +81,7 @@ pub(crate) fn router(state: &SharedState) -> Router<SharedState> {
         );
     Router::new().route(
         "/v1/sessions/{id}/mcp",
-        post(move |state, path, req| serve(state, path, req, service.clone()))
+        post(move |state, req| serve(state, req, service.clone()))
             .get(no_stream)
             .delete(no_stream),
     )
@@ -99,11 +101,10 @@ async fn no_stream() -> Response {
 
 async fn serve(
     State(state): State<SharedState>,
-    Path(id): Path<String>,
     req: Request,
     service: StreamableHttpService<ToolexecMcp, NeverSessionManager>,
 ) -> Response {
-    match admit(&state, &id, req).await {
+    match admit(&state, req).await {
         Ok(req) => service.handle(req).await.map(Body::new),
         Err(resp) => resp,
     }
@@ -112,12 +113,13 @@ async fn serve(
 /// Everything the REST API would check, in the order that reveals least (where the request
 /// comes from was checked by the door, as on every route): who sends it, whether the session
 /// is theirs, then its body.
-async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, Response> {
+async fn admit(state: &SharedState, req: Request) -> Result<Request, Response> {
     let (mut parts, body) = req.into_parts();
     let AuthTenant(tenant) = AuthTenant::from_request_parts(&mut parts, state)
         .await
         .map_err(into_response)?;
-    let session_id = parse_id(id, "session").map_err(into_response)?;
+    let session_id =
+        SessionPath::of(&parts).ok_or_else(|| into_response(ApiError::not_found("session")))?;
     let session = state
         .engine
         .get_session(tenant.id, session_id)
@@ -139,7 +141,12 @@ async fn admit(state: &SharedState, id: &str, req: Request) -> Result<Request, R
     }
     let bytes = read_body(&parts, body).await.map_err(into_response)?;
     check_json_rpc(&bytes).map_err(|(id, error)| json_rpc_error(id, error))?;
-    parts.extensions.insert(Target { tenant, session });
+    let lease = Routed::of(&parts);
+    parts.extensions.insert(Target {
+        tenant,
+        session,
+        lease,
+    });
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
@@ -343,7 +350,11 @@ impl ServerHandler for ToolexecMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let Target { tenant, session } = target(&context)?;
+        let Target {
+            tenant,
+            session,
+            lease,
+        } = target(&context)?;
         let call_id = call_id_of(&(context.meta.0).0)?;
         // The request id pairs this request with its answer only; it is kept on the span (logs,
         // traces) beside the call id the call is recorded under.
@@ -357,21 +368,24 @@ impl ServerHandler for ToolexecMcp {
             name: request.name.into_owned(),
             arguments: Value::Object(request.arguments.unwrap_or_default()),
         };
-        let mut results = self
-            .state
-            .engine
-            .run_calls(tenant.id, session.id, CallBatch::new(vec![call]))
-            .instrument(span.clone())
-            .await
-            .map_err(|e| {
-                // The call id, so that a client told to retry (`still_running`, `unavailable`)
-                // can name the same call in `_meta` and get its result instead of a new run.
-                let mut error = protocol_error(or_not_found("session")(e));
-                if let Some(Value::Object(data)) = error.data.as_mut() {
-                    data.insert("call_id".into(), json!(call_id));
-                }
-                error
-            })?;
+        let engine = &self.state.engine;
+        // One call: the batch limit cannot refuse it; its id and name are checked here.
+        let mut results = async {
+            let batch = CallBatch::new(vec![call], usize::MAX)?;
+            let session = SessionRef::new(tenant.id, session.id).with_lease(lease);
+            engine.run_calls(session, batch).await
+        }
+        .instrument(span.clone())
+        .await
+        .map_err(|e| {
+            // The call id, so that a client told to retry (`still_running`, `unavailable`)
+            // can name the same call in `_meta` and get its result instead of a new run.
+            let mut error = protocol_error(or_not_found("session")(e));
+            if let Some(Value::Object(data)) = error.data.as_mut() {
+                data.insert("call_id".into(), json!(call_id));
+            }
+            error
+        })?;
         let result = results
             .pop()
             .ok_or_else(|| ErrorData::internal_error("the call returned no result", None))?;

@@ -43,20 +43,6 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// The session a request is about, from its path, when its route names one.
-fn session_of<B>(req: &Request<B>, route: &str) -> Option<uuid::Uuid> {
-    if !route.starts_with("/v1/sessions/{id}") {
-        return None;
-    }
-    let id = req
-        .uri()
-        .path()
-        .strip_prefix("/v1/sessions/")?
-        .split('/')
-        .next()?;
-    uuid::Uuid::parse_str(id).ok()
-}
-
 /// The span of one request. Its fields follow OpenTelemetry's HTTP conventions where there is
 /// one (`http.route`, `http.request.method`, `http.response.status_code`); `otel.name` and
 /// `otel.kind` name the exported span (`POST /v1/sessions/{id}/calls`, a server span).
@@ -83,7 +69,7 @@ pub(crate) fn request_span<B>(req: &Request<B>, request_id: &HeaderName) -> Span
         session.id = Empty,
         tenant.id = Empty,
     );
-    if let Some(session) = session_of(req, route) {
+    if let Some(crate::session_path::SessionPath(session)) = req.extensions().get() {
         span.record("session.id", tracing::field::display(session));
     }
     continue_trace(&span, req.headers());

@@ -41,12 +41,44 @@ pub struct Cluster {
 }
 
 /// Where a request for a session runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Route {
-    /// On this node (the session lives here, or nowhere alive: this node takes it over).
-    Here,
+    /// On this node (the session lives here, or nowhere alive: this node takes it over). With
+    /// this node's lease of the session when it was held here already: the request hands it to
+    /// the calls it runs ([`SessionRef::with_lease`]), which then do not check it again.
+    ///
+    /// [`SessionRef::with_lease`]: crate::SessionRef::with_lease
+    Here(Option<RoutedLease>),
     /// On the node the session lives on, alive and reachable at `address`.
     Forward { node: String, address: String },
+}
+
+/// This node's lease of a session, taken where its request was routed and used by the calls
+/// that request runs: one lease check per request. Clones share it (it travels in a request's
+/// extensions); the first to run calls takes it, and it is let go when the last clone drops.
+#[derive(Clone)]
+pub struct RoutedLease(Arc<std::sync::Mutex<Option<LeaseGuard>>>);
+
+impl RoutedLease {
+    fn new(lease: LeaseGuard) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(lease))))
+    }
+
+    /// The lease, if it is of `session` and no call of the request took it yet.
+    pub(crate) fn take(&self, session: Uuid) -> Option<LeaseGuard> {
+        let mut slot = self.0.lock().ok()?;
+        if slot.as_ref().is_some_and(|l| l.session() == session) {
+            slot.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl std::fmt::Debug for RoutedLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoutedLease")
+    }
 }
 
 /// How often a request for a session whose node is handing it over looks again.
@@ -93,13 +125,17 @@ impl Cluster {
     /// the session (or the session lives nowhere alive, or on a node that takes no forwarded
     /// requests), else the node it lives on. A node handing its sessions over (draining) is
     /// waited for, up to `limits.lease_wait_ms`. Answers from memory while this node holds the
-    /// session's lease (it ran a call of it within `limits.lease_linger_ms`): a session in use
-    /// costs nothing; otherwise one read of the store. A runtime this node still has cached is
+    /// session's lease (it ran a call of it within `limits.lease_linger_ms`), and then takes the
+    /// lease for the request ([`Route::Here`]): a session in use costs nothing; otherwise one
+    /// read of the store. A runtime this node still has cached is
     /// not enough: another node may have taken the session over since, and running here would
     /// take it back (and rebuild it) on every call.
     pub async fn route(&self, session_id: Uuid) -> Result<Route> {
-        if !self.forwards || self.leases.holds(session_id) {
-            return Ok(Route::Here);
+        if !self.forwards {
+            return Ok(Route::Here(None));
+        }
+        if let Some(lease) = self.leases.take_held(session_id) {
+            return Ok(Route::Here(Some(RoutedLease::new(lease))));
         }
         let started = Instant::now();
         loop {
@@ -108,13 +144,13 @@ impl Cluster {
                 .session_owner(session_id, self.leases.ttl())
                 .await?
             else {
-                return Ok(Route::Here);
+                return Ok(Route::Here(None));
             };
             if owner.node == self.node || !owner.alive {
-                return Ok(Route::Here);
+                return Ok(Route::Here(None));
             }
             match owner.address {
-                None => return Ok(Route::Here),
+                None => return Ok(Route::Here(None)),
                 Some(address) if !owner.draining => {
                     return Ok(Route::Forward {
                         node: owner.node,
@@ -123,7 +159,7 @@ impl Cluster {
                 }
                 Some(_) => {
                     if started.elapsed() >= self.leases.wait() {
-                        return Ok(Route::Here);
+                        return Ok(Route::Here(None));
                     }
                     tokio::time::sleep(HANDOVER_POLL).await;
                 }

@@ -64,6 +64,13 @@ pub(crate) struct LeaseGuard {
     session: Uuid,
 }
 
+impl LeaseGuard {
+    /// The session whose lease this is.
+    pub(crate) fn session(&self) -> Uuid {
+        self.session
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Ok(mut held) = self.leases.held.lock()
@@ -144,16 +151,6 @@ impl Leases {
         self.times.wait
     }
 
-    /// Whether this node holds the lease of `session` now (in use, or lingering after use) and
-    /// the store confirmed it recently: then the session lives here, without asking the store.
-    pub(crate) fn holds(&self, session: Uuid) -> bool {
-        let trusted_for = self.times.ttl.mul_f64(0.8);
-        self.held.lock().is_ok_and(|held| {
-            held.get(&session)
-                .is_some_and(|h| h.confirmed.elapsed() < trusted_for)
-        })
-    }
-
     /// Uses the lease of `session` if this node holds it and the store confirmed it recently.
     fn use_held(&self, session: Uuid) -> bool {
         let trusted_for = self.times.ttl.mul_f64(0.8);
@@ -168,6 +165,12 @@ impl Leases {
             }
             _ => false,
         }
+    }
+
+    /// The lease of `session` for one request, if this node holds it and the store confirmed
+    /// it recently (from memory; `None` otherwise: then [`Leases::hold`] asks the store).
+    pub(crate) fn take_held(self: &Arc<Self>, session: Uuid) -> Option<LeaseGuard> {
+        self.use_held(session).then(|| self.guard(session))
     }
 
     /// Holds the lease of `session` for this node, waiting while another node holds it. Also

@@ -41,9 +41,10 @@ use uuid::Uuid;
 pub use archive::{ArchiveSlot, ArchiveUpload, Archives, MAX_ARCHIVE_FILE_BYTES, Spool};
 pub use calls::{
     Approvals, CANCEL_WAIT, CallBatch, Calls, CancelledCalls, CancelledInvocation, Decision,
+    SessionRef,
 };
 pub use canonical::arguments_sha256;
-pub use cluster::{Cluster, Route};
+pub use cluster::{Cluster, Route, RoutedLease};
 pub use config::{ClusterConfig, EngineConfig, Limits};
 pub use history::{DEFAULT_TREE_PAGE, FileAt, History, MAX_ORIGIN_DEPTH, MAX_TREE_PAGE};
 pub use runtimes::MAX_PAGE as MAX_SESSIONS_PAGE;
@@ -311,13 +312,10 @@ impl Engine {
     /// that had not started are recorded `cancelled` without running (see `cancel`).
     pub async fn run_calls(
         self: &Arc<Self>,
-        tenant_id: Uuid,
-        session_id: Uuid,
+        session: SessionRef,
         batch: CallBatch,
     ) -> Result<Vec<CallResult>> {
-        self.calls
-            .run_calls(self, tenant_id, session_id, batch)
-            .await
+        self.calls.run_calls(self, session, batch).await
     }
 
     /// Creates a session: its workspace with the seed files, then the session row and its first

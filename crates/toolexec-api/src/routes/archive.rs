@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -19,8 +19,9 @@ use utoipa_axum::routes;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::{ApiQuery, parse_id};
+use crate::extract::ApiQuery;
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new().routes(routes!(put_archive, get_archive))
@@ -80,10 +81,9 @@ pub(crate) const UPLOAD_TOTAL: Duration = Duration::from_secs(30 * 60);
 async fn put_archive(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     body: Body,
 ) -> Result<Json<ArchiveUploaded>, ApiError> {
-    let id = parse_id(&id, "session")?;
     // Known before the body is read: another tenant's session costs no upload.
     state
         .engine
@@ -213,10 +213,9 @@ pub struct ArchiveQuery {
 async fn get_archive(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiQuery(q): ApiQuery<ArchiveQuery>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "session")?;
     let _slot = state
         .engine
         .archives()

@@ -1,9 +1,9 @@
 //! Running a batch of tool calls.
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use toolexec_core::{Call, CallResult};
-use toolexec_engine::CallBatch;
+use toolexec_engine::{CallBatch, SessionRef};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -14,8 +14,9 @@ use crate::dialects::{
     ApplyPatchCallItem, ResultFormat, ShellCallItem, apply_patch_output, operation_patch,
     render_result, shell_output,
 };
-use crate::extract::{ApiJson, ApiQuery, parse_id};
+use crate::extract::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::{Routed, SessionPath};
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new().routes(routes!(run_calls))
@@ -148,11 +149,11 @@ pub struct CallsQuery {
 async fn run_calls(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
+    Routed(lease): Routed,
     ApiQuery(q): ApiQuery<CallsQuery>,
     ApiJson(req): ApiJson<CallsRequest>,
 ) -> Result<Json<CallsResponse>, ApiError> {
-    let id = parse_id(&id, "session")?;
     let openai = q.format == Some(ResultFormat::Openai);
     let plan = Plan::of(
         req.calls,
@@ -169,9 +170,11 @@ async fn run_calls(
             .map_err(or_not_found("session"))?;
         Vec::new()
     } else {
+        let limits = &state.engine.config().limits;
+        let batch = CallBatch::new(plan.calls, limits.max_calls_per_batch)?;
         state
             .engine
-            .run_calls(tenant.id, id, CallBatch::new(plan.calls))
+            .run_calls(SessionRef::new(tenant.id, id).with_lease(lease), batch)
             .await
             .map_err(or_not_found("session"))?
     };

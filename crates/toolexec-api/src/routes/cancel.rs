@@ -13,6 +13,7 @@ use crate::SharedState;
 use crate::auth::AuthTenant;
 use crate::extract::parse_id;
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
@@ -101,9 +102,8 @@ pub struct SessionCancel {
 async fn cancel_session_calls(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
 ) -> Result<(StatusCode, Json<SessionCancel>), ApiError> {
-    let id = parse_id(&id, "session")?;
     let cancelled = state
         .engine
         .cancel_session_calls(tenant.id, id)

@@ -21,6 +21,7 @@ use crate::SharedState;
 use crate::auth::AuthTenant;
 use crate::extract::{ApiJson, ApiQuery, parse_id};
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 /// A file's bytes, as they are (text or not).
 #[derive(ToSchema)]
@@ -73,10 +74,9 @@ pub struct TreeQuery {
 async fn get_tree(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiQuery(q): ApiQuery<TreeQuery>,
 ) -> Result<Json<Tree>, ApiError> {
-    let id = parse_id(&id, "session")?;
     let limit = q.limit.unwrap_or(toolexec_engine::DEFAULT_TREE_PAGE);
     Ok(Json(
         state
@@ -126,18 +126,17 @@ pub struct FileQuery {
 async fn get_file(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
+    SessionPath(id): SessionPath,
     OriginalUri(uri): OriginalUri,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     // From the URI itself: the file's path may hold percent-encoded bytes that are not UTF-8,
     // which axum's path extractors refuse.
-    let (id, raw) = uri
+    let raw = uri
         .path()
-        .strip_prefix("/v1/sessions/")
-        .and_then(|rest| rest.split_once("/files/"))
-        .map(|(id, path)| (id.to_owned(), percent_decode(path)))
+        .split_once("/files/")
+        .map(|(_, path)| percent_decode(path))
         .unwrap_or_default();
-    let id = parse_id(&id, "session")?;
     let file = state
         .engine
         .file_at(tenant.id, id, q.at, &raw)
@@ -213,10 +212,9 @@ fn percent_decode(text: &str) -> Vec<u8> {
 async fn rewind(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiJson(req): ApiJson<RewindRequest>,
 ) -> Result<Json<RewindResult>, ApiError> {
-    let id = parse_id(&id, "session")?;
     Ok(Json(
         state
             .engine
@@ -245,10 +243,9 @@ async fn rewind(
 async fn fork(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
-    let id = parse_id(&id, "session")?;
     let forked = state
         .engine
         .fork(tenant.id, id, req)
@@ -286,10 +283,9 @@ pub struct ReplayRequest {
 async fn start_replay(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiJson(req): ApiJson<ReplayRequest>,
 ) -> Result<(StatusCode, Json<Replay>), ApiError> {
-    let id = parse_id(&id, "session")?;
     let replay = state
         .engine
         .replay(tenant.id, id, req.mode)
@@ -377,11 +373,10 @@ pub struct StreamQuery {
 async fn stream_events(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "session")?;
     let after = match headers.get("last-event-id") {
         Some(v) => v
             .to_str()

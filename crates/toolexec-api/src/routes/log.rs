@@ -17,6 +17,7 @@ use crate::SharedState;
 use crate::auth::AuthTenant;
 use crate::extract::{ApiQuery, parse_id};
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
@@ -70,10 +71,9 @@ pub struct EventPage {
 async fn list_events(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "session")?;
     let page = state
         .engine
         .streams()
@@ -123,9 +123,9 @@ pub(crate) fn json_body(pieces: impl Iterator<Item = String> + Send + 'static) -
 async fn get_event(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path((id, seq)): Path<(String, String)>,
+    SessionPath(id): SessionPath,
+    Path((_, seq)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "session")?;
     let seq: i64 = seq.parse().map_err(|_| {
         ApiError::new(
             ProblemCode::NotFound,

@@ -1,6 +1,6 @@
 //! Sessions: create, list, show, close.
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use toolexec_core::ProblemCode;
@@ -12,8 +12,9 @@ use uuid::Uuid;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::{ApiJson, ApiQuery, parse_id};
+use crate::extract::{ApiJson, ApiQuery};
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
@@ -123,9 +124,8 @@ async fn list_sessions(
 async fn get_session(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
 ) -> Result<Json<Session>, ApiError> {
-    let id = parse_id(&id, "session")?;
     Ok(Json(
         state
             .engine
@@ -147,9 +147,8 @@ async fn get_session(
 async fn close_session(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
 ) -> Result<Json<Session>, ApiError> {
-    let id = parse_id(&id, "session")?;
     let closed = state
         .engine
         .close_session(tenant.id, id)

@@ -1,6 +1,6 @@
 //! A session's todos: the steps of its plan and its tasks, as its log has them now.
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use serde::Serialize;
 use toolexec_core::todo::Todo;
 use utoipa::ToSchema;
@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::parse_id;
 use crate::problem::{ApiError, Problem, or_not_found};
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new().routes(routes!(get_todos))
@@ -39,9 +39,8 @@ pub struct SessionTodos {
 async fn get_todos(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
 ) -> Result<Json<SessionTodos>, ApiError> {
-    let id = parse_id(&id, "session")?;
     let todos = state
         .engine
         .todos_of(&tenant.id, id)

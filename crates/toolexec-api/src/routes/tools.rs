@@ -12,6 +12,7 @@ use crate::auth::AuthTenant;
 use crate::dialects;
 use crate::extract::ApiQuery;
 use crate::problem::ApiError;
+use crate::session_path::SessionPath;
 
 pub fn router() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
@@ -179,10 +180,9 @@ fn catalog(state: &SharedState, q: &CatalogQuery, include: impl Fn(&str) -> bool
 async fn session_tools(
     State(state): State<SharedState>,
     AuthTenant(tenant): AuthTenant,
-    Path(id): Path<String>,
+    SessionPath(id): SessionPath,
     ApiQuery(q): ApiQuery<CatalogQuery>,
 ) -> Result<Json<Catalog>, ApiError> {
-    let id = crate::extract::parse_id(&id, "session")?;
     let session = state
         .engine
         .get_session(tenant.id, id)

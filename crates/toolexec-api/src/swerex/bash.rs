@@ -4,7 +4,7 @@
 //! pseudo-terminal, running `bash --noediting`), driven with `write_stdin` and its `until`
 //! patterns (see [`super::frame`] for what is typed and how the answer is read). The names are
 //! kept by this node ([`super::names`]).
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -179,12 +179,8 @@ fn gone(ctx: &Ctx, name: &str, why: &str) -> Failure {
     )
 }
 
-pub(crate) async fn create_session(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn create_session(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let req: CreateBashSession = json_body(&state, body).await?;
         bash_only(req.session_type.as_deref())?;
         if req.session.chars().count() > MAX_NAME_CHARS {
@@ -286,12 +282,8 @@ pub(crate) async fn create_session(
     .await
 }
 
-pub(crate) async fn run_in_session(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn run_in_session(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let action: Value = json_body(&state, body).await?;
         let kind = action["action_type"].as_str().unwrap_or("bash").to_owned();
         fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, Failure> {
@@ -566,12 +558,8 @@ async fn end(ctx: &mut Ctx, terminal: u64) -> Result<(), Failure> {
     Ok(())
 }
 
-pub(crate) async fn close_session(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn close_session(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let req: CloseBashSession = json_body(&state, body).await?;
         bash_only(req.session_type.as_deref())?;
         let terminal = terminal_of(&mut ctx, &req.session).await?;
@@ -584,12 +572,8 @@ pub(crate) async fn close_session(
 
 /// `close`: every bash session ends; the toolexec session stays open (closing it is
 /// `DELETE /v1/sessions/{id}`).
-pub(crate) async fn close(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state, id, req, |mut ctx, _body| async move {
+pub(crate) async fn close(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state, req, |mut ctx, _body| async move {
         let mut all: Vec<(String, u64)> = names::all(ctx.session.id)
             .into_iter()
             .filter_map(|n| shell(ctx.session.id, &n).map(|s| (n, s.terminal)))

@@ -4,7 +4,7 @@
 //! The `shell` tool answers with the exit status and then stdout and stderr as two sections;
 //! each stream is ended by a marker with the request's nonce (`TX<N>O`), so that where one ends
 //! is never a guess, whatever it holds, and whether it ended with a newline is kept.
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -79,12 +79,8 @@ fn word(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-pub(crate) async fn execute(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn execute(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let cmd: Command = json_body(&state, body).await?;
         run_command(&mut ctx, cmd).await
     })
@@ -202,12 +198,8 @@ async fn run_command(ctx: &mut Ctx, cmd: Command) -> Result<Value, Failure> {
     Ok(json!({"stdout": stdout, "stderr": stderr, "exit_code": exit_code}))
 }
 
-pub(crate) async fn read_file(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn read_file(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let req: ReadFileRequest = json_body(&state, body).await?;
         let rel = workspace_path(&req.path)?;
         let nonce = ctx.nonce();
@@ -276,12 +268,8 @@ pub(crate) async fn read_file(
     .await
 }
 
-pub(crate) async fn write_file(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    handle(state.clone(), id, req, |mut ctx, body| async move {
+pub(crate) async fn write_file(State(state): State<SharedState>, req: Request) -> Response {
+    handle(state.clone(), req, |mut ctx, body| async move {
         let req: WriteFileRequest = json_body(&state, body).await?;
         let rel = workspace_path(&req.path)?;
         if rel.is_empty() {

@@ -22,7 +22,7 @@
 //!   Without the header, each request is new.
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,12 +30,12 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use toolexec_core::{Call, CallStatus, Invocation, Session, Tenant};
-use toolexec_engine::CallBatch;
+use toolexec_engine::{CallBatch, RoutedLease, SessionRef};
 
 use crate::SharedState;
 use crate::auth::AuthTenant;
-use crate::extract::parse_id;
 use crate::problem::{ApiError, or_not_found};
+use crate::session_path::{Routed, SessionPath};
 
 mod bash;
 mod files;
@@ -193,6 +193,8 @@ pub(crate) struct Ctx {
     pub state: SharedState,
     pub tenant: Tenant,
     pub session: Session,
+    /// The lease routing took for the request, if it took one (its first call uses it).
+    lease: Option<RoutedLease>,
     /// The request's key: its `X-Request-ID`, or a fresh id.
     pub key: String,
     /// Whether the client named the request (`X-Request-ID`): it may be sent again.
@@ -284,8 +286,13 @@ impl Ctx {
             arguments,
         };
         let engine = &self.state.engine;
+        // Our own call id, one call: the envelope cannot refuse it.
+        let batch =
+            CallBatch::new(vec![call], usize::MAX).map_err(|e| Failure::from(ApiError::from(e)))?;
+        let session =
+            SessionRef::new(self.tenant.id, self.session.id).with_lease(self.lease.clone());
         let mut results = engine
-            .run_calls(self.tenant.id, self.session.id, CallBatch::new(vec![call]))
+            .run_calls(session, batch)
             .await
             .map_err(|e| Failure::from(or_not_found("session")(e)))?;
         let result = results.pop().ok_or_else(|| {
@@ -321,14 +328,11 @@ impl Ctx {
 /// Everything the REST API would check, in the order that reveals least: who sends it, whether
 /// the session is theirs; then the request's key. Failures in the client's shapes: no key is
 /// 401 "Not authenticated", a wrong one 401 "Invalid API Key" (swerex-remote's words).
-pub(crate) async fn admit(
-    state: &SharedState,
-    id: &str,
-    req: Request,
-) -> Result<(Ctx, Body), Failure> {
+pub(crate) async fn admit(state: &SharedState, req: Request) -> Result<(Ctx, Body), Failure> {
     let (mut parts, body) = req.into_parts();
     let tenant = authenticate(state, &mut parts).await?;
-    let session_id = parse_id(id, "session").map_err(Failure::from)?;
+    let session_id = SessionPath::of(&parts)
+        .ok_or_else(|| Failure::from(crate::problem::ApiError::not_found("session")))?;
     let session = state
         .engine
         .get_session(tenant.id, session_id)
@@ -340,6 +344,7 @@ pub(crate) async fn admit(
             state: state.clone(),
             tenant,
             session,
+            lease: Routed::of(&parts),
             key,
             named,
             step: 0,
@@ -483,20 +488,16 @@ pub(crate) fn timeout_ms(timeout: Option<f64>) -> u64 {
 }
 
 /// `GET /` of swerex-remote.
-async fn root(State(state): State<SharedState>, Path(id): Path<String>, req: Request) -> Response {
-    match admit(&state, &id, req).await {
+async fn root(State(state): State<SharedState>, req: Request) -> Response {
+    match admit(&state, req).await {
         Ok(_) => ok(json!({"message": "hello world"})),
         Err(f) => f.into_response(),
     }
 }
 
 /// `GET is_alive`: the session is this tenant's and open.
-async fn is_alive(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
-    match admit(&state, &id, req).await {
+async fn is_alive(State(state): State<SharedState>, req: Request) -> Response {
+    match admit(&state, req).await {
         Ok((ctx, _)) if ctx.session.status == toolexec_core::SessionStatus::Active => {
             ok(json!({"is_alive": true, "message": ""}))
         }
@@ -509,12 +510,12 @@ async fn is_alive(
 }
 
 /// Runs a handler body against an admitted request.
-pub(crate) async fn handle<F, Fut>(state: SharedState, id: String, req: Request, f: F) -> Response
+pub(crate) async fn handle<F, Fut>(state: SharedState, req: Request, f: F) -> Response
 where
     F: FnOnce(Ctx, Body) -> Fut,
     Fut: std::future::Future<Output = Result<Value, Failure>>,
 {
-    let (ctx, body) = match admit(&state, &id, req).await {
+    let (ctx, body) = match admit(&state, req).await {
         Ok(x) => x,
         Err(f) => return f.into_response(),
     };

@@ -7,7 +7,7 @@
 //! takes, entry by entry, bounded by the import's own limits on files and unpacked bytes.
 use std::io::{Read, Write};
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
@@ -16,18 +16,14 @@ use super::multipart;
 use super::{Ctx, Failure, class, handle, py_repr, workspace_path};
 use crate::SharedState;
 
-pub(crate) async fn upload(
-    State(state): State<SharedState>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
+pub(crate) async fn upload(State(state): State<SharedState>, req: Request) -> Response {
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    handle(state.clone(), id, req, |ctx, body| async move {
+    handle(state.clone(), req, |ctx, body| async move {
         let boundary = multipart::boundary(&content_type).ok_or_else(|| {
             Failure::http(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -45,14 +41,27 @@ pub(crate) async fn upload(
                     ),
                 )
             })?;
-        let parts = multipart::parts(&bytes, &boundary)
-            .map_err(|e| Failure::http(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-        let field = |name: &str| parts.iter().find(|p| p.name == name);
-        let file = field("file").ok_or_else(|| {
+        // Off the async workers: the search for boundaries reads the whole body.
+        let fields = tokio::task::spawn_blocking(move || {
+            let parts = multipart::parts(&bytes, &boundary)?;
+            let field = |name: &str| {
+                parts
+                    .iter()
+                    .find(|p| p.name == name)
+                    .map(|p| bytes.slice_ref(p.data))
+            };
+            Ok::<_, String>((field("file"), field("target_path"), field("unzip")))
+        })
+        .await
+        .map_err(|e| Failure::http(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let (file, target, unzip) =
+            fields.map_err(|e| Failure::http(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        let file = file.ok_or_else(|| {
             Failure::http(StatusCode::UNPROCESSABLE_ENTITY, "body/file: field required")
         })?;
-        let target = field("target_path")
-            .and_then(|p| std::str::from_utf8(p.data).ok())
+        let target = target
+            .as_deref()
+            .and_then(|t| std::str::from_utf8(t).ok())
             .ok_or_else(|| {
                 Failure::http(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -60,8 +69,8 @@ pub(crate) async fn upload(
                 )
             })?
             .to_owned();
-        let unzip = field("unzip")
-            .map(|p| String::from_utf8_lossy(p.data).trim().to_ascii_lowercase())
+        let unzip = unzip
+            .map(|v| String::from_utf8_lossy(&v).trim().to_ascii_lowercase())
             .is_some_and(|v| matches!(v.as_str(), "true" | "1" | "yes" | "on"));
         let rel = workspace_path(&target)?;
         if rel.is_empty() && !unzip {
@@ -70,13 +79,13 @@ pub(crate) async fn upload(
                 format!("[Errno 21] Is a directory: {}", py_repr(&target)),
             ));
         }
-        import(&ctx, file.data.to_vec(), rel, unzip).await
+        import(&ctx, file, rel, unzip).await
     })
     .await
 }
 
 /// Writes the tar of the upload to a spool, then imports it.
-async fn import(ctx: &Ctx, data: Vec<u8>, rel: String, unzip: bool) -> Result<Value, Failure> {
+async fn import(ctx: &Ctx, data: bytes::Bytes, rel: String, unzip: bool) -> Result<Value, Failure> {
     let engine = ctx.state.engine.clone();
     let _slot = engine
         .archives()
@@ -104,13 +113,7 @@ async fn import(ctx: &Ctx, data: Vec<u8>, rel: String, unzip: bool) -> Result<Va
         if unzip {
             zip_to_tar(&data, &rel, &mut tar, max_files, max_bytes)?;
         } else {
-            append(
-                &mut tar,
-                &rel,
-                0o644,
-                &mut data.as_slice(),
-                data.len() as u64,
-            )?;
+            append(&mut tar, &rel, 0o644, &mut data.as_ref(), data.len() as u64)?;
         }
         tar.into_inner()
             .and_then(|mut w| w.flush())

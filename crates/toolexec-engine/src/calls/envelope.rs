@@ -7,9 +7,8 @@ use std::sync::Arc;
 use toolexec_core::ProblemCode;
 use toolexec_core::{Call, Invocation, Session, SessionStatus};
 use toolexec_tools::Resolved;
-use uuid::Uuid;
 
-use super::Calls;
+use super::{Calls, SessionRef};
 use crate::callindex::Seen;
 use crate::canonical::arguments_sha256;
 use crate::runtimes::{SessionRuntime, invalid};
@@ -89,17 +88,17 @@ pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
 }
 
 impl Calls {
-    /// Plans a batch that passed [`check_envelope`]: ids repeated within the batch, ids already
+    /// Plans a batch whose envelope passed [`check_envelope`]: ids repeated within the batch, ids already
     /// recorded (retries), the tool of each call to run, and the session's runtime if anything
     /// runs. Errors: a reused id (409), a closed session with calls to run (409), an unknown
     /// session (404).
     pub(super) async fn plan_batch(
         &self,
         engine: &Engine,
-        tenant_id: Uuid,
-        session_id: Uuid,
+        session_ref: &SessionRef,
         calls: &[Call],
     ) -> Result<Planned> {
+        let (tenant_id, session_id) = (session_ref.tenant_id, session_ref.id);
         let hashes: Vec<String> = calls
             .iter()
             .map(|c| arguments_sha256(&c.arguments))
@@ -188,8 +187,13 @@ impl Calls {
                 });
             }
             // One node at a time runs the session's calls; one that takes the session over
-            // from another forgets what it remembered of it.
-            let (lease, previous) = engine.cluster.hold(session_id).await?;
+            // from another forgets what it remembered of it. Routing the request may have
+            // taken the lease already (from memory: this node holds it, so none held it since).
+            let routed = session_ref.lease.as_ref().and_then(|l| l.take(session_id));
+            let (lease, previous) = match routed {
+                Some(lease) => (lease, None),
+                None => engine.cluster.hold(session_id).await?,
+            };
             let cached = if previous.is_some() {
                 engine.runtimes.forget_runtime(session_id);
                 None

@@ -43,22 +43,63 @@ use crate::{Engine, EngineError, Result};
 use cancel::BatchControl;
 use envelope::{Plan, check_envelope};
 
-/// A batch as the API hands it over.
+/// A batch as the API hands it over: its envelope checked once, where it is made
+/// ([`CallBatch::new`]: batch size, call ids, tool names), never again on its way down.
 #[derive(Debug, Clone)]
 pub struct CallBatch {
-    pub calls: Vec<Call>,
+    calls: Vec<Call>,
     /// Set by a verify replay for its re-run of the recorded invocation it names: the batch's
     /// web calls are served that invocation's recorded observations (never the network).
-    pub replay_of: Option<Uuid>,
+    replay_of: Option<Uuid>,
 }
 
 impl CallBatch {
-    /// A client's batch.
-    pub fn new(calls: Vec<Call>) -> Self {
-        Self {
+    /// A client's batch, if its envelope passes the checks that do not depend on the store
+    /// (`max_calls`: `limits.max_calls_per_batch`).
+    pub fn new(calls: Vec<Call>, max_calls: usize) -> Result<Self> {
+        check_envelope(&calls, max_calls)?;
+        Ok(Self {
             calls,
             replay_of: None,
+        })
+    }
+
+    /// A verify replay's re-run of the recorded invocation `of` (its call was recorded, so its
+    /// envelope was checked when it first ran).
+    pub(crate) fn replaying(call: Call, of: Uuid) -> Self {
+        Self {
+            calls: vec![call],
+            replay_of: Some(of),
         }
+    }
+}
+
+/// The session a batch runs in, as the request that carries it found it: its tenant and id
+/// (parsed once, where the request came in) and this node's lease of it when routing the
+/// request took it ([`Route::Here`]), so that the batch does not check the lease again.
+///
+/// [`Route::Here`]: crate::Route::Here
+#[derive(Debug, Clone)]
+pub struct SessionRef {
+    pub tenant_id: Uuid,
+    pub id: Uuid,
+    lease: Option<crate::cluster::RoutedLease>,
+}
+
+impl SessionRef {
+    pub fn new(tenant_id: Uuid, id: Uuid) -> Self {
+        Self {
+            tenant_id,
+            id,
+            lease: None,
+        }
+    }
+
+    /// With the lease routing took for the request, if it took one.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Option<crate::cluster::RoutedLease>) -> Self {
+        self.lease = lease;
+        self
     }
 }
 
@@ -145,11 +186,10 @@ impl Calls {
     pub async fn run_calls(
         &self,
         engine: &Arc<Engine>,
-        tenant_id: Uuid,
-        session_id: Uuid,
+        session: SessionRef,
         batch: CallBatch,
     ) -> Result<Vec<CallResult>> {
-        check_envelope(&batch.calls, engine.config.limits.max_calls_per_batch)?;
+        let (tenant_id, session_id) = (session.tenant_id, session.id);
         if batch.replay_of.is_none() && engine.history.replay_running(session_id) {
             return Err(EngineError::Conflict {
                 code: toolexec_core::ProblemCode::ReplayRunning,
@@ -172,7 +212,7 @@ impl Calls {
                 let _registration = registration;
                 task_engine
                     .calls
-                    .run_batch(&task_engine, tenant_id, session_id, &batch.calls, &control)
+                    .run_batch(&task_engine, &session, &batch.calls, &control)
                     .await
             }
             .in_current_span(),
@@ -197,14 +237,11 @@ impl Calls {
     async fn run_batch(
         &self,
         engine: &Engine,
-        tenant_id: Uuid,
-        session_id: Uuid,
+        session_ref: &SessionRef,
         calls: &[Call],
         control: &BatchControl,
     ) -> Result<Vec<CallResult>> {
-        let planned = self
-            .plan_batch(engine, tenant_id, session_id, calls)
-            .await?;
+        let planned = self.plan_batch(engine, session_ref, calls).await?;
         let (session, rt, plans, hashes) = (
             &planned.session,
             &planned.runtime,

@@ -41,7 +41,7 @@ use uuid::Uuid;
 use toolexec_tools::observe::{Observed, Recorded};
 
 use super::History;
-use crate::calls::CallBatch;
+use crate::calls::{CallBatch, SessionRef};
 use crate::{Engine, EngineError, Result};
 
 /// Longest text of a line (or value) a divergence quotes.
@@ -415,12 +415,8 @@ impl History {
             .calls
             .run_calls(
                 engine,
-                tenant_id,
-                session.id,
-                CallBatch {
-                    calls: vec![call],
-                    replay_of: Some(recorded.id),
-                },
+                SessionRef::new(tenant_id, session.id),
+                CallBatch::replaying(call, recorded.id),
             )
             .await?;
         let mut result: CallResult = results

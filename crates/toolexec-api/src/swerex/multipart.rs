@@ -1,5 +1,6 @@
 //! A `multipart/form-data` body read whole (it is bounded by the request's body limit): the
-//! fields of `upload`, as the client's aiohttp `FormData` sends them.
+//! fields of `upload`, as the client's aiohttp `FormData` sends them. Parsed on the blocking
+//! pool (see `upload`): a body of the whole limit takes milliseconds, not an async worker's turn.
 
 /// One part: its field name, its file name (for a file), its bytes.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,11 +29,10 @@ pub fn boundary(content_type: &str) -> Option<String> {
     .filter(|b| !b.is_empty() && b.len() <= 200)
 }
 
+/// Where `needle` is in `hay` at or after `from`: linear in the length of `hay` whatever it
+/// holds (a body made of near-boundaries costs no more than any other), unlike a naive search.
 fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    hay.get(from..)?
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
+    memchr::memmem::find(hay.get(from..)?, needle).map(|p| p + from)
 }
 
 /// A `name="value"` parameter of a Content-Disposition header.

@@ -122,7 +122,7 @@ async fn admit(state: &SharedState, req: Request) -> Result<Request, Response> {
         SessionPath::of(&parts).ok_or_else(|| into_response(ApiError::not_found("session")))?;
     let session = state
         .engine
-        .get_session(tenant.id, session_id)
+        .session_in_use(tenant.id, session_id)
         .await
         .map_err(or_not_found("session"))
         .map_err(into_response)?;

@@ -328,6 +328,11 @@ impl Engine {
         self.runtimes.get_session(self, tenant_id, id).await
     }
 
+    /// The session as this node runs it: see [`Runtimes::session_in_use`].
+    pub async fn session_in_use(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {
+        self.runtimes.session_in_use(self, tenant_id, id).await
+    }
+
     /// Closes a session: stops its background processes, records `session.closed` (with how
     /// each process ended), then removes its workspace. The log stays.
     pub async fn close_session(&self, tenant_id: Uuid, id: Uuid) -> Result<Session> {

@@ -335,7 +335,7 @@ pub(crate) async fn admit(state: &SharedState, req: Request) -> Result<(Ctx, Bod
         .ok_or_else(|| Failure::from(crate::problem::ApiError::not_found("session")))?;
     let session = state
         .engine
-        .get_session(tenant.id, session_id)
+        .session_in_use(tenant.id, session_id)
         .await
         .map_err(|e| Failure::from(or_not_found("session")(e)))?;
     let (key, named) = request_key(&parts.headers)?;

@@ -342,6 +342,22 @@ impl Runtimes {
         Ok(engine.store.get_session(tenant_id, id).await?)
     }
 
+    /// The session as this node runs it: from its runtime when this node has one (the one
+    /// cache of a session's state: status, policy, tools, env, environment), else from the
+    /// store. Its `last_seq` is the one it had when the runtime was made: for a request that
+    /// runs calls and needs the rest (MCP's and SWE-ReX's requests), not for showing it.
+    pub async fn session_in_use(
+        &self,
+        engine: &Engine,
+        tenant_id: Uuid,
+        id: Uuid,
+    ) -> Result<Session> {
+        match self.cached_runtime(tenant_id, id)? {
+            Some(rt) => Ok(rt.session.clone()),
+            None => self.get_session(engine, tenant_id, id).await,
+        }
+    }
+
     /// Closes a session: stops its background processes, records `session.closed` (with how
     /// each process ended), then removes its workspace. The log stays.
     pub async fn close_session(

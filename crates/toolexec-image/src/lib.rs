@@ -698,6 +698,7 @@ impl ImageStore {
             max_entries: limits.max_image_entries,
             deadline,
             timeout: limits.pull_timeout,
+            cancelled: cancelled.clone(),
         };
         let mut skipped = 0;
         for layer in layers {
@@ -717,10 +718,10 @@ impl ImageStore {
             done_before += layer.size;
             let rootfs = rootfs.clone();
             let blob2 = blob.clone();
-            let mut b = budget;
+            let mut b = budget.clone();
             // The work folder stays until this ends, even when the pull is given up meanwhile
-            // (then the reader below fails at its next read, and the folder goes with the last
-            // hold on it).
+            // (then the unpacking stops at its next entry, or the reader below at its next
+            // read, and the folder goes with the last hold on it).
             let hold = work_dir.clone();
             let cancelled = cancelled.clone();
             let (stats, b) = tokio::task::spawn_blocking(move || {

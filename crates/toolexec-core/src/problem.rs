@@ -130,7 +130,7 @@ problem_codes! {
     TooManyAuthFailures => ("too_many_auth_failures", 429, "Too many failed authentications",
         "Too many API keys the service does not know came from this client's address (`auth_failure_rate_per_second`); retry after `Retry-After` seconds with a valid key. Keys the service has verified before are not affected."),
     TooManyConcurrent => ("too_many_concurrent", 429, "Too many at once",
-        "The tenant already has `max_concurrent_requests_per_tenant` requests in flight on this node (retry after `Retry-After` seconds, when one has been answered), follows `limits.max_streams_per_tenant` event streams, or runs `limits.max_replays_per_tenant` replays there; close a stream or wait for a replay to finish, then retry."),
+        "The tenant already has `max_concurrent_requests_per_tenant` requests in flight on this node (retry after `Retry-After` seconds, when one has been answered), follows `limits.max_streams_per_tenant` event streams, runs `limits.max_replays_per_tenant` replays there, or has `limits.max_pulls_per_tenant` image pulls under way (`POST /v1/environments`; a pull counts until it ends, also after its client went away); close a stream or wait for a replay or a pull to finish, then retry."),
     Internal => ("internal", 500, "Internal error",
         "A fault of the service; its log has the cause under the request id in the detail."),
     RegistryUnauthorized => ("registry_unauthorized", 502, "Registry refused the pull",

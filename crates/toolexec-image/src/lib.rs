@@ -6,6 +6,8 @@
 //! - `sha256/<hex>/` — one image, by the digest of its (platform) manifest: `rootfs/` (the
 //!   layers applied in order) and `image.json` ([`Image`]). It appears whole (a rename) or not
 //!   at all.
+//! - `locks/` — one empty file per digest pulled, `flock`ed while a process pulls it, so that
+//!   processes sharing the cache download a digest once (the `digest_lock` module).
 //! - `tmp/` — downloads and unpackings under way, and images being removed. Each entry is held
 //!   by an exclusive `flock` while its pull or removal runs; opening the cache (another process's
 //!   `toolexec images list`) removes only the entries no one holds, what a process that died
@@ -34,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 mod compression;
 mod config;
+mod digest_lock;
 pub mod reference;
 mod registry;
 mod unpack;
@@ -291,7 +294,7 @@ impl ImageStore {
         } = registries;
         let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
-        for d in [&dir.join("sha256"), &tmp] {
+        for d in [&dir.join("sha256"), &tmp, &dir.join("locks")] {
             std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
         }
         sweep(&tmp)?;
@@ -578,6 +581,12 @@ impl ImageStore {
         deadline: tokio::time::Instant,
         progress: &tokio::sync::watch::Sender<Progress>,
     ) -> Result<Image, ImageError> {
+        if let Some(image) = self.get(digest)? {
+            return Ok(image);
+        }
+        // Another process pulling this digest into this cache: wait for it, and take its image.
+        let _digest_lock =
+            digest_lock::exclusive(&self.inner.dir.join("locks"), digest_hex(digest)?).await?;
         if let Some(image) = self.get(digest)? {
             return Ok(image);
         }

@@ -1395,3 +1395,33 @@ async fn a_pull_given_up_while_unpacking_stops_and_leaves_no_folder_and_no_hold(
         "given up and removed in {cleaned:?}; a whole pull takes {whole:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_caches_on_one_folder_download_a_digest_once() {
+    // Two stores opened on one folder share nothing in memory, as two processes (the service
+    // and `toolexec images pull`, or two services on one data folder) do; a flock is per open
+    // file, so they contend for it as two processes would.
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    let manifest = reg.push("twice/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_millis(500));
+    let tmp = tempfile::tempdir().unwrap();
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let store = reg.store(tmp.path(), Limits::default());
+            let r = reg.reference("twice/x", "t");
+            tokio::spawn(async move { store.pull(&r).await })
+        })
+        .collect();
+    for p in pulls {
+        let image = p.await.unwrap().unwrap();
+        assert_eq!(image.digest, manifest);
+        assert_eq!(read(&image.rootfs.join("a")), "a");
+    }
+    assert_eq!(reg.gets(&layer_digest(&layer)), 1);
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}

@@ -339,3 +339,64 @@ async fn a_registry_name_that_resolves_to_a_refused_address_is_not_reached() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_pulling_one_digest_into_one_folder_download_it_once() {
+    let mut paths = HashMap::new();
+    let manifest = image(&mut paths);
+    // The registry counts what it serves and takes its time with blobs, so that both
+    // processes are pulling at once.
+    let paths = Arc::new(paths);
+    let served: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let counts = served.clone();
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let (paths, counts) = (paths.clone(), counts.clone());
+        async move {
+            let path = uri.path().to_owned();
+            *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
+            if path.contains("/blobs/") {
+                tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            }
+            match paths.get(&path) {
+                Some((ct, bytes)) => Response::builder()
+                    .header("content-type", ct.as_str())
+                    .body(Body::from(bytes.clone()))
+                    .unwrap(),
+                None => Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let (d, h) = (dir.path().to_path_buf(), host.clone());
+            tokio::task::spawn_blocking(move || images(&d, &h, &["pull", "hello"]))
+        })
+        .collect();
+    for p in pulls {
+        let out = p.await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pulled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(pulled["digest"], manifest.as_str());
+    }
+    let served = served.lock().unwrap();
+    let blobs: Vec<(&String, &usize)> = served
+        .iter()
+        .filter(|(p, _)| p.contains("/blobs/"))
+        .collect();
+    // The config and the layer, once each: the second process waited for the first's pull.
+    assert_eq!(blobs.len(), 2, "{served:?}");
+    assert!(blobs.iter().all(|(_, n)| **n == 1), "{served:?}");
+}

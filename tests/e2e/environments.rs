@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use toolexec_tests::binary::{Served, serve, toolexec};
 use toolexec_tests::registry::{Registry, busybox_root, python_root};
 
-async fn post(served: &Served, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(served: &Served, path: &str, body: Value) -> (u16, Value) {
     let resp = reqwest::Client::new()
         .post(format!("{}{path}", served.base))
         .json(&body)
@@ -76,7 +76,7 @@ fn content(result: &Value) -> &str {
 
 /// A data directory as `mktemp -d` makes it (0700): the sandbox user cannot enter it, and
 /// still runs in the images cached beneath it.
-fn private_dir() -> tempfile::TempDir {
+pub(crate) fn private_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),
@@ -87,7 +87,7 @@ fn private_dir() -> tempfile::TempDir {
 }
 
 /// The binary, allowed to pull from `registry` over plain HTTP, storing in `data`.
-fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Served {
+pub(crate) fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Served {
     let mut cmd = toolexec(data);
     cmd.arg("serve")
         .env("TOOLEXEC_BIND", "127.0.0.1:0")
@@ -103,7 +103,7 @@ fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Serve
     serve(cmd)
 }
 
-fn image_dirs(data: &Path) -> Vec<String> {
+pub(crate) fn image_dirs(data: &Path) -> Vec<String> {
     let mut dirs: Vec<String> = std::fs::read_dir(data.join("workspaces/.images/sha256"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1051,4 +1051,9 @@ async fn a_registry_on_a_network_the_operator_did_not_allow_is_not_reached() {
     let detail = body["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("environments.allow_cidrs"), "{body}");
     assert!(detail.contains("loopback"), "{body}");
+    // What to do about it, not only what happened.
+    assert!(
+        detail.contains("add its address or network to environments.allow_cidrs"),
+        "{body}"
+    );
 }

@@ -22,6 +22,7 @@ mod descriptors;
 mod dialects;
 mod door;
 mod environments;
+mod environments_pulls;
 mod examples;
 mod generated_client;
 mod http_jail;

@@ -191,6 +191,10 @@ pub struct Limits {
     pub max_image_entries: u64,
     /// Longest one image pull may take, download and unpacking, in milliseconds.
     pub image_pull_timeout_ms: u64,
+    /// Pulls one tenant may have under way on this node at once through
+    /// `POST /v1/environments` (429 `too_many_concurrent` past it). A pull holds its slot until
+    /// it ends, also after the client that asked for it went away (docs/environments.md).
+    pub max_pulls_per_tenant: usize,
 }
 
 impl Default for Limits {
@@ -269,6 +273,9 @@ impl Default for Limits {
             // At 512 KiB buffers, at most ~400 MB for streams whose clients all stall.
             max_streams_per_node: 256,
             max_replays_per_tenant: 4,
+            // Two pulls of the largest image at the default limits are 16 GiB of downloads
+            // under way for one tenant: enough to pre-pull while another image lands.
+            max_pulls_per_tenant: 2,
         }
     }
 }

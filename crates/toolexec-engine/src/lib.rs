@@ -137,6 +137,8 @@ pub struct Engine {
     streams: stream::Streams,
     /// The leases of the sessions this node runs, forwarding and taking over.
     cluster: cluster::Cluster,
+    /// Each tenant's pre-pulls of images under way on this node (`POST /v1/environments`).
+    pull_slots: Arc<slots::TenantSlots>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -219,6 +221,11 @@ impl Engine {
             "limits.max_archive_transfers_per_tenant",
             config.limits.max_archive_transfers_per_tenant.max(1),
         );
+        let pull_slots = slots::TenantSlots::new(
+            "image pulls under way",
+            "limits.max_pulls_per_tenant",
+            config.limits.max_pulls_per_tenant.max(1),
+        );
         let config_uploads = config.limits.max_concurrent_archive_uploads.max(1);
         let process_slots = (config.limits.max_processes_per_tenant > 0).then(|| {
             slots::TenantSlots::new(
@@ -247,6 +254,7 @@ impl Engine {
             archives: archive::Archives::new(archive_slots, config_uploads, workspaces.clone()),
             streams: stream::Streams::new(store.clone(), streams, stream_slots, pages),
             cluster,
+            pull_slots,
             config,
             workspaces,
             inotify,
@@ -413,14 +421,30 @@ impl Engine {
         self.calls.wait_for_batches().await;
     }
 
-    /// Pulls an image into this node's cache ahead of the sessions that will run in it
-    /// (`POST /v1/environments`), reporting the download's progress.
-    pub async fn pull_environment(
-        &self,
-        asked: &str,
+    /// Starts pulling an image into this node's cache ahead of the sessions that will run in
+    /// it (`POST /v1/environments`), reporting the download's progress; the pull's end.
+    ///
+    /// The pull takes one of `tenant`'s slots (`limits.max_pulls_per_tenant`; when it holds
+    /// them all, 429 `too_many_concurrent` at once, nothing started) and runs in a task of its
+    /// own, which holds the slot until the pull ends: dropping the returned handle (the client
+    /// went away) neither cancels the pull nor gives the slot back. A pull may be shared with
+    /// sessions waiting on the same digest, and what it downloaded is kept for the next one;
+    /// the tenant's slots bound what it leaves running, `limits.image_pull_timeout_ms` how long.
+    pub fn start_pull(
+        self: &Arc<Self>,
+        tenant: Uuid,
+        asked: String,
         progress: impl Fn(Progress) + Send + Sync + 'static,
-    ) -> Result<PulledEnvironment> {
-        self.runtimes.pull_environment(self, asked, progress).await
+    ) -> Result<tokio::task::JoinHandle<Result<PulledEnvironment>>> {
+        let slot = self.pull_slots.take(tenant)?;
+        let engine = self.clone();
+        Ok(tokio::spawn(async move {
+            let _slot = slot;
+            engine
+                .runtimes
+                .pull_environment(&engine, &asked, progress)
+                .await
+        }))
     }
 
     /// Unpacks the spooled archive into the session's workspace and records what it changed

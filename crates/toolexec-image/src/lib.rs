@@ -6,6 +6,8 @@
 //! - `sha256/<hex>/` — one image, by the digest of its (platform) manifest: `rootfs/` (the
 //!   layers applied in order) and `image.json` ([`Image`]). It appears whole (a rename) or not
 //!   at all.
+//! - `locks/` — one empty file per digest pulled, `flock`ed while a process pulls it, so that
+//!   processes sharing the cache download a digest once (the `digest_lock` module).
 //! - `tmp/` — downloads and unpackings under way, and images being removed. Each entry is held
 //!   by an exclusive `flock` while its pull or removal runs; opening the cache (another process's
 //!   `toolexec images list`) removes only the entries no one holds, what a process that died
@@ -34,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 mod compression;
 mod config;
+mod digest_lock;
 pub mod reference;
 mod registry;
 mod unpack;
@@ -291,7 +294,7 @@ impl ImageStore {
         } = registries;
         let dir = dir.to_path_buf();
         let tmp = dir.join("tmp");
-        for d in [&dir.join("sha256"), &tmp] {
+        for d in [&dir.join("sha256"), &tmp, &dir.join("locks")] {
             std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
         }
         sweep(&tmp)?;
@@ -581,6 +584,12 @@ impl ImageStore {
         if let Some(image) = self.get(digest)? {
             return Ok(image);
         }
+        // Another process pulling this digest into this cache: wait for it, and take its image.
+        let _digest_lock =
+            digest_lock::exclusive(&self.inner.dir.join("locks"), digest_hex(digest)?).await?;
+        if let Some(image) = self.get(digest)? {
+            return Ok(image);
+        }
         let limits = self.inner.limits;
         let config = manifest.config.ok_or_else(|| {
             ImageError::InvalidManifest(format!("{r}: the manifest has no config"))
@@ -698,6 +707,7 @@ impl ImageStore {
             max_entries: limits.max_image_entries,
             deadline,
             timeout: limits.pull_timeout,
+            cancelled: cancelled.clone(),
         };
         let mut skipped = 0;
         for layer in layers {
@@ -717,10 +727,10 @@ impl ImageStore {
             done_before += layer.size;
             let rootfs = rootfs.clone();
             let blob2 = blob.clone();
-            let mut b = budget;
+            let mut b = budget.clone();
             // The work folder stays until this ends, even when the pull is given up meanwhile
-            // (then the reader below fails at its next read, and the folder goes with the last
-            // hold on it).
+            // (then the unpacking stops at its next entry, or the reader below at its next
+            // read, and the folder goes with the last hold on it).
             let hold = work_dir.clone();
             let cancelled = cancelled.clone();
             let (stats, b) = tokio::task::spawn_blocking(move || {

@@ -99,15 +99,25 @@ impl Registry {
             address = ?r.address(),
             "a registry address refused by the egress policy"
         );
-        if r.is_non_public() {
-            ImageError::RegistryNotAllowed(format!(
+        match r {
+            toolexec_net::Refusal::LocalName => ImageError::RegistryNotAllowed(format!(
+                "{} names this host (a localhost name), which the service never reaches by \
+                 name, whatever environments.allow_cidrs says: name the registry by its \
+                 address instead (127.0.0.1:5000, say), and have the operator add that \
+                 address to environments.allow_cidrs (and the reference's registry to \
+                 environments.allow_registries)",
+                self.name
+            )),
+            r if r.is_non_public() => ImageError::RegistryNotAllowed(format!(
                 "{} is at a non-public address ({}), which the service reaches only when \
-                 environments.allow_cidrs names it",
+                 environments.allow_cidrs names it: if this registry is meant to be reached, \
+                 have the operator add its address or network to environments.allow_cidrs \
+                 (allow_cidrs = [\"10.0.0.0/8\"] in [environments], or \
+                 TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS)",
                 self.name,
                 r.reason()
-            ))
-        } else {
-            ImageError::RegistryNotAllowed(format!("{}: {r}", self.name))
+            )),
+            r => ImageError::RegistryNotAllowed(format!("{}: {r}", self.name)),
         }
     }
 

@@ -47,7 +47,7 @@ const MAX_NAME_BYTES: usize = 4095;
 const MAX_WRITTEN_NAME_BYTES: usize = 64 * 1024 * 1024;
 
 /// What an image may still take, across its layers.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Budget {
     pub bytes_left: u64,
     pub entries_left: u64,
@@ -56,6 +56,10 @@ pub(crate) struct Budget {
     /// When the pull gives up: checked at every entry.
     pub deadline: std::time::Instant,
     pub timeout: std::time::Duration,
+    /// Set when the pull is given up (its caller's future dropped): checked at every entry,
+    /// so that an unpacking stops within one entry, not at the next read of its blob (a
+    /// buffer of a well-compressed layer holds thousands of entries).
+    pub cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What one layer held.
@@ -372,6 +376,9 @@ pub(crate) fn apply_layer(
         }
         budget.entries_left -= 1;
         stats.entries += 1;
+        if budget.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ImageError::Io("the pull was given up".into()));
+        }
         if std::time::Instant::now() > budget.deadline {
             return Err(ImageError::Unreachable(format!(
                 "unpacking took longer than the pull may, {} ms (limits.image_pull_timeout_ms)",

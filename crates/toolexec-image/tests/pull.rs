@@ -1316,3 +1316,112 @@ async fn a_registry_at_an_address_the_egress_policy_refuses_is_not_reached() {
     // Nothing was asked of it.
     assert!(reg.state.lock().unwrap().blob_gets.is_empty());
 }
+
+/// Entries beneath `tmp`'s pulls' `rootfs` folders, counted while they change (a folder that
+/// goes meanwhile counts as empty).
+fn unpacked_so_far(tmp: &Path) -> usize {
+    let mut n = 0;
+    let Ok(pulls) = std::fs::read_dir(tmp) else {
+        return 0;
+    };
+    for pull in pulls.flatten() {
+        let mut todo = vec![pull.path().join("rootfs")];
+        while let Some(d) = todo.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                n += 1;
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    todo.push(e.path());
+                }
+            }
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_given_up_while_unpacking_stops_and_leaves_no_folder_and_no_hold() {
+    const FILES: usize = 20_000;
+    let reg = Registry::start().await;
+    let mut tar = Tar::new();
+    for i in 0..FILES {
+        tar = tar.file(&format!("d{}/f{i}", i % 100), "x");
+    }
+    let digest = reg.push("many/x", "t", &[tar.done()]);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = reg.store(tmp.path(), Limits::default());
+    let r = reg.reference("many/x", "t");
+    let work = tmp.path().join("images/tmp");
+    let s = store.clone();
+    let r2 = r.clone();
+    let pull = tokio::spawn(async move { s.pull(&r2).await });
+    // Until its unpacking has begun (the layer is downloaded whole first).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while unpacked_so_far(&work) == 0 {
+        assert!(Instant::now() < deadline, "the unpacking never began");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    pull.abort();
+    let given_up = Instant::now();
+    assert!(pull.await.unwrap_err().is_cancelled());
+    // The unpacking stops at its next entry and its folder goes with it.
+    let left = |work: &Path| std::fs::read_dir(work).unwrap().count();
+    while left(&work) > 0 {
+        assert!(
+            given_up.elapsed() < Duration::from_secs(60),
+            "the pull's folder is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cleaned = given_up.elapsed();
+    assert!(store.list().unwrap().is_empty());
+    assert!(walk(&tmp.path().join("images/sha256")).is_empty());
+
+    // Nothing holds the image's digest: it is pulled again whole, and removed (no lock was
+    // left on it, nor on a folder of its).
+    let started = Instant::now();
+    let image = store.pull(&r).await.unwrap();
+    let whole = started.elapsed();
+    assert_eq!(image.digest, digest);
+    assert_eq!(walk(&image.rootfs).len(), FILES + 100);
+    assert_eq!(store.remove(&digest).unwrap(), Removal::Removed);
+    assert!(walk(&work).is_empty());
+    // It stopped rather than unpacking on to the end of its blob's buffer (thousands of
+    // entries of this layer) before its folder was removed.
+    assert!(
+        cleaned * 4 < whole,
+        "given up and removed in {cleaned:?}; a whole pull takes {whole:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_caches_on_one_folder_download_a_digest_once() {
+    // Two stores opened on one folder share nothing in memory, as two processes (the service
+    // and `toolexec images pull`, or two services on one data folder) do; a flock is per open
+    // file, so they contend for it as two processes would.
+    let reg = Registry::start().await;
+    let layer = Tar::new().file("a", "a").done();
+    let manifest = reg.push("twice/x", "t", std::slice::from_ref(&layer));
+    reg.state
+        .lock()
+        .unwrap()
+        .delays
+        .insert(layer_digest(&layer), Duration::from_millis(500));
+    let tmp = tempfile::tempdir().unwrap();
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let store = reg.store(tmp.path(), Limits::default());
+            let r = reg.reference("twice/x", "t");
+            tokio::spawn(async move { store.pull(&r).await })
+        })
+        .collect();
+    for p in pulls {
+        let image = p.await.unwrap().unwrap();
+        assert_eq!(image.digest, manifest);
+        assert_eq!(read(&image.rootfs.join("a")), "a");
+    }
+    assert_eq!(reg.gets(&layer_digest(&layer)), 1);
+    assert!(walk(&tmp.path().join("images/tmp")).is_empty());
+}

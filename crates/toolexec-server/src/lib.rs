@@ -321,6 +321,16 @@ pub async fn serve(
 /// through it, every IP-literal URL and each of at most 5 redirects — registries send blobs
 /// from a CDN — checked against it).
 pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore> {
+    image_store_resolving(config, std::sync::Arc::new(toolexec_net::SystemResolver))
+}
+
+/// [`image_store`] with host names resolved by `resolver` (a test's `StaticResolver`, to have a
+/// name answer with an address of its choosing), every answer still checked by the egress
+/// classification; everything else as the service builds it.
+pub fn image_store_resolving(
+    config: &Config,
+    resolver: std::sync::Arc<dyn toolexec_net::Resolver>,
+) -> anyhow::Result<toolexec_image::ImageStore> {
     let envs = &config.environments;
     envs.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let policy = envs.policy().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -339,7 +349,7 @@ pub fn image_store(config: &Config) -> anyhow::Result<toolexec_image::ImageStore
         }))
         .dns_resolver(toolexec_tools::web::CheckedResolve::new(
             policy.clone(),
-            std::sync::Arc::new(toolexec_net::SystemResolver),
+            resolver,
         ))
         .connect_timeout(std::time::Duration::from_secs(30))
         .read_timeout(std::time::Duration::from_secs(60))

@@ -244,3 +244,159 @@ async fn a_redirect_to_an_address_the_operator_did_not_allow_is_not_followed() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The service's image cache (`toolexec_server::image_store`, its client, redirect policy and
+/// checked resolver) with names resolved by a resolver the test controls, allowing `allow`.
+fn store_resolving(
+    dir: &std::path::Path,
+    registries: &[&str],
+    allow: &[&str],
+    names: &[(&str, &[std::net::IpAddr])],
+) -> toolexec_image::ImageStore {
+    let mut config = toolexec_server::config::Config {
+        data_dir: dir.to_path_buf(),
+        ..Default::default()
+    };
+    config.environments.allow_registries = registries.iter().map(|r| r.to_string()).collect();
+    config.environments.insecure_registries = config.environments.allow_registries.clone();
+    config.environments.allow_cidrs = allow.iter().map(|a| a.to_string()).collect();
+    let mut resolver = toolexec_net::StaticResolver::new();
+    for (name, addrs) in names {
+        resolver = resolver.with(name, addrs.iter().copied());
+    }
+    toolexec_server::image_store_resolving(&config, Arc::new(resolver)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_name_that_resolves_to_a_refused_address_is_not_reached() {
+    let mut paths = HashMap::new();
+    let manifest = image(&mut paths);
+    let host = registry(paths).await;
+    let port = host.rsplit_once(':').unwrap().1;
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let link_local: std::net::IpAddr = "169.254.169.254".parse().unwrap();
+    let public: std::net::IpAddr = "93.184.215.14".parse().unwrap();
+    let names: &[(&str, &[std::net::IpAddr])] = &[
+        ("registry.test", &[loopback]),
+        ("metadata.test", &[link_local]),
+        // One public address and one refused: the whole answer is checked.
+        ("mixed.test", &[public, loopback]),
+    ];
+    let regs: Vec<String> = ["registry.test", "metadata.test", "mixed.test"]
+        .iter()
+        .map(|n| format!("{n}:{port}"))
+        .collect();
+    let regs: Vec<&str> = regs.iter().map(String::as_str).collect();
+
+    // Nothing allowed beyond the public internet: each name is refused as it is resolved,
+    // before anything is connected, with what to do.
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_resolving(dir.path(), &regs, &[], names);
+    for (reg, class) in [
+        (regs[0], "loopback"),
+        (regs[1], "metadata"),
+        (regs[2], "loopback"),
+    ] {
+        let started = std::time::Instant::now();
+        let err = store
+            .pull(&format!("{reg}/demo/hello:1"))
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, toolexec_image::ImageError::RegistryNotAllowed(_)),
+            "{reg}: {text}"
+        );
+        assert!(text.contains(class), "{reg}: {text}");
+        assert!(text.contains("environments.allow_cidrs"), "{reg}: {text}");
+        assert!(
+            !text.contains("127.0.0.1") && !text.contains("169.254"),
+            "{text}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{reg}: {:?}",
+            started.elapsed()
+        );
+    }
+    assert!(store.list().unwrap().is_empty());
+
+    // The same name with its address allowed reaches the registry: the refusal above was the
+    // classification of what the name resolved to, not a name that resolves to nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_resolving(dir.path(), &regs, &["127.0.0.1"], names);
+    let image = store
+        .pull(&format!("{}/demo/hello:1", regs[0]))
+        .await
+        .unwrap();
+    assert_eq!(image.digest, manifest);
+    let err = store
+        .pull(&format!("{}/demo/hello:1", regs[1]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, toolexec_image::ImageError::RegistryNotAllowed(_)),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_pulling_one_digest_into_one_folder_download_it_once() {
+    let mut paths = HashMap::new();
+    let manifest = image(&mut paths);
+    // The registry counts what it serves and takes its time with blobs, so that both
+    // processes are pulling at once.
+    let paths = Arc::new(paths);
+    let served: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let counts = served.clone();
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let (paths, counts) = (paths.clone(), counts.clone());
+        async move {
+            let path = uri.path().to_owned();
+            *counts.lock().unwrap().entry(path.clone()).or_default() += 1;
+            if path.contains("/blobs/") {
+                tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            }
+            match paths.get(&path) {
+                Some((ct, bytes)) => Response::builder()
+                    .header("content-type", ct.as_str())
+                    .body(Body::from(bytes.clone()))
+                    .unwrap(),
+                None => Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Body::empty())
+                    .unwrap(),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let (d, h) = (dir.path().to_path_buf(), host.clone());
+            tokio::task::spawn_blocking(move || images(&d, &h, &["pull", "hello"]))
+        })
+        .collect();
+    for p in pulls {
+        let out = p.await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pulled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(pulled["digest"], manifest.as_str());
+    }
+    let served = served.lock().unwrap();
+    let blobs: Vec<(&String, &usize)> = served
+        .iter()
+        .filter(|(p, _)| p.contains("/blobs/"))
+        .collect();
+    // The config and the layer, once each: the second process waited for the first's pull.
+    assert_eq!(blobs.len(), 2, "{served:?}");
+    assert!(blobs.iter().all(|(_, n)| **n == 1), "{served:?}");
+}

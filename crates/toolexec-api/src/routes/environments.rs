@@ -9,6 +9,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use toolexec_core::SessionEnvironment;
+use toolexec_engine::EngineError;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -64,16 +65,22 @@ pub struct PullProgress {
 /// `error` event (a `Problem`). Otherwise the answer waits for the pull and is the
 /// `PulledEnvironment`. A cluster's nodes have a cache each: this fills the one of the node
 /// that answers.
+///
+/// A tenant has at most `limits.max_pulls_per_tenant` pulls under way on a node; one more is
+/// 429 `too_many_concurrent`. A pull goes on when its client goes away (a session may be
+/// waiting on the same digest, and the image is kept for the next one) and counts against the
+/// tenant until it ends.
 #[utoipa::path(post, path = "/v1/environments", tag = "environments", security(("bearer" = [])),
     request_body = PullRequest,
     responses(
         (status = 200, description = "In the cache (`text/event-stream`: progress events, then `pulled` or `error`)", body = PulledEnvironment),
         (status = 422, description = "An image the operator does not allow, that the registry does not have, for another platform, too large or not a valid image (`image_not_allowed`, `image_not_found`, `image_wrong_platform`, `image_too_large`, `invalid_image`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "This tenant has `limits.max_pulls_per_tenant` pulls under way on this node (`too_many_concurrent`, with `Retry-After`); nothing was started", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "The registry refused the pull or could not be reached (`registry_unauthorized`, `registry_unreachable`)", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn pull_environment(
     State(state): State<SharedState>,
-    AuthTenant(_tenant): AuthTenant,
+    AuthTenant(tenant): AuthTenant,
     headers: HeaderMap,
     ApiJson(req): ApiJson<PullRequest>,
 ) -> Result<Response, ApiError> {
@@ -82,25 +89,35 @@ async fn pull_environment(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
     if !streaming {
-        let pulled = state.engine.pull_environment(&req.image, |_| {}).await?;
+        let pull = state
+            .engine
+            .start_pull(tenant.id, req.image, |_| {})
+            .map_err(retry_later)?;
+        let pulled = pull
+            .await
+            .map_err(|e| ApiError::from(EngineError::Internal(format!("image pull: {e}"))))??;
         return Ok(Json(answer(pulled)).into_response());
     }
     // Progress (coalesced: a slow reader gets the latest, never a backlog), then the end.
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(16);
     let progress_tx = tx.clone();
-    let engine = state.engine.clone();
+    let pull = state
+        .engine
+        .start_pull(tenant.id, req.image, move |p| {
+            let data = PullProgress {
+                bytes_done: p.bytes_done,
+                bytes_total: p.bytes_total,
+            };
+            if let Ok(event) = SseEvent::default().event("progress").json_data(data) {
+                let _ = progress_tx.try_send(event);
+            }
+        })
+        .map_err(retry_later)?;
+    // The pull goes on if the client goes away (`Engine::start_pull`); only its answer is lost.
     tokio::spawn(async move {
-        let result = engine
-            .pull_environment(&req.image, move |p| {
-                let data = PullProgress {
-                    bytes_done: p.bytes_done,
-                    bytes_total: p.bytes_total,
-                };
-                if let Ok(event) = SseEvent::default().event("progress").json_data(data) {
-                    let _ = progress_tx.try_send(event);
-                }
-            })
-            .await;
+        let result = pull
+            .await
+            .unwrap_or_else(|e| Err(EngineError::Internal(format!("image pull: {e}"))));
         let last = match result {
             Ok(pulled) => SseEvent::default()
                 .event("pulled")
@@ -133,6 +150,17 @@ async fn pull_environment(
     resp.headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(resp)
+}
+
+/// When to try a pull refused for the pulls under way again.
+const RETRY_AFTER_SECS: u32 = 5;
+
+/// A refusal for the pulls a tenant has under way, with when to try again.
+fn retry_later(e: EngineError) -> ApiError {
+    ApiError {
+        retry_after: Some(RETRY_AFTER_SECS),
+        ..ApiError::from(e)
+    }
 }
 
 fn answer(p: toolexec_engine::environments::PulledEnvironment) -> PulledEnvironment {

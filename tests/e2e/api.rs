@@ -61,12 +61,18 @@ async fn a_newcomer_can_write_and_read_a_file_and_see_both_invocations_and_the_c
             "invocation.started",
             "file.created",
             "invocation.finished",
-            "invocation.started",
+            // The read: one event, its finish carrying its start.
             "invocation.finished"
         ]
     );
     let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
-    assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
+    assert_eq!(seqs, (1..=5).collect::<Vec<_>>());
+    let read = &events[4]["data"];
+    assert_eq!(read["call_id"], "call_2");
+    assert_eq!(read["arguments"], json!({"file_path": "hello.txt"}));
+    assert_eq!(read["read_only"], true);
+    assert_eq!(read["status"], "ok");
+    assert_eq!(r["seq"], 5);
     let change = &events[2]["data"];
     assert_eq!(change["path"], "hello.txt");
     assert_eq!(change["kind"], "created");
@@ -243,15 +249,15 @@ async fn seq_stays_gapless_and_ordered_under_concurrent_batches() {
     }
     let events = app.events(&sid).await;
     let seqs: Vec<i64> = events.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
-    // session.created + file.created + 64 × (started, finished)
-    assert_eq!(seqs, (1..=(2 + 128)).collect::<Vec<_>>());
+    // session.created + file.created + 64 reads, one event each
+    assert_eq!(seqs, (1..=(2 + 64)).collect::<Vec<_>>());
     let s: Value = app
         .get(&format!("/v1/sessions/{sid}"))
         .await
         .json()
         .await
         .unwrap();
-    assert_eq!(s["last_seq"], 130);
+    assert_eq!(s["last_seq"], 66);
 }
 
 /// A session whose read_file output limit is 500 characters, and a read of a 300-line file in

@@ -10,7 +10,8 @@ use toolexec_tests::app::{TestApp, spawn_app, spawn_sqlite_app};
 use toolexec_tests::procs::{assert_no_host_process, sleep_arg, wait_for_sleep};
 
 /// The recorded state of each call id of a session, from its log: `running` between its
-/// `invocation.started` and `invocation.finished` events, then the finished status.
+/// `invocation.started` and `invocation.finished` events, then the finished status (a read
+/// recorded in one event is only ever finished).
 async fn call_states(app: &TestApp, sid: &str) -> BTreeMap<String, String> {
     let mut states = BTreeMap::new();
     for e in app.events(sid).await {

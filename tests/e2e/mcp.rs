@@ -170,7 +170,7 @@ async fn check_a_python_client_run(app: &TestApp, sid: &str, run: &Value) {
         let invocation = calls[label]["_meta"]["toolexec/invocation_id"].clone();
         let started: Vec<&Value> = events
             .iter()
-            .filter(|e| e["kind"] == "invocation.started" && e["invocation_id"] == invocation)
+            .filter(|e| toolexec_tests::starts_call(e) && e["invocation_id"] == invocation)
             .collect();
         assert_eq!(started.len(), 1, "{label} in {events:#?}");
         assert_eq!(started[0]["data"]["name"], s["tool"]);
@@ -331,11 +331,12 @@ async fn tools_list_shows_only_the_sessions_allowed_tools_and_shell_is_open_worl
     );
 }
 
-/// The `invocation.started` events of a session with the given call id.
+/// The events that start a call of a session with the given call id (its `invocation.started`,
+/// or a read's one `invocation.finished`).
 fn started_with<'a>(events: &'a [Value], call_id: &str) -> Vec<&'a Value> {
     events
         .iter()
-        .filter(|e| e["kind"] == "invocation.started" && e["data"]["call_id"] == call_id)
+        .filter(|e| toolexec_tests::starts_call(e) && e["data"]["call_id"] == call_id)
         .collect()
 }
 

@@ -109,7 +109,7 @@ async fn new_session(http: &reqwest::Client, base: &str) -> String {
 }
 
 /// A call of a tool that does not exist, with `bytes` of arguments: refused, and recorded
-/// with its arguments (`invocation.started`, then `invocation.finished`).
+/// with its arguments (one event: nothing ran, so its `invocation.finished` carries its start).
 async fn refused_call(http: &reqwest::Client, base: &str, sid: &str, id: &str, bytes: usize) {
     let body = json!({"calls": [{"id": id, "name": "no_such_tool", "arguments": {"blob": "a".repeat(bytes)}}]});
     let resp = http
@@ -179,7 +179,7 @@ async fn pages_of_large_events_are_bounded_in_bytes_and_reach_every_event(backen
             seqs.push(e["seq"].as_i64().unwrap());
             if !e["truncated"].is_null() {
                 truncated.push(e.clone());
-            } else if e["kind"] == "invocation.started" {
+            } else if toolexec_tests::starts_call(e) {
                 whole.push(e["data"]["arguments"]["blob"].as_str().unwrap().len());
             }
         }
@@ -238,7 +238,7 @@ async fn pages_of_large_events_are_bounded_in_bytes_and_reach_every_event(backen
             .await
             .unwrap();
         assert_eq!(whole["seq"], seq);
-        assert_eq!(whole["kind"], "invocation.started");
+        assert_eq!(whole["kind"], "invocation.finished");
         assert!(whole["truncated"].is_null(), "served whole");
         assert_eq!(whole["data"]["name"], "no_such_tool");
         assert_eq!(
@@ -367,7 +367,8 @@ async fn streams_whose_clients_never_read_hold_a_bounded_buffer(backend: Backend
         let e: Value = serde_json::from_str(data).unwrap();
         assert_eq!(e["seq"].as_i64(), *id);
         assert_eq!(e["kind"].as_str(), Some(kind.as_str()));
-        if kind != "invocation.started" {
+        // Each refused call is one event, its finish carrying its arguments.
+        if kind != "invocation.finished" {
             continue;
         }
         match e["truncated"]["full"].as_str() {

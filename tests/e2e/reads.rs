@@ -495,10 +495,11 @@ async fn read_records_are_a_sessions_reads_and_rewinds_newest_first(db: &TestSto
     };
     let both = vec![read("a.py", Some("h1")), read("b.py", Some("h2"))];
     let writes = [
-        record(s.id, "c1", both.clone()),             // 2, 3
-        record(s.id, "c2", vec![]),                   // 4, 5
+        // A read with no side effect is one event.
+        record(s.id, "c1", both.clone()),             // 2
+        record(s.id, "c2", vec![]),                   // 3
         record(other.id, "o1", both.clone()),         // the other session's
-        record(s.id, "c3", vec![read("a.py", None)]), // 6, 7
+        record(s.id, "c3", vec![read("a.py", None)]), // 4
     ];
     for w in writes {
         let r = db.store.commit(&[w]).await.unwrap();
@@ -510,12 +511,12 @@ async fn read_records_are_a_sessions_reads_and_rewinds_newest_first(db: &TestSto
             s.id,
             vec![NewEvent {
                 kind: EventKind::WorkspaceRewound,
-                data: json!({"to_seq": 3, "restored": 0, "removed": 0, "unrestorable": [], "processes_stopped": []}),
+                data: json!({"to_seq": 2, "restored": 0, "removed": 0, "unrestorable": [], "processes_stopped": []}),
             }],
             vec![],
         )
         .await
-        .unwrap(); // 8
+        .unwrap(); // 5
     let all: Vec<ReadRecord> = db
         .store
         .read_records(s.id, i64::MAX)
@@ -525,38 +526,38 @@ async fn read_records_are_a_sessions_reads_and_rewinds_newest_first(db: &TestSto
     assert_eq!(
         all,
         [
-            ReadRecord::Rewound { seq: 8, to_seq: 3 },
+            ReadRecord::Rewound { seq: 5, to_seq: 2 },
             ReadRecord::Reads {
-                seq: 7,
+                seq: 4,
                 reads: vec![read("a.py", None)]
             },
             ReadRecord::Reads {
-                seq: 3,
+                seq: 2,
                 reads: both.clone()
             },
         ]
     );
-    let up_to_5: Vec<ReadRecord> = db
+    let up_to_3: Vec<ReadRecord> = db
         .store
-        .read_records(s.id, 5)
+        .read_records(s.id, 3)
         .map(Result::unwrap)
         .collect()
         .await;
     assert_eq!(
-        up_to_5,
+        up_to_3,
         [ReadRecord::Reads {
-            seq: 3,
+            seq: 2,
             reads: both
         }]
     );
     // The record in the log: `reads` on a finished call that read, none on one that did not.
     let events = db.store.events(tenant.id, s.id, 0, 100).await.unwrap();
     assert_eq!(
-        events[2].data["reads"],
+        events[1].data["reads"],
         json!([{"path": "a.py", "sha256": "h1"}, {"path": "b.py", "sha256": "h2"}])
     );
-    assert_eq!(events[4].kind, EventKind::InvocationFinished);
-    assert!(events[4].data.get("reads").is_none(), "{:?}", events[4]);
+    assert_eq!(events[2].kind, EventKind::InvocationFinished);
+    assert!(events[2].data.get("reads").is_none(), "{:?}", events[2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

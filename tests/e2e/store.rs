@@ -49,6 +49,7 @@ store_suite!(
     closing_a_session_appends_session_closed_once,
     a_started_then_finished_call_gets_consecutive_seqs_and_records_its_events,
     a_record_writes_start_side_effects_and_finish_in_one_go,
+    a_read_with_no_side_effect_is_one_event_and_reads_like_two,
     one_batch_can_start_and_finish_a_call_across_several_sessions,
     a_call_id_recorded_in_an_earlier_batch_is_a_duplicate,
     a_duplicate_call_id_in_one_batch_does_not_abort_the_others,
@@ -617,6 +618,96 @@ async fn a_record_writes_start_side_effects_and_finish_in_one_go(db: &TestStore)
     assert_eq!(inv.status, InvocationStatus::Error);
     assert!(inv.is_error);
     assert_eq!((inv.started_seq, inv.finished_seq), (2, Some(5)));
+}
+
+async fn a_read_with_no_side_effect_is_one_event_and_reads_like_two(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let read_only = |call_id: &str| NewInvocation {
+        name: "read_file".to_owned(),
+        read_only: true,
+        capabilities: vec![Capability::FsRead],
+        ..call(s.id, call_id)
+    };
+    // One read as it is recorded now (one write, one event), one as records made before were
+    // (a durable start, then its finish: two events), then a repeat of the first.
+    let (now, before) = (read_only("now"), read_only("before"));
+    let results = db
+        .store
+        .commit(&[
+            record(now.clone(), "one line"),
+            start(before.clone()),
+            finish(&before, ok("one line")),
+            record(read_only("now"), "again"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        results[..3],
+        [
+            assigned(2, Some(2)),
+            assigned(3, None),
+            assigned(3, Some(4))
+        ]
+    );
+    assert_eq!(results[3], Err(WriteError::DuplicateCall(now.id)));
+
+    let events = db.store.events(acme.id, s.id, 1, 100).await.unwrap();
+    let shape: Vec<_> = events
+        .iter()
+        .map(|e| (e.seq, e.kind, e.invocation_id))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (2, EventKind::InvocationFinished, Some(now.id)),
+            (3, EventKind::InvocationStarted, Some(before.id)),
+            (4, EventKind::InvocationFinished, Some(before.id)),
+        ]
+    );
+    // The one event is the start and the end: what `invocation.started` and
+    // `invocation.finished` would have said, together.
+    assert_eq!(
+        events[0].data,
+        json!({
+            "call_id": "now",
+            "name": "read_file",
+            "arguments": now.arguments,
+            "read_only": true,
+            "capabilities": ["fs.read"],
+            "status": "ok",
+            "is_error": false,
+            "duration_ms": 12.5,
+            "truncated": null,
+            "output_chars": 8,
+            "output_sha256": null,
+        })
+    );
+    let starts: Vec<i64> = events
+        .iter()
+        .filter(|e| e.kind.starts_call(&e.data))
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(starts, [2, 3]);
+    // Both invocations read alike: finished, their output, no side effects.
+    for (c, seqs) in [(&now, (2, Some(2))), (&before, (3, Some(4)))] {
+        let inv = db.store.invocation(acme.id, c.id).await.unwrap();
+        assert_eq!(inv.status, InvocationStatus::Ok);
+        assert_eq!(inv.content.as_deref(), Some("one line"));
+        assert_eq!(inv.arguments, c.arguments);
+        assert!(inv.read_only);
+        assert_eq!((inv.started_seq, inv.finished_seq), seqs);
+        assert!(inv.side_effects.is_empty());
+    }
+    assert_eq!(
+        db.store.get_session(acme.id, s.id).await.unwrap().last_seq,
+        4
+    );
+    // A finish of the one-event read is refused: it is not running.
+    assert_eq!(
+        db.store.commit(&[finish(&now, ok("late"))]).await.unwrap(),
+        vec![Err(WriteError::NotRunning)]
+    );
 }
 
 async fn one_batch_can_start_and_finish_a_call_across_several_sessions(db: &TestStore) {

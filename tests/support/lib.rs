@@ -32,3 +32,11 @@ macro_rules! on_both_stores {
         }
     };
 }
+
+/// Whether a log event (as the API shows it) starts a call: its `invocation.started`, or the
+/// `invocation.finished` of a read recorded in one event, which carries the start's
+/// `arguments` (`EventKind::starts_call`).
+pub fn starts_call(event: &serde_json::Value) -> bool {
+    event["kind"] == "invocation.started"
+        || (event["kind"] == "invocation.finished" && event["data"].get("arguments").is_some())
+}

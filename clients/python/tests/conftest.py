@@ -192,3 +192,9 @@ def events_of(url: str, key: str, sid: str) -> list[dict]:
     req = urllib.request.Request(f"{url}/v1/sessions/{sid}/events?limit=1000", headers={"authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req) as r:
         return json.load(r)["events"]  # type: ignore[no-any-return]
+
+
+def starts_call(e: dict) -> bool:
+    """Whether a log event starts a call: its `invocation.started`, or the `invocation.finished`
+    of a read recorded in one event (it carries the call's `arguments`)."""
+    return e["kind"] == "invocation.started" or (e["kind"] == "invocation.finished" and "arguments" in e["data"])

@@ -409,7 +409,9 @@ export interface paths {
          *     `invocation.started`, `invocation.finished`, `file.created`, `file.modified`, `file.deleted`,
          *     `files.changed` (a call's file changes beyond `limits.max_file_events_per_call`, summed up,
          *     each listed in the manifest blob it names), `plan.updated`, `process.started`,
-         *     `process.exited`.
+         *     `process.exited`. A read-only call that ends with no side effect is one event, its
+         *     `invocation.finished`, which then also carries the start's `arguments`, `read_only` and
+         *     `capabilities`; every other call has `invocation.started` … `invocation.finished`.
          *
          *     A page holds at most `limit` events and at most the service's `limits.page_bytes` (4 MiB by
          *     default) of JSON: it ends early where the next event would not fit, and `next_after` says

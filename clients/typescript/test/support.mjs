@@ -159,6 +159,12 @@ export async function eventsOf(service, sid) {
   return (await r.json()).events;
 }
 
+/** Whether a log event starts a call: its `invocation.started`, or the `invocation.finished` of a
+ *  read recorded in one event (it carries the call's `arguments`). */
+export function startsCall(e) {
+  return e.kind === "invocation.started" || (e.kind === "invocation.finished" && e.data.arguments !== undefined);
+}
+
 export async function waitFor(cond, timeoutMs = 20_000) {
   const deadline = Date.now() + timeoutMs;
   while (!(await cond())) {

@@ -1,7 +1,7 @@
 //! `toolexec-bench`: measures toolexec next to a baseline measured in the same run.
 //!
 //! - `calls`: recorded calls over HTTP against the Postgres store, next to plain Postgres inserts
-//!   of the rows a call records (one invocation, two events), one transaction per call.
+//!   of the rows a call records (one invocation, one event), one transaction per call.
 //! - `shell`: sandboxed `shell` calls (`true`) over HTTP, recorded, next to a raw spawn of
 //!   `/bin/bash -c true` from the bench process; plus the sandbox alone (no HTTP, no recording),
 //!   the service's floor (a recorded call that does nothing) and the first command of a new
@@ -566,7 +566,7 @@ async fn run_all(
             let p = p.clone();
             let seq = seq.clone();
             async move {
-                let s = seq.fetch_add(2, Ordering::Relaxed) as i64;
+                let s = seq.fetch_add(1, Ordering::Relaxed) as i64;
                 let id = uuid::Uuid::now_v7();
                 let mut tx = p.begin().await?;
                 sqlx::query(
@@ -578,17 +578,17 @@ async fn run_all(
                 .bind(id.to_string())
                 .bind("     1\tfn main() {")
                 .bind(s + 1)
-                .bind(s + 2)
+                .bind(s + 1)
                 .execute(&mut *tx)
                 .await?;
+                // A read with no side effect is one event (its finish, carrying its start).
                 sqlx::query(
                     "INSERT INTO bench_events (session_id, seq, kind, invocation_id, data, created_at)
-                     VALUES ($1, $2, 'invocation.started', $3, '{}', now()), ($1, $4, 'invocation.finished', $3, '{}', now())",
+                     VALUES ($1, $2, 'invocation.finished', $3, '{}', now())",
                 )
                 .bind(baseline_session)
                 .bind(s + 1)
                 .bind(id)
-                .bind(s + 2)
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;

@@ -16,8 +16,15 @@ pub enum EventKind {
     SessionCreated,
     #[serde(rename = "session.closed")]
     SessionClosed,
+    /// A call began: `call_id`, `name`, `arguments`, `read_only`, `capabilities`. A read-only
+    /// call that ends with no side effect has none: its `invocation.finished` carries these
+    /// fields instead ([`EventKind::starts_call`]).
     #[serde(rename = "invocation.started")]
     InvocationStarted,
+    /// A call ended: `call_id`, `name`, `status`, `is_error`, `duration_ms`, `truncated`,
+    /// `output_chars`, `output_sha256` (and `reads`, `structured` when it has them). For a
+    /// read-only call with no side effect it is the call's only event, at one seq, and also
+    /// carries its start: `arguments`, `read_only`, `capabilities`.
     #[serde(rename = "invocation.finished")]
     InvocationFinished,
     #[serde(rename = "file.created")]
@@ -148,6 +155,18 @@ impl EventKind {
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether an event of this kind with this `data` records the start of a call: its
+    /// `invocation.started`, or the `invocation.finished` of a call recorded in one event (the
+    /// one that carries `arguments`). Every call has exactly one such event, however it was
+    /// recorded; a call denied before it ran has none.
+    pub fn starts_call(self, data: &serde_json::Value) -> bool {
+        match self {
+            EventKind::InvocationStarted => true,
+            EventKind::InvocationFinished => data.get("arguments").is_some(),
+            _ => false,
+        }
     }
 
     /// Side effects are every event an invocation causes other than its own start and finish.

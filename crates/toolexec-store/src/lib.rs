@@ -181,7 +181,9 @@ pub enum Write {
         side_effects: Vec<NewEvent>,
         blobs: Vec<Blob>,
     },
-    /// Start and finish at once: `invocation.started`, side effects, `invocation.finished`.
+    /// Start and finish at once: `invocation.started`, side effects, `invocation.finished` — or,
+    /// for a read-only call with no side effect, its `invocation.finished` alone, carrying the
+    /// start's fields, with `started_seq == finished_seq` (SPEC §6: one event per read).
     Record {
         invocation: NewInvocation,
         outcome: Outcome,
@@ -243,7 +245,8 @@ pub(crate) fn blobs_beyond(batch: &[Write], bound: usize) -> Option<(Vec<Write>,
 /// The seqs a write was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Assigned {
-    /// `invocation.started` (for `Finish`: the one recorded earlier).
+    /// `invocation.started` (for `Finish`: the one recorded earlier); for a read recorded in
+    /// one event, that event's seq (the same as `finished_seq`).
     pub started_seq: i64,
     /// `invocation.finished`; `None` for `Start`.
     pub finished_seq: Option<i64>,

@@ -319,13 +319,19 @@ impl Planner {
             return Err(WriteError::SessionNotActive);
         };
         let started_seq = session.next_seq();
-        self.plan.events.push(EventRow {
-            session_id,
-            seq: started_seq,
-            kind: EventKind::InvocationStarted,
-            invocation_id: Some(invocation.id),
-            data: started_data(&invocation),
-        });
+        // A read-only call that ends here with no side effect: one event, its
+        // `invocation.finished` carrying its start (SPEC §6), at one seq.
+        let once =
+            invocation.read_only && ending.as_ref().is_some_and(|e| e.side_effects.is_empty());
+        if !once {
+            self.plan.events.push(EventRow {
+                session_id,
+                seq: started_seq,
+                kind: EventKind::InvocationStarted,
+                invocation_id: Some(invocation.id),
+                data: started_data(&invocation),
+            });
+        }
         let id = invocation.id;
         self.by_call.insert(key, id);
         self.by_id.insert(
@@ -339,19 +345,61 @@ impl Planner {
                 row: Some(self.plan.invocations.len()),
             },
         );
-        self.plan.invocations.push(InvocationRow {
+        let mut row = InvocationRow {
             invocation,
             started_seq,
             finish: None,
             pending: false,
-        });
+        };
         match ending {
-            None => Ok(Assigned {
-                started_seq,
-                finished_seq: None,
-            }),
-            Some(ending) => self.finish(session_id, id, ending),
+            None => {
+                self.plan.invocations.push(row);
+                Ok(Assigned {
+                    started_seq,
+                    finished_seq: None,
+                })
+            }
+            Some(ending) if once => {
+                self.finish_at_start(&mut row, ending);
+                self.plan.invocations.push(row);
+                Ok(Assigned {
+                    started_seq,
+                    finished_seq: Some(started_seq),
+                })
+            }
+            Some(ending) => {
+                self.plan.invocations.push(row);
+                self.finish(session_id, id, ending)
+            }
         }
+    }
+
+    /// The end of an invocation inserted by this write, recorded in one event at its
+    /// `started_seq`: its `invocation.finished` with the start's fields.
+    fn finish_at_start(&mut self, row: &mut InvocationRow, ending: Ending) {
+        let (inv, seq) = (&row.invocation, row.started_seq);
+        let mut data = finished_data(&inv.call_id, &inv.name, &ending.outcome);
+        if let (serde_json::Value::Object(data), serde_json::Value::Object(start)) =
+            (&mut data, started_data(inv))
+        {
+            data.extend(start);
+        }
+        self.plan.events.push(EventRow {
+            session_id: inv.session_id,
+            seq,
+            kind: EventKind::InvocationFinished,
+            invocation_id: Some(inv.id),
+            data,
+        });
+        if let Some(known) = self.by_id.get_mut(&inv.id) {
+            known.status = ending.outcome.status.into();
+        }
+        row.finish = Some(FinishRow {
+            id: row.invocation.id,
+            outcome: ending.outcome,
+            finished_seq: seq,
+        });
+        self.plan.blobs.extend(ending.blobs);
     }
 
     fn finish(
@@ -768,6 +816,78 @@ mod tests {
             Some(5)
         );
         assert_eq!(plan.last_seqs, vec![(s, 5)]);
+    }
+
+    fn record(invocation: NewInvocation, side_effects: Vec<NewEvent>) -> Write {
+        Write::Record {
+            invocation,
+            outcome: ok(),
+            side_effects,
+            blobs: vec![],
+        }
+    }
+
+    #[test]
+    fn a_read_with_no_side_effect_is_one_event_carrying_its_start() {
+        let s = Uuid::now_v7();
+        let read = start(s, "read");
+        let mut mutating = start(s, "write");
+        mutating.read_only = false;
+        let effect = NewEvent {
+            kind: EventKind::FileModified,
+            data: json!({"path": "a"}),
+        };
+        let plan = plan(
+            vec![
+                record(read, vec![]),
+                record(mutating, vec![]),
+                record(start(s, "read2"), vec![effect]),
+            ],
+            vec![session(s, SessionStatus::Active, 3)],
+            vec![],
+        );
+        let assigned = |started_seq, finished_seq| {
+            Ok(Assigned {
+                started_seq,
+                finished_seq: Some(finished_seq),
+            })
+        };
+        // The read: one event, its finish at its start's seq; the others: start, end.
+        assert_eq!(
+            plan.results,
+            vec![assigned(4, 4), assigned(5, 6), assigned(7, 9)]
+        );
+        let kinds: Vec<(i64, EventKind)> = plan.events.iter().map(|e| (e.seq, e.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (4, EventKind::InvocationFinished),
+                (5, EventKind::InvocationStarted),
+                (6, EventKind::InvocationFinished),
+                (7, EventKind::InvocationStarted),
+                (8, EventKind::FileModified),
+                (9, EventKind::InvocationFinished),
+            ]
+        );
+        let once = &plan.events[0].data;
+        assert_eq!(once["call_id"], "read");
+        assert_eq!(once["arguments"], json!({}));
+        assert_eq!(once["read_only"], true);
+        assert_eq!(once["status"], "ok");
+        assert_eq!(once["output_chars"], 4);
+        // Which events start a call: the one of the read, and the two starts.
+        let starts: Vec<i64> = plan
+            .events
+            .iter()
+            .filter(|e| e.kind.starts_call(&e.data))
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(starts, [4, 5, 7]);
+        let row = &plan.invocations[0];
+        assert_eq!(row.started_seq, 4);
+        assert_eq!(row.finish.as_ref().map(|f| f.finished_seq), Some(4));
+        assert_eq!(row.status(), "ok");
+        assert_eq!(plan.last_seqs, vec![(s, 9)]);
     }
 
     #[test]

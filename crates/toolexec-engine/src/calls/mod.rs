@@ -16,7 +16,9 @@
 //! (`Write::Start`), its side effects and `invocation.finished` after (`Write::Finish`). A
 //! read-only call has no side effect to guard, so by default it is recorded in one write after it
 //! ran (`Write::Record`; `EngineConfig::durable_start_for_read_only` makes it take the two-write
-//! path too) — and in every case no result reaches the client before it is durable.
+//! path too) — and in every case no result reaches the client before it is durable. A read that
+//! ends with no side effect is then one event, its `invocation.finished` carrying its start
+//! (SPEC §6; `toolexec_store::Write::Record`).
 mod approval;
 mod cancel;
 mod commit;

@@ -64,7 +64,7 @@ enum Step {
 /// A step as the source's log names it: what [`Steps`] pages through.
 #[derive(Debug, Clone, Copy)]
 enum StepRef {
-    /// The `invocation.started` of a call.
+    /// The event that starts a call ([`EventKind::starts_call`]).
     Call(Uuid),
     Rewind {
         to_seq: i64,
@@ -93,6 +93,8 @@ struct Steps {
     up_to: i64,
     after: i64,
     page: std::collections::VecDeque<StepRef>,
+    /// Calls started and not finished yet, as far as the log is read.
+    open: std::collections::HashSet<Uuid>,
     done: bool,
 }
 
@@ -104,6 +106,7 @@ impl Steps {
             up_to: source.last_seq,
             after: 0,
             page: std::collections::VecDeque::new(),
+            open: std::collections::HashSet::new(),
             done: false,
         }
     }
@@ -135,7 +138,27 @@ impl Steps {
                 self.after = event.seq;
                 match (event.kind, event.invocation_id) {
                     (EventKind::InvocationStarted, Some(id)) => {
+                        self.open.insert(id);
                         self.page.push_back(StepRef::Call(id));
+                    }
+                    (EventKind::InvocationFinished, Some(id)) if self.open.remove(&id) => {}
+                    // A finish with no start before it: a read recorded in one event (its
+                    // finish is its start too), or a call denied before it ran (not a step).
+                    (EventKind::InvocationFinished, Some(id)) => {
+                        let data = match event.data {
+                            Some(data) => data,
+                            // Too big for the page: read it alone.
+                            None => engine
+                                .store
+                                .event_text(self.tenant_id, self.session_id, event.seq, None)
+                                .await?
+                                .and_then(|e| e.data)
+                                .unwrap_or_default(),
+                        };
+                        let data = serde_json::from_str::<Value>(&data).unwrap_or_default();
+                        if EventKind::InvocationFinished.starts_call(&data) {
+                            self.page.push_back(StepRef::Call(id));
+                        }
                     }
                     (EventKind::WorkspaceRewound, _) => {
                         let data = match event.data {
@@ -948,51 +971,4 @@ fn effect_divergence(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reported_times_and_known_ids_do_not_count_as_differences() {
-        let mut ids = Ids::default();
-        let (src, dst) = (
-            Uuid::from_u128(7).to_string(),
-            Uuid::from_u128(9).to_string(),
-        );
-        ids.insert(src.clone(), dst.clone());
-        let a = normalize(
-            &format!("[exit code 0 after 0.04 s]\nsee {src}, é{src}\n"),
-            &ids.recorded,
-        );
-        let b = normalize(
-            &format!("[exit code 0 after 1.5 s]\nsee {dst}, é{dst}\n"),
-            &ids.replayed,
-        );
-        assert_eq!(a, b);
-        assert!(a.contains("see <id 0>, é<id 0>"), "{a}");
-        // An id of the other session, or one nobody mapped, stays as it is.
-        assert!(normalize(&dst, &ids.recorded).contains(&dst));
-        let other = Uuid::from_u128(11).to_string();
-        assert_eq!(normalize(&other, &ids.replayed), other);
-        assert_eq!(times_out("timed out after 250 ms"), "timed out after … ms");
-        assert_eq!(times_out("after all"), "after all");
-    }
-
-    #[test]
-    fn the_first_differing_line_is_named() {
-        let d = first_line_difference("a\nb\nc\n", "a\nB\nc\n").unwrap();
-        assert_eq!(d.line, Some(2));
-        assert_eq!(d.recorded.as_deref(), Some("b"));
-        assert_eq!(d.replayed.as_deref(), Some("B"));
-        assert!(first_line_difference("x\n", "x\n").is_none());
-        let shorter = first_line_difference("a\nb\n", "a\n").unwrap();
-        assert_eq!(shorter.line, Some(2));
-    }
-
-    #[test]
-    fn arguments_get_the_replays_ids() {
-        let mut ids = HashMap::new();
-        ids.insert("old".to_owned(), "new".to_owned());
-        let mapped = map_ids(&json!({"invocation_id": "old", "n": 1}), &ids);
-        assert_eq!(mapped, json!({"invocation_id": "new", "n": 1}));
-    }
-}
+mod tests;

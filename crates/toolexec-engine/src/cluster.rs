@@ -127,9 +127,9 @@ impl Cluster {
     /// waited for, up to `limits.lease_wait_ms`. Answers from memory while this node holds the
     /// session's lease (it ran a call of it within `limits.lease_linger_ms`), and then takes the
     /// lease for the request ([`Route::Here`]): a session in use costs nothing; otherwise one
-    /// read of the store. A runtime this node still has cached is
-    /// not enough: another node may have taken the session over since, and running here would
-    /// take it back (and rebuild it) on every call.
+    /// read of the store. A runtime this node still has cached is not enough: another node may
+    /// have taken the session over since, and running here would take it back (and rebuild it)
+    /// on every call.
     pub async fn route(&self, session_id: Uuid) -> Result<Route> {
         if !self.forwards {
             return Ok(Route::Here(None));

@@ -88,10 +88,10 @@ pub(super) fn check_envelope(calls: &[Call], max_calls: usize) -> Result<()> {
 }
 
 impl Calls {
-    /// Plans a batch whose envelope passed [`check_envelope`]: ids repeated within the batch, ids already
-    /// recorded (retries), the tool of each call to run, and the session's runtime if anything
-    /// runs. Errors: a reused id (409), a closed session with calls to run (409), an unknown
-    /// session (404).
+    /// Plans a batch whose envelope passed [`check_envelope`]: ids repeated within the batch,
+    /// ids already recorded (retries), the tool of each call to run, and the session's runtime
+    /// if anything runs. Errors: a reused id (409), a closed session with calls to run (409),
+    /// an unknown session (404).
     pub(super) async fn plan_batch(
         &self,
         engine: &Engine,

@@ -86,21 +86,39 @@ pub(crate) fn private_dir() -> tempfile::TempDir {
     dir
 }
 
-/// The binary, allowed to pull from `registry` over plain HTTP, storing in `data`.
-pub(crate) fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Served {
+/// `toolexec serve` storing in `data`, allowed to pull from `registries` (comma-separated
+/// `host:port`s) over plain HTTP, with `allow_cidrs` as `environments.allow_cidrs` if given.
+pub(crate) fn serve_command(
+    registries: &str,
+    data: &Path,
+    allow_cidrs: Option<&str>,
+) -> std::process::Command {
     let mut cmd = toolexec(data);
     cmd.arg("serve")
         .env("TOOLEXEC_BIND", "127.0.0.1:0")
         .env("TOOLEXEC_DATA_DIR", data)
         .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
-        // The test's registry is on loopback, which the egress policy refuses unless named.
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
+        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", registries)
+        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", registries);
+    if let Some(cidrs) = allow_cidrs {
+        cmd.env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", cidrs);
+    }
+    cmd
+}
+
+/// The binary, allowed to pull from `registries` over plain HTTP on loopback (which the egress
+/// policy refuses unless named: 127.0.0.1 is), storing in `data`, with `extra` set.
+pub(crate) fn serve_pulling_from(registries: &str, data: &Path, extra: &[(&str, &str)]) -> Served {
+    let mut cmd = serve_command(registries, data, Some("127.0.0.1"));
     for (k, v) in extra {
         cmd.env(k, v);
     }
     serve(cmd)
+}
+
+/// The binary, allowed to pull from `registry` over plain HTTP, storing in `data`.
+pub(crate) fn serve_with(registry: &Registry, data: &Path, extra: &[(&str, &str)]) -> Served {
+    serve_pulling_from(&registry.host, data, extra)
 }
 
 pub(crate) fn image_dirs(data: &Path) -> Vec<String> {
@@ -430,21 +448,7 @@ async fn images_that_cannot_be_had_are_refused_with_their_own_codes() {
         .local_addr()
         .unwrap()
         .to_string();
-    let mut cmd = toolexec(data.path());
-    cmd.arg("serve")
-        .env("TOOLEXEC_BIND", "127.0.0.1:0")
-        .env("TOOLEXEC_DATA_DIR", data.path())
-        .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env(
-            "TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES",
-            format!("{},{closed}", registry.host),
-        )
-        .env(
-            "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
-            format!("{},{closed}", registry.host),
-        )
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
-    let served = serve(cmd);
+    let served = serve_pulling_from(&format!("{},{closed}", registry.host), data.path(), &[]);
     for (image, status, code) in [
         (format!("{}/bb:nope", registry.host), 422, "image_not_found"),
         (
@@ -896,15 +900,8 @@ async fn a_registry_that_wants_credentials_gets_the_operators_and_they_are_never
         json!([{"registry": registry.host, "username": USER, "password": SECRET}]).to_string();
     let data = private_dir();
     let log = data.path().join("toolexec.log");
-    let mut cmd = toolexec(data.path());
-    cmd.arg("serve")
-        .env("TOOLEXEC_BIND", "127.0.0.1:0")
-        .env("TOOLEXEC_DATA_DIR", data.path())
-        .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1")
-        .env("TOOLEXEC_ENVIRONMENTS__CREDENTIALS", &credentials);
+    let mut cmd = serve_command(&registry.host, data.path(), Some("127.0.0.1"));
+    cmd.env("TOOLEXEC_ENVIRONMENTS__CREDENTIALS", &credentials);
     let served = serve_logging_to(cmd, &log);
     let mut seen = Vec::new();
     let s = session(&served, json!({"environment": {"image": image}})).await;
@@ -1029,14 +1026,7 @@ async fn a_registry_on_a_network_the_operator_did_not_allow_is_not_reached() {
     registry.push(roots.path(), &["PATH=/bin"], "bb:1");
     let data = private_dir();
     // Allowed as a registry, but on loopback, which environments.allow_cidrs does not name.
-    let mut cmd = toolexec(data.path());
-    cmd.arg("serve")
-        .env("TOOLEXEC_BIND", "127.0.0.1:0")
-        .env("TOOLEXEC_DATA_DIR", data.path())
-        .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &registry.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &registry.host);
-    let served = serve(cmd);
+    let served = serve(serve_command(&registry.host, data.path(), None));
     let (status, body) = post(
         &served,
         "/v1/sessions",

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Response, Uri};
 use serde_json::{Value, json};
-use toolexec_tests::binary::{Served, serve, toolexec};
+use toolexec_tests::binary::{Served, serve};
 use toolexec_tests::registry::{Registry, busybox_root};
 
-use crate::environments::{image_dirs, post, private_dir};
+use crate::environments::{image_dirs, post, private_dir, serve_command, serve_pulling_from};
 
 /// A front of a registry: forwards every request to it, holding blob requests until opened.
 struct Gate {
@@ -88,18 +88,7 @@ impl Gate {
 
 /// The binary, pulling through `gate` (plain HTTP, on loopback) into `data`, with `extra`.
 fn serve_through(gate: &Gate, data: &Path, extra: &[(&str, &str)]) -> Served {
-    let mut cmd = toolexec(data);
-    cmd.arg("serve")
-        .env("TOOLEXEC_BIND", "127.0.0.1:0")
-        .env("TOOLEXEC_DATA_DIR", data)
-        .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES", &gate.host)
-        .env("TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES", &gate.host)
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1");
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    serve(cmd)
+    serve_pulling_from(&gate.host, data, extra)
 }
 
 /// `POST /v1/environments` (plain JSON): status, `Retry-After`, body.
@@ -211,21 +200,12 @@ async fn a_localhost_registry_is_refused_whatever_allow_cidrs_says() {
     // (both loopbacks) allowed too: a localhost name is still not dialled.
     let by_name = format!("localhost:{}", gate.host.rsplit_once(':').unwrap().1);
     let data = private_dir();
-    let mut cmd = toolexec(data.path());
-    cmd.arg("serve")
-        .env("TOOLEXEC_BIND", "127.0.0.1:0")
-        .env("TOOLEXEC_DATA_DIR", data.path())
-        .env("TOOLEXEC_LOG_FORMAT", "json")
-        .env(
-            "TOOLEXEC_ENVIRONMENTS__ALLOW_REGISTRIES",
-            format!("{by_name},{}", gate.host),
-        )
-        .env(
-            "TOOLEXEC_ENVIRONMENTS__INSECURE_REGISTRIES",
-            format!("{by_name},{}", gate.host),
-        )
-        .env("TOOLEXEC_ENVIRONMENTS__ALLOW_CIDRS", "127.0.0.1,::1");
-    let served = serve(cmd);
+    let registries = format!("{by_name},{}", gate.host);
+    let served = serve(serve_command(
+        &registries,
+        data.path(),
+        Some("127.0.0.1,::1"),
+    ));
     for path in ["/v1/environments", "/v1/sessions"] {
         let body = if path == "/v1/sessions" {
             json!({"environment": {"image": format!("{by_name}/bb:1")}})

@@ -61,6 +61,10 @@ impl BodySchemas {
         let Some(v) = self.validators.get(name) else {
             return Ok(());
         };
+        // The common case first: `is_valid` stops at the first failure and builds no error.
+        if v.is_valid(value) {
+            return Ok(());
+        }
         match v.iter_errors(value).next() {
             None => Ok(()),
             Some(err) => {

@@ -26,7 +26,9 @@ pub(crate) struct FileEvents {
     max_events: usize,
     pub events: Vec<NewEvent>,
     summary: FilesChanged,
-    manifest: GzEncoder<Vec<u8>>,
+    /// Made at the first change past `max_events`: a deflate stream's state is ~300 KiB
+    /// allocated and zeroed, which every call (most change nothing) would otherwise pay.
+    manifest: Option<GzEncoder<Vec<u8>>>,
     /// One line of the manifest, reused.
     line: Vec<u8>,
     /// A write into the in-memory encoder failed (it cannot: it writes to a `Vec`).
@@ -51,7 +53,7 @@ impl FileEvents {
                 manifest_bytes: 0,
                 manifest_format: MANIFEST_FORMAT.to_owned(),
             },
-            manifest: GzEncoder::new(Vec::new(), Compression::default()),
+            manifest: None,
             line: Vec::new(),
             failed: None,
             all: [0; 3],
@@ -85,7 +87,10 @@ impl FileEvents {
         self.line.clear();
         let _ = serde_json::to_writer(&mut self.line, &event.data);
         self.line.push(b'\n');
-        if let Err(e) = self.manifest.write_all(&self.line) {
+        let manifest = self
+            .manifest
+            .get_or_insert_with(|| GzEncoder::new(Vec::new(), Compression::default()));
+        if let Err(e) = manifest.write_all(&self.line) {
             self.failed.get_or_insert(e);
         }
     }
@@ -102,9 +107,11 @@ impl FileEvents {
             return (self.events, None, None);
         }
         let total = self.total();
-        let manifest = match (self.failed.take(), self.manifest.finish()) {
-            (None, Ok(bytes)) => bytes,
-            (Some(e), _) | (None, Err(e)) => {
+        let finished = self.manifest.take().map(GzEncoder::finish);
+        let manifest = match (self.failed.take(), finished) {
+            (None, Some(Ok(bytes))) => bytes,
+            (None, None) => Vec::new(),
+            (Some(e), _) | (None, Some(Err(e))) => {
                 // Unreachable in practice (the encoder writes to memory); the summary is still
                 // recorded, and the log says its manifest is missing.
                 tracing::error!(error = %e, "the manifest of a files.changed event could not be written");

@@ -39,6 +39,7 @@ mod load;
 mod reads;
 mod session;
 mod shell;
+mod swerex_remote;
 mod terminals;
 mod web;
 
@@ -84,6 +85,10 @@ enum Command {
         /// The service's group-commit loops (default: the service's default).
         #[arg(long)]
         recorder_writers: Option<usize>,
+        /// Also measure a real `swerex-remote` from this venv (`VENV=$(.ci/swerex)`) reading
+        /// the same file at the same client counts, in the same run.
+        #[arg(long, env = "TOOLEXEC_BENCH_SWEREX_VENV")]
+        swerex_venv: Option<std::path::PathBuf>,
     },
     /// Sandboxed `shell` calls (`true`) over HTTP, with a raw bash spawn as the baseline.
     Shell {
@@ -100,6 +105,10 @@ enum Command {
         /// Client counts to measure (concurrent loops, each with its own session).
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         clients: Vec<usize>,
+        /// Also measure a real `swerex-remote` from this venv (`VENV=$(.ci/swerex)`) running
+        /// the same command through its `/execute`, in the same run.
+        #[arg(long, env = "TOOLEXEC_BENCH_SWEREX_VENV")]
+        swerex_venv: Option<std::path::PathBuf>,
     },
     /// Living terminals (issue 24): `bash` vs raw bash and `shell`, a write_stdin round trip
     /// to `cat`, memory per idle terminal.
@@ -245,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
             clients,
             sessions,
             recorder_writers,
+            swerex_venv,
         } => {
             calls(
                 &admin_url,
@@ -252,6 +262,7 @@ async fn main() -> anyhow::Result<()> {
                 &clients,
                 sessions == SessionMode::Shared,
                 recorder_writers,
+                swerex_venv.as_deref(),
             )
             .await
         }
@@ -259,7 +270,16 @@ async fn main() -> anyhow::Result<()> {
             admin_url,
             seconds,
             clients,
-        } => shell::run(&admin_url, Duration::from_secs(seconds), &clients).await,
+            swerex_venv,
+        } => {
+            shell::run(
+                &admin_url,
+                Duration::from_secs(seconds),
+                &clients,
+                swerex_venv.as_deref(),
+            )
+            .await
+        }
         Command::Terminals {
             admin_url,
             seconds,
@@ -372,7 +392,9 @@ async fn calls(
     client_counts: &[usize],
     shared_session: bool,
     recorder_writers: Option<usize>,
+    swerex_venv: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    let swerex = swerex_venv.map(swerex_remote::executable).transpose()?;
     let db = BenchDb::create(admin_url).await?;
     let result = run_all(
         &db.url,
@@ -380,6 +402,7 @@ async fn calls(
         client_counts,
         shared_session,
         recorder_writers,
+        swerex.as_deref(),
     )
     .await;
     db.drop().await?;
@@ -484,6 +507,7 @@ async fn run_all(
     client_counts: &[usize],
     shared_session: bool,
     recorder_writers: Option<usize>,
+    swerex: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let data = tempdir()?;
     let defaults = toolexec_server::Config::default();
@@ -512,10 +536,21 @@ async fn run_all(
         client_counts.iter().copied().max().unwrap_or(1)
     };
     let mut urls = Vec::with_capacity(slots);
+    let file = "fn main() {\n    println!(\"hello\");\n}\n".repeat(20);
+    // SWE-ReX's server reads the same file from a directory of its own.
+    let remote = match swerex {
+        Some(exe) => {
+            let path = data.join("swerex-main.rs");
+            std::fs::write(&path, &file)?;
+            Some((swerex_remote::Remote::start(exe, &http).await?, path))
+        }
+        None => None,
+    };
+    let mut remote_rows = Vec::new();
     for _ in 0..slots {
         let session: serde_json::Value = http
             .post(format!("{base}/v1/sessions"))
-            .json(&json!({"files": {"src/main.rs": "fn main() {\n    println!(\"hello\");\n}\n".repeat(20)}}))
+            .json(&json!({"files": {"src/main.rs": file}}))
             .send()
             .await?
             .error_for_status()?
@@ -620,6 +655,15 @@ async fn run_all(
         })
         .await?;
         let cpu_svc = cpu::Sample::now(&database).since(cpu_before);
+        if let Some((remote, path)) = &remote {
+            let (cpu_before, (_, client_before)) = (remote.cpu(), cpu::this_process());
+            let stats = remote
+                .read_file(&http, clients, dur, path, "fn main() {")
+                .await?;
+            let server = remote.cpu().saturating_sub(cpu_before);
+            let client = cpu::this_process().1.saturating_sub(client_before);
+            remote_rows.push((clients, svc_stats.rate(), stats, server, client));
+        }
         costs.push((
             clients,
             cpu_svc.per_op(svc_stats.calls),
@@ -651,6 +695,32 @@ async fn run_all(
         );
     }
     print_recorder_stats(&http, &base).await?;
+    if !remote_rows.is_empty() {
+        println!(
+            "swerex-remote (SWE-ReX 1.4 server, unrecorded, unsandboxed) POST /read_file of the same 60-line file, same client, same run:"
+        );
+        println!(
+            "{:>7} | {:>12} {:>9} {:>9} | {:>26} | {:>16}",
+            "clients",
+            "swerex/s",
+            "p50 ms",
+            "p99 ms",
+            "CPU µs/req: server + client",
+            "toolexec÷swerex"
+        );
+        for (clients, ours, stats, server, client) in remote_rows {
+            let per = |d: Duration| d.as_secs_f64() * 1e6 / stats.calls.max(1) as f64;
+            println!(
+                "{clients:>7} | {:>12.0} {:>9.2} {:>9.2} | {:>12.0} + {:>11.0} | {:>15.1}x",
+                stats.rate(),
+                stats.pct(0.50),
+                stats.pct(0.99),
+                per(server),
+                per(client),
+                ours / stats.rate(),
+            );
+        }
+    }
     server.stop().await?;
     pool.close().await;
     let _ = std::fs::remove_dir_all(&data);

@@ -27,14 +27,27 @@ const GOAL_P99_OVERHEAD_MS: f64 = 10.0;
 const GOAL_CALLS_PER_SECOND_AT_8: f64 = 700.0;
 const GOAL_RATIO_AT_8: f64 = 0.6;
 
-pub async fn run(admin_url: &str, dur: Duration, client_counts: &[usize]) -> anyhow::Result<()> {
+/// Issue 28's goals at eight clients: against SWE-ReX's `/execute` of the same command and
+/// against raw spawning, both measured in the same run.
+const GOAL_TIMES_SWEREX_AT_8: f64 = 2.5;
+const GOAL_RAW_FRACTION_AT_8: f64 = 0.9;
+
+pub async fn run(
+    admin_url: &str,
+    dur: Duration,
+    client_counts: &[usize],
+    swerex_venv: Option<&Path>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         !client_counts.is_empty() && !client_counts.contains(&0),
         "--clients needs at least one count, each at least 1"
     );
+    let swerex = swerex_venv
+        .map(crate::swerex_remote::executable)
+        .transpose()?;
     let db = BenchDb::create(admin_url).await?;
     let data = tempdir()?;
-    let result = measure(&db.url, &data, dur, client_counts).await;
+    let result = measure(&db.url, &data, dur, client_counts, swerex.as_deref()).await;
     let _ = std::fs::remove_dir_all(&data);
     db.drop().await?;
     result
@@ -52,6 +65,7 @@ async fn measure(
     data: &Path,
     dur: Duration,
     client_counts: &[usize],
+    swerex: Option<&Path>,
 ) -> anyhow::Result<()> {
     // Sandboxed commands run as an unprivileged user, who needs search permission on the
     // workspace root itself (not on the directories above it).
@@ -71,7 +85,16 @@ async fn measure(
         ..Default::default()
     };
     let server = Server::start(config).await?;
-    let result = measure_with(&server.base, db_url, data, sandbox, dur, client_counts).await;
+    let result = measure_with(
+        &server.base,
+        db_url,
+        data,
+        sandbox,
+        dur,
+        client_counts,
+        swerex,
+    )
+    .await;
     server.stop().await?;
     result
 }
@@ -83,11 +106,17 @@ async fn measure_with(
     sandbox_config: SandboxConfig,
     dur: Duration,
     client_counts: &[usize],
+    swerex: Option<&Path>,
 ) -> anyhow::Result<()> {
     let db_name = db_url.rsplit('/').next().unwrap_or_default().to_owned();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;
+    let remote = match swerex {
+        Some(exe) => Some(crate::swerex_remote::Remote::start(exe, &http).await?),
+        None => None,
+    };
+    let mut remote_rows = Vec::new();
 
     // What the service says about its sandbox; sandboxed numbers only from an enforced one.
     let ready: serde_json::Value = http
@@ -281,6 +310,17 @@ async fn measure_with(
             sandboxed.pct(0.99) - raw.pct(0.99),
         );
         let floor_cpu = per_call(&db_name, cpu0, &floor);
+        if let Some(remote) = &remote {
+            let cpu0 = busy_cpu_ms(&db_name);
+            let (remote_cpu0, stats) = (
+                remote.cpu(),
+                remote.execute_true(&http, clients, dur).await?,
+            );
+            let remote_cpu = remote.cpu().saturating_sub(remote_cpu0).as_secs_f64() * 1e3
+                / stats.calls.max(1) as f64;
+            let bench_cpu = per_call(&db_name, cpu0, &stats);
+            remote_rows.push((clients, stats, remote_cpu + bench_cpu));
+        }
         cpu.push((clients, raw_cpu, sandboxed_cpu, alone_cpu, floor_cpu));
         breakdown.push((clients, alone, floor));
         rows.push((clients, raw, sandboxed, run));
@@ -397,6 +437,28 @@ async fn measure_with(
         );
     }
     print_recorder_stats(&http, base).await?;
+    if !remote_rows.is_empty() {
+        println!(
+            "swerex-remote (SWE-ReX 1.4 server, unsandboxed, unrecorded) POST /execute {{\"command\": \"true\", \"shell\": true}}, same client, same run:"
+        );
+        println!(
+            "{:>7} | {:>10} {:>8} {:>8} | {:>14} | {:>18}",
+            "clients", "swerex/s", "p50 ms", "p99 ms", "CPU per call", "sandboxed÷swerex"
+        );
+    }
+    for (clients, stats, cpu_ms) in &remote_rows {
+        let ours = rows
+            .iter()
+            .find(|(c, ..)| c == clients)
+            .map_or(0.0, |(_, _, sandboxed, _)| sandboxed.rate());
+        println!(
+            "{clients:>7} | {:>10.0} {:>8.2} {:>8.2} | {cpu_ms:>11.2} ms | {:>17.2}x",
+            stats.rate(),
+            stats.pct(0.50),
+            stats.pct(0.99),
+            ours / stats.rate(),
+        );
+    }
 
     let verdict = |met: bool| if met { "met" } else { "NOT met" };
     println!("goals (issue 12):");
@@ -418,6 +480,23 @@ async fn measure_with(
             verdict(sandboxed.rate() >= GOAL_CALLS_PER_SECOND_AT_8),
             verdict(ratio >= GOAL_RATIO_AT_8),
         );
+        println!("goals (issue 28):");
+        println!(
+            "  8 clients: ratio to raw spawning {ratio:.2} (goal >= {GOAL_RAW_FRACTION_AT_8}: {})",
+            verdict(ratio >= GOAL_RAW_FRACTION_AT_8),
+        );
+        match remote_rows.iter().find(|(c, ..)| *c == 8) {
+            Some((_, stats, _)) => {
+                let times = sandboxed.rate() / stats.rate();
+                println!(
+                    "  8 clients: {times:.2}x swerex-remote's /execute (goal >= {GOAL_TIMES_SWEREX_AT_8}: {})",
+                    verdict(times >= GOAL_TIMES_SWEREX_AT_8),
+                );
+            }
+            None => println!(
+                "  8 clients against swerex-remote: not measured (pass --swerex-venv $(.ci/swerex))"
+            ),
+        }
     }
     Ok(())
 }

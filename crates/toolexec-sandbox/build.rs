@@ -54,6 +54,9 @@ fn main() {
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
         .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        // Fully optimised whatever the outer profile (the workspace's `release` is the quick
+        // one): it is built once, shared by every profile, and is what every command forks.
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
         // The outer build's settings are not this build's: clippy's wrapper (when the outer
         // command is `cargo clippy`), its flags, a `--target` of its own.
         .env_remove("RUSTFLAGS")

@@ -8,8 +8,8 @@
 //!   until the next call answers on another replica (the lease TTL, then the rebuild), and the
 //!   rebuild alone (its `session.taken_over` event).
 //!
-//! The replicas are `target/release/toolexec` processes (build it first:
-//! `cargo build --release -p toolexec-server`), each with its own data directory.
+//! The replicas are `toolexec` processes from the bench's own target directory (build it first:
+//! `cargo build --profile dist -p toolexec-server`), each with its own data directory.
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ impl Drop for Replica {
     }
 }
 
-/// `toolexec` next to this benchmark's binary (`target/release/`).
+/// `toolexec` next to this benchmark's binary (`target/dist/`).
 pub(crate) fn binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let bin = exe
@@ -54,7 +54,7 @@ pub(crate) fn binary() -> anyhow::Result<PathBuf> {
         .context("no directory")?;
     anyhow::ensure!(
         bin.is_file(),
-        "{} is missing: build it with `cargo build --release -p toolexec-server`",
+        "{} is missing: build it with `cargo build --profile dist -p toolexec-server`",
         bin.display()
     );
     Ok(bin)

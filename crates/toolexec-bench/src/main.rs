@@ -27,7 +27,7 @@
 //! - `load`: the release binary over its limits for minutes (several tenants, many sessions,
 //!   mixed calls): served, shed and rate-limited with p50/p99, and its memory over the run.
 //!
-//! Run: `cargo run --release -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`, `cluster`, `reads`, `load`; Postgres on 127.0.0.1:5432,
+//! Run: `cargo run --profile dist -p toolexec-bench -- calls` (or `shell`, `history`, `session`, `web`, `cluster`, `reads`, `load`; Postgres on 127.0.0.1:5432,
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 

@@ -2,7 +2,7 @@
 SWE-ReX API (sandboxed, recorded) and against a real `swerex-remote` on the same machine, in the
 same run, at 1 and 8 clients (8 bash sessions).
 
-    cargo build --release -p toolexec-server
+    cargo build --profile dist -p toolexec-server
     VENV=$(.ci/swerex)
     $VENV/bin/python crates/toolexec-bench/swerex/bench.py --seconds 10
 
@@ -119,7 +119,7 @@ def row(label, clients, m):
 
 async def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--toolexec-bin", default="target/release/toolexec")
+    ap.add_argument("--toolexec-bin", default="target/dist/toolexec")
     ap.add_argument("--database-url", default=os.environ.get("TOOLEXEC_BENCH_DATABASE_URL", ""))
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()

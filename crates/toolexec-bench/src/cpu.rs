@@ -13,13 +13,27 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// utime + stime (ticks) of a `/proc/.../stat` line: fields 14 and 15, counted after the
 /// parenthesised command name, which may hold spaces.
 fn ticks(stat: &str) -> Option<(String, u64)> {
+    ticks_of(stat, 2)
+}
+
+/// The name and the sum of the first `count` time fields from utime on (2: utime and stime;
+/// 4: with cutime and cstime, the children it waited for).
+fn ticks_of(stat: &str, count: usize) -> Option<(String, u64)> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let name = stat[open + 1..close].to_owned();
     let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((name, utime + stime))
+    let mut total = 0;
+    for field in fields.get(11..11 + count)? {
+        total += field.parse::<u64>().ok()?;
+    }
+    Some((name, total))
+}
+
+/// CPU time so far of another process and of the children it waited for (0 once it is gone).
+pub fn process_and_children(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    to_duration(ticks_of(&stat, 4).map_or(0, |(_, t)| t))
 }
 
 /// CPU time so far of this process's threads named [`SERVICE_THREADS`], and of its other threads

@@ -68,23 +68,10 @@ impl Remote {
         }
     }
 
-    /// User + system CPU time of the server process so far (it is one Python process).
+    /// CPU time of the server so far (one Python process) and of the commands it ran and
+    /// reaped.
     pub fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let tick = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        // utime and stime, then cutime and cstime (the commands it ran and reaped).
-        let ticks = tick(11) + tick(12) + tick(13) + tick(14);
-        Duration::from_secs_f64(ticks as f64 / 100.0)
+        crate::cpu::process_and_children(self.child.id())
     }
 
     /// `clients` clients calling `POST /read_file {path}` for `dur`; each answer is checked to

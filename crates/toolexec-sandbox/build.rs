@@ -57,6 +57,7 @@ fn main() {
         // Fully optimised whatever the outer profile (the workspace's `release` is the quick
         // one): it is built once, shared by every profile, and is what every command forks.
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+        .env("CARGO_PROFILE_RELEASE_LTO", "false")
         // The outer build's settings are not this build's: clippy's wrapper (when the outer
         // command is `cargo clippy`), its flags, a `--target` of its own.
         .env_remove("RUSTFLAGS")

@@ -31,6 +31,11 @@
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
+/// The service binary's allocator (`toolexec-server`'s `main.rs`): the bench runs the service
+/// in-process, so it measures what the binary runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cluster;
 mod cpu;
 mod history;
@@ -591,6 +596,7 @@ async fn run_all(
     );
     let database = db_url.rsplit('/').next().unwrap_or_default().to_owned();
     let mut costs = Vec::new();
+    let mut floors = Vec::new();
     for &clients in client_counts {
         // Baseline: the rows one call records, inserted plainly, one transaction per call.
         let cpu_before = cpu::Sample::now(&database);
@@ -655,6 +661,28 @@ async fn run_all(
         })
         .await?;
         let cpu_svc = cpu::Sample::now(&database).since(cpu_before);
+        // The floor of any call over HTTP here: `GET /healthz` goes through the same client
+        // and the same layer stack as a call (request id, span, metrics, door, slots, body
+        // guard, forwarding check), with no body, no handler work and no record.
+        let cpu_before = cpu::Sample::now(&database);
+        let http2 = http.clone();
+        let healthz = Arc::new(format!("{base}/healthz"));
+        let floor_stats = drive(clients, dur, move |_c, _n| {
+            let http = http2.clone();
+            let url = healthz.clone();
+            async move {
+                let resp = http.get(url.as_str()).send().await?;
+                anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
+                let body: serde_json::Value = resp.json().await?;
+                anyhow::ensure!(body["status"] == "ok", "healthz: {body}");
+                Ok(())
+            }
+        })
+        .await?;
+        let cpu_floor = cpu::Sample::now(&database)
+            .since(cpu_before)
+            .per_op(floor_stats.calls);
+        floors.push((clients, floor_stats, cpu_floor));
         if let Some((remote, path)) = &remote {
             let (cpu_before, (_, client_before)) = (remote.cpu(), cpu::this_process());
             let stats = remote
@@ -692,6 +720,18 @@ async fn run_all(
             "{clients:>7} | toolexec {:>6.0} = service {svc:>5.0} + client {client:>5.0} + postgres {pg:>5.0} | baseline {:>6.0} = client {base_client:>5.0} + postgres {base_pg:>5.0}",
             svc + client + pg,
             base_client + base_pg,
+        );
+    }
+    println!(
+        "HTTP floor: GET /healthz, same client and layers, no body, no handler work, no record:"
+    );
+    for (clients, stats, (svc, client, pg)) in floors {
+        println!(
+            "{clients:>7} | {:>12.0}/s {:>7.2} {:>9.2} ms | CPU µs per request {:>6.0} = service {svc:>5.0} + client {client:>5.0} + postgres {pg:>5.0}",
+            stats.rate(),
+            stats.pct(0.50),
+            stats.pct(0.99),
+            svc + client + pg,
         );
     }
     print_recorder_stats(&http, &base).await?;

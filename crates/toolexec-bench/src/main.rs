@@ -31,11 +31,6 @@
 //! trust auth; override with `--admin-url`). It creates and drops its own database.
 #![forbid(unsafe_code)]
 
-/// The service binary's allocator (`toolexec-server`'s `main.rs`): the bench runs the service
-/// in-process, so it measures what the binary runs.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod cluster;
 mod cpu;
 mod history;

@@ -7,14 +7,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use toolexec_server::{Config, build_state, open_database, open_store, serve};
 
-/// mimalloc rather than glibc's malloc: issue 28's profile of a recorded read had `malloc` and
-/// `free` at ~18 % of the service's CPU; with mimalloc the service's CPU per read fell by
-/// 10–20 % (docs/benchmarks.md). No code of the service allocates between a fork and its exec
-/// (the sandbox's `pre_exec` makes raw system calls only), which is what an allocator's locks
-/// across `fork` would need.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "toolexec",

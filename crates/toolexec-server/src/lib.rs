@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod http;
+mod span_fields;
 pub mod telemetry;
 mod toolsdoc;
 

@@ -113,6 +113,8 @@ pub fn init(format: &str, config: &TelemetryConfig, node: &str) -> anyhow::Resul
         logs.json()
             .flatten_event(true)
             .with_current_span(true)
+            // A span's fields appended to as they are recorded, not parsed and rewritten.
+            .fmt_fields(crate::span_fields::JsonSpanFields)
             .boxed()
     };
     let (provider, traces) = match &config.otlp_endpoint {

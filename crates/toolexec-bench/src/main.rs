@@ -57,6 +57,11 @@ use sqlx::postgres::PgPoolOptions;
 #[derive(Parser)]
 #[command(name = "toolexec-bench")]
 struct Cli {
+    /// The service's logs on stderr as the binary writes them (`json`, its default, or `text`:
+    /// the same subscriber, so that the spans every request makes cost what they cost in the
+    /// binary), or `none` (no subscriber: spans cost next to nothing).
+    #[arg(long, global = true, default_value = "json", env = "TOOLEXEC_LOG_FORMAT", value_parser = ["json", "text", "none"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -247,7 +252,16 @@ enum SessionMode {
 async fn main() -> anyhow::Result<()> {
     // reqwest clients need a rustls provider since web_fetch unified `rustls-no-provider` in.
     toolexec_tools::web::install_tls_provider();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let _logs = match cli.log_format.as_str() {
+        "none" => None,
+        format => Some(toolexec_server::telemetry::init(
+            format,
+            &Default::default(),
+            "toolexec-bench",
+        )?),
+    };
+    match cli.command {
         Command::Calls {
             admin_url,
             seconds,

@@ -258,10 +258,12 @@ async fn sandbox_escape_environment_holds_nothing_of_the_service() {
     );
     let app = spawn_app().await;
     let sh = Sh::new(&app, json!({"env": {"FOO": "bar"}})).await;
-    let expected: BTreeSet<String> = ["PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "FOO"]
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    let expected: BTreeSet<String> = [
+        "PATH", "HOME", "LANG", "TERM", "SHELL", "PWD", "SHLVL", "_", "FOO",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
 
     let r = sh.run("env").await;
     assert_eq!(r["status"], "ok", "{r}");
@@ -270,6 +272,8 @@ async fn sandbox_escape_environment_holds_nothing_of_the_service() {
         out.lines().any(|l| l == "FOO=bar"),
         "session env missing: {r}"
     );
+    // The shell the command runs in, not the service's `SHELL`.
+    assert!(out.lines().any(|l| l == "SHELL=/bin/bash"), "{r}");
     let names = env_names(&out);
     let unexpected: Vec<&String> = names.difference(&expected).collect();
     assert!(

@@ -95,3 +95,40 @@ async fn ordinary_variables_in_a_session_env_reach_its_commands() {
         "{r}"
     );
 }
+
+/// A command starts with the base environment, `SHELL` included (the shell it runs in: without
+/// it every `bash` looks its user up in the password database to set it), and a session's
+/// `env` still wins over every base variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_start_with_the_base_environment_and_the_session_env_over_it() {
+    let app = spawn_sqlite_app().await;
+    let echo = json!({"command": "echo \"[$SHELL] [$HOME] [$LANG] [$TERM]\""});
+    let plain = app.session(json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = app.call(&plain, "c1", "shell", echo.clone()).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(
+        r["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[/bin/bash] [/workspace] [C.UTF-8] [dumb]"),
+        "{r}"
+    );
+    let own = app
+        .session(json!({"env": {"SHELL": "/bin/sh", "LANG": "C"}}))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = app.call(&own, "c1", "shell", echo).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(
+        r["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[/bin/sh] [/workspace] [C] [dumb]"),
+        "{r}"
+    );
+}

@@ -245,8 +245,6 @@ impl Sandbox {
         t0: Instant,
     ) -> Result<Finished, SandboxError> {
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let mut buf_out = vec![0u8; CHUNK];
-        let mut buf_err = vec![0u8; CHUNK];
         let deadline = tokio::time::Instant::now() + limits.timeout;
         let mut last_output = tokio::time::Instant::now();
         let mut killed = None;
@@ -262,15 +260,15 @@ impl Sandbox {
                 None => idle_at.map_or(deadline, |i| i.min(deadline)),
             };
             tokio::select! {
-                n = read_some(&mut stdout, &mut buf_out) => {
+                n = read_some(&mut stdout, &mut out) => {
                     match n {
-                        Some(n) => { out.extend_from_slice(&buf_out[..n]); last_output = tokio::time::Instant::now(); }
+                        Some(_) => last_output = tokio::time::Instant::now(),
                         None => stdout = None,
                     }
                 }
-                n = read_some(&mut stderr, &mut buf_err) => {
+                n = read_some(&mut stderr, &mut err) => {
                     match n {
-                        Some(n) => { err.extend_from_slice(&buf_err[..n]); last_output = tokio::time::Instant::now(); }
+                        Some(_) => last_output = tokio::time::Instant::now(),
                         None => stderr = None,
                     }
                 }
@@ -371,12 +369,17 @@ pub(crate) async fn setup_failure(mut child: tokio::process::Child) -> String {
     }
 }
 
-async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+/// Appends what `r` has to `into`, read straight into its spare capacity (at least [`CHUNK`]
+/// bytes of it): no buffer of its own to zero and copy from. `None` at end of file.
+async fn read_some<R: AsyncRead + Unpin>(r: &mut Option<R>, into: &mut Vec<u8>) -> Option<usize> {
     match r {
-        Some(r) => match r.read(buf).await {
-            Ok(0) | Err(_) => None,
-            Ok(n) => Some(n),
-        },
+        Some(r) => {
+            into.reserve(CHUNK);
+            match r.read_buf(into).await {
+                Ok(0) | Err(_) => None,
+                Ok(n) => Some(n),
+            }
+        }
         None => std::future::pending().await,
     }
 }

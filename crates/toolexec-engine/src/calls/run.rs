@@ -378,12 +378,22 @@ impl Calls {
         let mut lease = engine.contents.take(budget.content_bytes);
         budget.content_bytes = lease.bytes();
         let t0 = Instant::now();
-        let scanned = tokio::task::spawn_blocking(move || {
-            let report = snap.rescan_within(&ws, &budget);
-            (snap, report)
-        })
-        .await;
+        // Nothing queued on the workspace's watches (a command that only read): no change,
+        // told here, without a blocking thread's round trip.
+        let quiet = snap.rescan_if_quiet();
+        let is_quiet = quiet.is_some();
+        let scanned = match quiet {
+            Some(report) => Ok((snap, Ok(report))),
+            None => {
+                tokio::task::spawn_blocking(move || {
+                    let report = snap.rescan_within(&ws, &budget);
+                    (snap, report)
+                })
+                .await
+            }
+        };
         let mode = match &scanned {
+            Ok(_) if is_quiet => "quiet".to_owned(),
             Ok((_, Ok(report))) => match report.full_walk {
                 None => "events".to_owned(),
                 Some(reason) => format!("{reason:?}"),

@@ -393,6 +393,39 @@ impl Snapshot {
         self.scan(ws, &ScanBudget::unlimited(keep_up_to), true)
     }
 
+    /// The report of a rescan that needs nothing from the workspace, when that can be told at
+    /// once: the snapshot watches every directory, no event is queued on its inotify instance,
+    /// no entry is left to recheck and no full walk is due. A rescan would then inspect nothing
+    /// and report no change — what this returns, without the rescan's syscalls or a hand-off
+    /// to a blocking thread (the usual case after a command that only read). The snapshot is
+    /// left as it was: the next rescan covers everything since the last one that ran, as it
+    /// would have. `None`: call [`Snapshot::rescan_within`].
+    pub fn rescan_if_quiet(&mut self) -> Option<ScanReport> {
+        let watcher = self.watcher.as_ref()?;
+        if self.unwatched.is_some()
+            || watcher.failed
+            || watcher.walk_next.is_some()
+            || !watcher.recheck.is_empty()
+            || watcher.last_full_walk.elapsed() >= FULL_WALK_INTERVAL
+        {
+            return None;
+        }
+        // Not attached when the pool closed the instance for another session: its watches
+        // are gone, and the rescan must walk.
+        let fd = watcher.lease.attach()?;
+        if rustix::io::ioctl_fionread(&*fd).ok()? != 0 {
+            return None;
+        }
+        Some(ScanReport {
+            changes: Vec::new(),
+            files: self.entries.len(),
+            hashed: 0,
+            hashed_bytes: 0,
+            kept_bytes: 0,
+            full_walk: None,
+        })
+    }
+
     /// [`Snapshot::rescan`] within a budget for what it keeps, hashes and how long it hashes;
     /// every file beyond is still reported, by hash and size or by its metadata only, with
     /// [`FileChange::after_unstored`] saying why.

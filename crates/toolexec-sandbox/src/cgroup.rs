@@ -18,7 +18,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
@@ -198,7 +198,11 @@ impl Cgroups {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let dir = self.v2.join(format!("c{n}"));
         fs::create_dir(&dir)?;
-        Ok(CommandGroup { dir, free: None })
+        Ok(CommandGroup {
+            dir,
+            free: None,
+            found_empty: AtomicBool::new(false),
+        })
     }
 }
 
@@ -285,6 +289,7 @@ impl SessionTree {
         Ok(CommandGroup {
             dir,
             free: Some(self.free.clone()),
+            found_empty: AtomicBool::new(false),
         })
     }
 
@@ -312,6 +317,10 @@ pub struct CommandGroup {
     dir: PathBuf,
     /// Where it goes back to when it is found empty (a session's command cgroups).
     free: Option<Arc<Mutex<Vec<PathBuf>>>>,
+    /// [`CommandGroup::kill_nowait`] found nothing in it. Nothing can enter it after that (no
+    /// process is left to fork, and the service moves processes only into new groups), so
+    /// dropping it need not read `cgroup.events` again.
+    found_empty: AtomicBool,
 }
 
 impl CommandGroup {
@@ -348,6 +357,8 @@ impl CommandGroup {
     pub fn kill_nowait(&self) {
         if populated(&self.dir) {
             let _ = write_file(&self.dir.join("cgroup.kill"), "1");
+        } else {
+            self.found_empty.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -360,7 +371,7 @@ impl Drop for CommandGroup {
         // Reused only if nothing is in it: a process the kill has not taken yet goes to the
         // reaper with its cgroup.
         if let Some(free) = &self.free
-            && !populated(&dir)
+            && (self.found_empty.load(Ordering::Relaxed) || !populated(&dir))
             && let Ok(mut free) = free.lock()
             && free.len() < KEPT_FREE
         {

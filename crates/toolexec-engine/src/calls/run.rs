@@ -380,7 +380,7 @@ impl Calls {
         let t0 = Instant::now();
         // Nothing queued on the workspace's watches (a command that only read): no change,
         // told here, without a blocking thread's round trip.
-        let quiet = snap.rescan_if_quiet();
+        let quiet = snap.rescan_if_quiet(&ws);
         let is_quiet = quiet.is_some();
         let scanned = match quiet {
             Some(report) => Ok((snap, Ok(report))),

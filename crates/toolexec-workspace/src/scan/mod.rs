@@ -399,8 +399,10 @@ impl Snapshot {
     /// and report no change — what this returns, without the rescan's syscalls or a hand-off
     /// to a blocking thread (the usual case after a command that only read). The snapshot is
     /// left as it was: the next rescan covers everything since the last one that ran, as it
-    /// would have. `None`: call [`Snapshot::rescan_within`].
-    pub fn rescan_if_quiet(&mut self) -> Option<ScanReport> {
+    /// would have. `None`: call [`Snapshot::rescan_within`] — also when the pool of inotify
+    /// instances is busy (this never waits for it) and when the root itself is gone (its watch
+    /// says nothing while the jail holds it open; the rescan reports it).
+    pub fn rescan_if_quiet(&self, ws: &Workspace) -> Option<ScanReport> {
         let watcher = self.watcher.as_ref()?;
         if self.unwatched.is_some()
             || watcher.failed
@@ -412,8 +414,10 @@ impl Snapshot {
         }
         // Not attached when the pool closed the instance for another session: its watches
         // are gone, and the rescan must walk.
-        let fd = watcher.lease.attach()?;
-        if rustix::io::ioctl_fionread(&*fd).ok()? != 0 {
+        let fd = watcher.lease.try_attach()?;
+        if rustix::io::ioctl_fionread(&*fd).ok()? != 0
+            || rustix::fs::fstat(ws.root_fd()).ok()?.st_nlink == 0
+        {
             return None;
         }
         Some(ScanReport {

@@ -185,6 +185,27 @@ impl Lease {
         Some(slot.fd.clone())
     }
 
+    /// [`Lease::attach`] for a caller that must not wait (an async worker): `None` also when
+    /// another thread holds the pool — it may be closing an instance with many watches, which
+    /// takes a while.
+    pub(super) fn try_attach(&self) -> Option<Arc<OwnedFd>> {
+        let mut state = match self.pool.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let slot = state.open.get_mut(&self.id)?;
+        slot.last_used = Instant::now();
+        Some(slot.fd.clone())
+    }
+
+    /// Runs `f` while this thread holds the pool, as another thread closing an instance would.
+    #[cfg(test)]
+    pub(super) fn while_pool_busy<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _held = self.pool.lock();
+        f()
+    }
+
     /// After a scan: the instance holds `watches` watches now (the scan's own count, which
     /// also drops the watches the kernel removed with their directories).
     pub(super) fn detach(&self, watches: usize) {

@@ -915,36 +915,38 @@ fn a_quiet_workspace_is_told_at_once_and_anything_queued_is_left_to_a_rescan() {
     let mut snapshot = Snapshot::capture(&f.ws).unwrap();
     // Nothing happened since the capture, and reading queues no event.
     let _ = fs::read(f.path("a/keep.txt")).unwrap();
-    let quiet = snapshot.rescan_if_quiet().expect("nothing queued: quiet");
+    let quiet = snapshot
+        .rescan_if_quiet(&f.ws)
+        .expect("nothing queued: quiet");
     assert!(quiet.changes.is_empty());
     assert_eq!((quiet.files, quiet.hashed, quiet.full_walk), (1, 0, None));
 
     // Anything queued — a write, a new file, a removal, a chmod — is a rescan's to look at,
     // and the rescan still finds it (the quiet answer consumed nothing).
     f.write("a/keep.txt", b"changed");
-    assert!(snapshot.rescan_if_quiet().is_none());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_none());
     let report = f.rescan(&mut snapshot);
     incremental(&report);
     assert_eq!(kinds(&report), [(Modified, "a/keep.txt")]);
     // What a rescan just inspected is rechecked by the next one (its timestamps were too
     // fresh to trust): not quiet until that rescan ran.
     settle();
-    assert!(snapshot.rescan_if_quiet().is_none());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_none());
     assert!(f.rescan(&mut snapshot).changes.is_empty());
-    assert!(snapshot.rescan_if_quiet().is_some());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_some());
     for script in [
         "echo new > a/new.txt",
         "rm a/new.txt",
         "chmod 600 a/keep.txt",
     ] {
         sh(&f.root, script);
-        assert!(snapshot.rescan_if_quiet().is_none(), "{script}");
+        assert!(snapshot.rescan_if_quiet(&f.ws).is_none(), "{script}");
         assert_eq!(f.rescan(&mut snapshot).changes.len(), 1, "{script}");
         settle();
-        if snapshot.rescan_if_quiet().is_none() {
+        if snapshot.rescan_if_quiet(&f.ws).is_none() {
             assert!(f.rescan(&mut snapshot).changes.is_empty(), "{script}");
         }
-        assert!(snapshot.rescan_if_quiet().is_some(), "after {script}");
+        assert!(snapshot.rescan_if_quiet(&f.ws).is_some(), "after {script}");
     }
 
     // An entry left to recheck, a walk due, or no watches at all: never quiet.
@@ -954,11 +956,27 @@ fn a_quiet_workspace_is_told_at_once_and_anything_queued_is_left_to_a_rescan() {
         .unwrap()
         .recheck
         .insert(b"a/keep.txt"[..].into());
-    assert!(snapshot.rescan_if_quiet().is_none());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_none());
     snapshot.watcher.as_mut().unwrap().recheck.clear();
     snapshot.watcher.as_mut().unwrap().walk_next = Some(FullWalkReason::EventsLost);
-    assert!(snapshot.rescan_if_quiet().is_none());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_none());
     snapshot.watcher.as_mut().unwrap().walk_next = None;
-    assert!(snapshot.rescan_if_quiet().is_some());
-    assert!(Snapshot::default().rescan_if_quiet().is_none());
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_some());
+    assert!(Snapshot::default().rescan_if_quiet(&f.ws).is_none());
+
+    // The pool held by another thread: not waited for (the rescan, on a blocking thread, may).
+    let lease = &watcher(&snapshot).lease;
+    assert!(lease.while_pool_busy(|| snapshot.rescan_if_quiet(&f.ws).is_none()));
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_some());
+}
+
+#[test]
+fn a_root_removed_from_the_host_is_never_quiet() {
+    let f = Fixture::new();
+    let mut snapshot = Snapshot::capture(&f.ws).unwrap();
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_some());
+    // Empty, it queues nothing on its own watch while the jail holds it open.
+    fs::remove_dir(&f.root).unwrap();
+    assert!(snapshot.rescan_if_quiet(&f.ws).is_none());
+    assert!(snapshot.rescan(&f.ws, 1024).is_err());
 }

@@ -57,6 +57,7 @@ store_suite!(
     finishing_an_invocation_that_is_not_running_is_refused,
     concurrent_committers_get_gapless_ordered_seqs,
     a_blob_is_stored_once_and_readable,
+    every_shape_of_a_group_commit_writes_what_it_carries,
     an_invocation_lists_its_side_effects_in_log_order,
     the_output_is_the_blob_when_truncated_and_the_content_otherwise,
     interrupting_a_node_finishes_only_its_own_running_calls,
@@ -1051,6 +1052,83 @@ async fn a_blob_is_stored_once_and_readable(db: &TestStore) {
         .unwrap();
     assert!(matches!(refused[0], Err(WriteError::DuplicateCall(_))));
     assert_eq!(db.store.blob(&orphan.sha256).await.unwrap(), None);
+}
+
+/// Postgres writes a batch from cached state with a statement made for what the batch holds
+/// (new invocations, finishes of earlier ones, blobs); every combination the service makes is
+/// written whole, in one gapless log.
+async fn every_shape_of_a_group_commit_writes_what_it_carries(db: &TestStore) {
+    let acme = tenant(db, "acme").await;
+    let s = session(db, &acme).await;
+    let running: Vec<NewInvocation> = (0..4).map(|i| call(s.id, &format!("r{i}"))).collect();
+    let blob = |text: &str| Blob::new(text.as_bytes().to_vec());
+    let finish_with = |inv: &NewInvocation, blobs: Vec<Blob>| Write::Finish {
+        session_id: s.id,
+        invocation_id: inv.id,
+        outcome: ok("done"),
+        side_effects: vec![],
+        blobs,
+    };
+    let record_with = |call_id: &str, blobs: Vec<Blob>| Write::Record {
+        invocation: call(s.id, call_id),
+        outcome: ok("done"),
+        side_effects: vec![],
+        blobs,
+    };
+    let started_later = call(s.id, "n1");
+    let batches: Vec<(&str, Vec<Write>)> = vec![
+        (
+            "new invocations",
+            running.iter().cloned().map(start).collect(),
+        ),
+        (
+            "new invocations and blobs",
+            vec![record_with("b1", vec![blob("one")])],
+        ),
+        ("finishes", vec![finish_with(&running[0], vec![])]),
+        (
+            "finishes and blobs",
+            vec![finish_with(&running[1], vec![blob("two")])],
+        ),
+        (
+            "new invocations and finishes",
+            vec![
+                start(started_later.clone()),
+                finish_with(&running[2], vec![]),
+            ],
+        ),
+        (
+            "everything",
+            vec![
+                record_with("b2", vec![blob("three")]),
+                finish_with(&running[3], vec![blob("four")]),
+            ],
+        ),
+    ];
+    for (shape, batch) in batches {
+        let results = db.store.commit(&batch).await.unwrap();
+        assert_eq!(results.len(), batch.len(), "{shape}");
+        assert!(results.iter().all(Result::is_ok), "{shape}: {results:?}");
+    }
+    for inv in &running {
+        let stored = db.store.invocation(acme.id, inv.id).await.unwrap();
+        assert_eq!(stored.status, InvocationStatus::Ok, "{}", inv.call_id);
+    }
+    let n1 = db
+        .store
+        .invocation(acme.id, started_later.id)
+        .await
+        .unwrap();
+    assert_eq!(n1.status, InvocationStatus::Running);
+    for text in ["one", "two", "three", "four"] {
+        let b = blob(text);
+        assert_eq!(
+            db.store.blob(&b.sha256).await.unwrap(),
+            Some(b.bytes.to_vec())
+        );
+    }
+    let last = db.store.get_session(acme.id, s.id).await.unwrap().last_seq;
+    assert_eq!(seqs(db, &s).await, one_to(last));
 }
 
 async fn an_invocation_lists_its_side_effects_in_log_order(db: &TestStore) {

@@ -234,6 +234,7 @@ async fn measure_with(
         let urls2 = urls.clone();
         let run = uuid::Uuid::new_v4().simple().to_string();
         let run2 = run.clone();
+        let pg0 = crate::cpu::postgres_backends(&db_name);
         let sandboxed = drive(clients, dur, move |c, n| {
             let http = http2.clone();
             let url = urls2[c % urls2.len()].clone();
@@ -252,6 +253,13 @@ async fn measure_with(
         })
         .await?;
         let sandboxed_cpu = per_call(&db_name, cpu0, &sandboxed);
+        // Postgres's part of it: its backends' CPU (the service's pool stays open, so none of
+        // them ends during the phase).
+        let sandboxed_pg = crate::cpu::postgres_backends(&db_name)
+            .saturating_sub(pg0)
+            .as_secs_f64()
+            * 1e3
+            / sandboxed.calls.max(1) as f64;
         // The sandbox alone: the session's resident agent, the command's cgroup, output
         // capture; no HTTP, no JSON, no workspace scan, no recording.
         let t = tables.clone();
@@ -321,7 +329,14 @@ async fn measure_with(
             let bench_cpu = per_call(&db_name, cpu0, &stats);
             remote_rows.push((clients, stats, remote_cpu + bench_cpu));
         }
-        cpu.push((clients, raw_cpu, sandboxed_cpu, alone_cpu, floor_cpu));
+        cpu.push((
+            clients,
+            raw_cpu,
+            sandboxed_cpu,
+            sandboxed_pg,
+            alone_cpu,
+            floor_cpu,
+        ));
         breakdown.push((clients, alone, floor));
         rows.push((clients, raw, sandboxed, run));
     }
@@ -345,11 +360,13 @@ async fn measure_with(
         );
     }
     println!(
-        "{:>7} | CPU time per call (this process, its sandboxes, PostgreSQL): raw bash, sandboxed and recorded, sandbox alone, floor",
+        "{:>7} | CPU time per call (this process, its sandboxes, PostgreSQL): raw bash, sandboxed and recorded (of it PostgreSQL), sandbox alone, floor",
         "clients"
     );
-    for (clients, raw, sandboxed, alone, floor) in &cpu {
-        println!("{clients:>7} | {raw:.2} ms, {sandboxed:.2} ms, {alone:.2} ms, {floor:.2} ms");
+    for (clients, raw, sandboxed, pg, alone, floor) in &cpu {
+        println!(
+            "{clients:>7} | {raw:.2} ms, {sandboxed:.2} ms ({pg:.2} ms), {alone:.2} ms, {floor:.2} ms"
+        );
     }
     println!(
         "sandbox alone = ProcessTable::run of `true` (the resident sandbox, its cgroup, output capture; no HTTP, no recording); \

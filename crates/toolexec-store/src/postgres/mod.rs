@@ -1,12 +1,14 @@
 //! Postgres backend: the production store, shared by every API replica.
 //!
 //! A commit is usually one round trip: a batch planned from this store's cached session state,
-//! written by one statement that first checks the cache under `FOR UPDATE`
-//! (`WRITE_PLAN_IF_CURRENT`). When the cache is stale (another writer moved on), the batch
-//! takes the locked path, five round trips whatever its size: `BEGIN`; lock the sessions of the
-//! batch (`FOR UPDATE`, in id order so that concurrent batches cannot deadlock); read the
-//! invocations the batch refers to; one statement that writes everything (data-modifying CTEs
-//! over `UNNEST`ed arrays: blobs, invocations, finishes, events, `last_seq`); `COMMIT`.
+//! written by one statement that first checks the cache under `FOR UPDATE` and holds only the
+//! parts the batch needs (`write_plan_if_current_sql`: a statement per shape, so that a commit
+//! of one `shell` start does not set up the blobs and finishes it does not write). When the
+//! cache is stale (another writer moved on), the batch takes the locked path, five round trips
+//! whatever its size: `BEGIN`; lock the sessions of the batch (`FOR UPDATE`, in id order so
+//! that concurrent batches cannot deadlock); read the invocations the batch refers to; one
+//! statement that writes everything (data-modifying CTEs over `UNNEST`ed arrays: blobs,
+//! invocations, finishes, events, `last_seq`); `COMMIT`.
 //! Per-write failures are decided before the write (see the `plan` module), never by a constraint
 //! violation, which would abort the transaction and every other write of the batch.
 //!
@@ -53,8 +55,8 @@ pub struct PgStore {
 }
 
 /// What this store last saw of the sessions and running invocations it wrote, so a batch can
-/// usually be planned without reading the database first (`WRITE_PLAN_IF_CURRENT`, in
-/// [`write`]). Never trusted on its own: a stale entry only sends the batch down the locked path.
+/// usually be planned without reading the database first (`write_plan_if_current_sql`,
+/// in [`write`]). Never trusted on its own: a stale entry only sends the batch down the locked path.
 #[derive(Debug, Default)]
 struct Cache {
     sessions: std::collections::HashMap<Uuid, (toolexec_core::SessionStatus, i64)>,

@@ -1,6 +1,6 @@
 //! Writing a plan on Postgres, in one statement: planned from the cache and checked by the
-//! statement itself (`WRITE_PLAN_IF_CURRENT`), or planned under the locks of the batch's
-//! sessions, read in id order (`WRITE_PLAN`). See the module above for why.
+//! statement itself (`write_plan_if_current_sql`, one statement per [`Shape`]), or planned
+//! under the locks of the batch's sessions, read in id order (`WRITE_PLAN`). See the module above for why.
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::types::Json;
@@ -133,12 +133,12 @@ async fn existing_invocations(
     .collect()
 }
 
-/// The parts of writing a plan in one statement. Every part is an array, empty when there is
-/// nothing of its kind; data-modifying CTEs all run to completion whether or not they are
-/// referenced. `$w`/`$a` guard each part (`WHERE …` after a FROM, `AND …` after a WHERE):
-/// empty for the locked path, the optimistic check for the fast path.
-macro_rules! write_plan_parts {
-    ($w:literal, $a:literal) => {
+// The parts of writing a plan in one statement, one macro each. Every part is an array, empty
+// when there is nothing of its kind; data-modifying CTEs all run to completion whether or not
+// they are referenced. `$w` guards a part that ends in a FROM (`WHERE …`), `$a` one that ends in
+// a WHERE (`AND …`): empty for the locked path, the optimistic check for the fast path.
+macro_rules! blobs_part {
+    ($w:literal) => {
         concat!(
             "new_blobs AS (
     INSERT INTO blobs (sha256, size, data)
@@ -146,8 +146,15 @@ macro_rules! write_plan_parts {
             $w,
             "
     ON CONFLICT (sha256) DO NOTHING
-),
-new_invocations AS (
+)"
+        )
+    };
+}
+
+macro_rules! invocations_part {
+    ($w:literal) => {
+        concat!(
+            "new_invocations AS (
     INSERT INTO invocations (
         id, session_id, call_id, name, arguments, arguments_sha256, read_only, capabilities,
         node, status, is_error, content, truncated, output_chars, output_sha256,
@@ -159,8 +166,15 @@ new_invocations AS (
         $22::bigint[], $23::bigint[]) ",
             $w,
             "
-),
-finished AS (
+)"
+        )
+    };
+}
+
+macro_rules! finished_part {
+    ($a:literal) => {
+        concat!(
+            "finished AS (
     UPDATE invocations AS i SET
         status = f.status, is_error = f.is_error, content = f.content, truncated = f.truncated,
         output_chars = f.output_chars, output_sha256 = f.output_sha256,
@@ -173,15 +187,29 @@ finished AS (
     WHERE i.id = f.id ",
             $a,
             "
-),
-new_events AS (
+)"
+        )
+    };
+}
+
+macro_rules! events_part {
+    ($w:literal) => {
+        concat!(
+            "new_events AS (
     INSERT INTO events (session_id, seq, kind, invocation_id, data, created_at)
     SELECT e.*, statement_timestamp()
     FROM UNNEST($34::uuid[], $35::bigint[], $36::text[], $37::uuid[], $38::jsonb[]) AS e ",
             $w,
             "
-),
-bumped AS (
+)"
+        )
+    };
+}
+
+macro_rules! bumped_part {
+    ($a:literal) => {
+        concat!(
+            "bumped AS (
     UPDATE sessions AS s SET last_seq = l.last_seq
     FROM UNNEST($39::uuid[], $40::bigint[]) AS l(id, last_seq)
     WHERE s.id = l.id ",
@@ -192,39 +220,124 @@ bumped AS (
     };
 }
 
-/// Writes a plan made under the session locks of the caller's transaction.
-const WRITE_PLAN: &str = concat!("WITH ", write_plan_parts!("", ""), " SELECT true");
+/// Writes a plan made under the session locks of the caller's transaction (every part: this is
+/// the rare path, taken when the cache was stale).
+const WRITE_PLAN: &str = concat!(
+    "WITH ",
+    blobs_part!(""),
+    ",\n",
+    invocations_part!(""),
+    ",\n",
+    finished_part!(""),
+    ",\n",
+    events_part!(""),
+    ",\n",
+    bumped_part!(""),
+    " SELECT true"
+);
+
+/// Which parts a plan needs beyond its events and sessions: a statement with a part whose arrays
+/// are empty still sets that part up in the executor (its table, every index, the check that
+/// goes with it), which measured a third of Postgres's CPU for a commit of one `shell` start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    pub blobs: bool,
+    pub invocations: bool,
+    pub finishes: bool,
+}
+
+impl Shape {
+    pub(super) fn of(plan: &Plan) -> Self {
+        Self {
+            blobs: !plan.blobs.is_empty(),
+            invocations: !plan.invocations.is_empty(),
+            finishes: !plan.finishes.is_empty(),
+        }
+    }
+
+    fn index(self) -> usize {
+        usize::from(self.blobs)
+            | (usize::from(self.invocations) << 1)
+            | (usize::from(self.finishes) << 2)
+    }
+
+    fn from_index(i: usize) -> Self {
+        Self {
+            blobs: i & 1 != 0,
+            invocations: i & 2 != 0,
+            finishes: i & 4 != 0,
+        }
+    }
+}
+
+/// The check a plan from cached state must pass, for the parts of `shape`: every session of
+/// the batch still has the `last_seq` and status the plan assumed (read under `FOR UPDATE`, so
+/// no other writer can move them until this commits), no call id or invocation id it inserts
+/// exists, and every invocation it finishes is still running.
+fn if_current_check(shape: Shape) -> String {
+    let mut ok = vec![
+        "(SELECT count(*) FROM locked l
+            JOIN UNNEST($41::uuid[], $42::bigint[], $43::text[]) AS x(id, last_seq, status)
+            ON l.id = x.id AND l.last_seq = x.last_seq AND l.status = x.status)
+            = cardinality($41::uuid[])",
+    ];
+    if shape.invocations {
+        ok.push("NOT EXISTS (SELECT 1 FROM invocations i WHERE i.id = ANY($4::uuid[]))");
+        ok.push(
+            "NOT EXISTS (
+            SELECT 1 FROM UNNEST($5::uuid[], $6::text[]) AS c(session_id, call_id)
+            JOIN invocations i ON i.session_id = c.session_id AND i.call_id = c.call_id)",
+        );
+    }
+    if shape.finishes {
+        ok.push(
+            "(SELECT count(*) FROM invocations i
+             WHERE i.id = ANY($24::uuid[]) AND i.status = 'running')
+            = cardinality($24::uuid[])",
+        );
+    }
+    ok.join("\n        AND ")
+}
 
 /// Writes a plan made from this store's cached session state — in one statement, so one round
-/// trip and its own transaction — only if the cache was right: every session of the batch still
-/// has the `last_seq` and status the plan assumed (checked under `FOR UPDATE`, so no other
-/// writer can move them until this commits), no call id or invocation id it inserts exists, and
-/// every invocation it finishes is still running. Otherwise it writes nothing and says `false`,
-/// and the caller takes the locked path.
-const WRITE_PLAN_IF_CURRENT: &str = concat!(
-    "WITH locked AS MATERIALIZED (
+/// trip and its own transaction — only if the cache was right ([`if_current_check`]), with only
+/// the parts the plan's [`Shape`] needs. Otherwise it writes nothing and says `false`, and the
+/// caller takes the locked path. Each shape's statement is made once and prepared once per
+/// connection (sqlx's statement cache, keyed by the text).
+fn write_plan_if_current_sql(shape: Shape) -> &'static str {
+    static STATEMENTS: std::sync::LazyLock<[String; 8]> = std::sync::LazyLock::new(|| {
+        std::array::from_fn(|i| {
+            let shape = Shape::from_index(i);
+            let mut parts = Vec::with_capacity(5);
+            if shape.blobs {
+                parts.push(blobs_part!("WHERE (SELECT ok FROM ok)"));
+            }
+            if shape.invocations {
+                parts.push(invocations_part!("WHERE (SELECT ok FROM ok)"));
+            }
+            if shape.finishes {
+                parts.push(finished_part!("AND (SELECT ok FROM ok)"));
+            }
+            parts.push(events_part!("WHERE (SELECT ok FROM ok)"));
+            parts.push(bumped_part!("AND (SELECT ok FROM ok)"));
+            format!(
+                "WITH locked AS MATERIALIZED (
     SELECT s.id, s.last_seq, s.status FROM sessions s
     WHERE s.id = ANY($41::uuid[]) ORDER BY s.id FOR UPDATE
 ),
 ok AS MATERIALIZED (
     SELECT
-        (SELECT count(*) FROM locked l
-            JOIN UNNEST($41::uuid[], $42::bigint[], $43::text[]) AS x(id, last_seq, status)
-            ON l.id = x.id AND l.last_seq = x.last_seq AND l.status = x.status)
-            = cardinality($41::uuid[])
-        AND NOT EXISTS (SELECT 1 FROM invocations i WHERE i.id = ANY($4::uuid[]))
-        AND NOT EXISTS (
-            SELECT 1 FROM UNNEST($5::uuid[], $6::text[]) AS c(session_id, call_id)
-            JOIN invocations i ON i.session_id = c.session_id AND i.call_id = c.call_id)
-        AND (SELECT count(*) FROM invocations i
-             WHERE i.id = ANY($24::uuid[]) AND i.status = 'running')
-            = cardinality($24::uuid[])
+        {}
         AS ok
 ),
-",
-    write_plan_parts!("WHERE (SELECT ok FROM ok)", "AND (SELECT ok FROM ok)"),
-    " SELECT ok FROM ok"
-);
+{} SELECT ok FROM ok",
+                if_current_check(shape),
+                parts.join(",\n")
+            )
+        })
+    });
+    &STATEMENTS[shape.index()]
+}
 
 /// The columns that the end of an invocation sets, one array each, in `WRITE_PLAN` order. A row
 /// without an end (a `Start`) is `running` with the rest NULL.
@@ -292,14 +405,15 @@ pub(super) async fn write_plan_if_current(
     plan: &Plan,
     expected: Expected,
 ) -> Result<bool> {
-    Ok(
-        bind_plan(sqlx::query_scalar::<_, bool>(WRITE_PLAN_IF_CURRENT), plan)
-            .bind(expected.ids)
-            .bind(expected.last_seqs)
-            .bind(expected.statuses)
-            .fetch_one(pool)
-            .await?,
+    Ok(bind_plan(
+        sqlx::query_scalar::<_, bool>(write_plan_if_current_sql(Shape::of(plan))),
+        plan,
     )
+    .bind(expected.ids)
+    .bind(expected.last_seqs)
+    .bind(expected.statuses)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// Binds `$1`…`$40` of the write statements.
@@ -396,5 +510,48 @@ impl PgStore {
             *cache = Cache::default();
         }
         Ok(results.iter().filter(|r| r.is_ok()).count() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_shape_writes_and_checks_its_own_parts_and_no_others() {
+        for i in 0..8 {
+            let shape = Shape::from_index(i);
+            assert_eq!(shape.index(), i);
+            let sql = write_plan_if_current_sql(shape);
+            assert_eq!(sql.contains("new_blobs AS"), shape.blobs, "{shape:?}");
+            assert_eq!(sql.contains("new_invocations AS"), shape.invocations);
+            assert_eq!(sql.contains("i.id = ANY($4::uuid[])"), shape.invocations);
+            assert_eq!(sql.contains("JOIN invocations i ON"), shape.invocations);
+            assert_eq!(sql.contains("finished AS"), shape.finishes);
+            assert_eq!(sql.contains("status = 'running'"), shape.finishes);
+            // Every statement locks and checks its sessions, appends its events, moves the
+            // sessions' `last_seq`, and writes nothing unless the check passed.
+            for always in [
+                "FOR UPDATE",
+                "= cardinality($41::uuid[])",
+                "new_events AS",
+                "bumped AS",
+            ] {
+                assert!(sql.contains(always), "{shape:?} lacks {always}");
+            }
+            let parts = sql.matches(" AS (\n").count();
+            let guarded = sql.matches("(SELECT ok FROM ok)").count();
+            assert_eq!(guarded, parts, "{shape:?}: every part is guarded");
+        }
+        // The shape with every part is the locked path's statement, guarded.
+        let all = Shape::from_index(7);
+        let unguarded = write_plan_if_current_sql(all)
+            .replace("WHERE (SELECT ok FROM ok)", "")
+            .replace("AND (SELECT ok FROM ok)", "");
+        let parts = &WRITE_PLAN["WITH ".len()..WRITE_PLAN.len() - " SELECT true".len()];
+        assert!(
+            unguarded.contains(parts.trim_end()),
+            "the full shape writes what WRITE_PLAN writes"
+        );
     }
 }

@@ -55,8 +55,9 @@ pub struct PgStore {
 }
 
 /// What this store last saw of the sessions and running invocations it wrote, so a batch can
-/// usually be planned without reading the database first (`write_plan_if_current_sql`,
-/// in [`write`]). Never trusted on its own: a stale entry only sends the batch down the locked path.
+/// usually be planned without reading the database first (`write_plan_if_current_sql`, in
+/// [`write`]). Never trusted on its own: a stale entry only sends the batch down the locked
+/// path.
 #[derive(Debug, Default)]
 struct Cache {
     sessions: std::collections::HashMap<Uuid, (toolexec_core::SessionStatus, i64)>,

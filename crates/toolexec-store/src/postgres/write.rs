@@ -1,6 +1,7 @@
 //! Writing a plan on Postgres, in one statement: planned from the cache and checked by the
 //! statement itself (`write_plan_if_current_sql`, one statement per [`Shape`]), or planned
-//! under the locks of the batch's sessions, read in id order (`WRITE_PLAN`). See the module above for why.
+//! under the locks of the batch's sessions, read in id order (`WRITE_PLAN`). See the module
+//! above for why.
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::types::Json;
@@ -238,7 +239,7 @@ const WRITE_PLAN: &str = concat!(
 
 /// Which parts a plan needs beyond its events and sessions: a statement with a part whose arrays
 /// are empty still sets that part up in the executor (its table, every index, the check that
-/// goes with it), which measured a third of Postgres's CPU for a commit of one `shell` start.
+/// goes with it), which measured ~30 % of Postgres's CPU for a commit of one `shell` start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Shape {
     pub blobs: bool,

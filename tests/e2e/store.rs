@@ -1106,9 +1106,16 @@ async fn every_shape_of_a_group_commit_writes_what_it_carries(db: &TestStore) {
         ),
     ];
     for (shape, batch) in batches {
+        let locked_before = db.locked_commits();
         let results = db.store.commit(&batch).await.unwrap();
         assert_eq!(results.len(), batch.len(), "{shape}");
         assert!(results.iter().all(Result::is_ok), "{shape}: {results:?}");
+        // Written by its own statement, not by the locked path after a refused check.
+        assert_eq!(
+            db.locked_commits(),
+            locked_before,
+            "{shape} took the locked path"
+        );
     }
     for inv in &running {
         let stored = db.store.invocation(acme.id, inv.id).await.unwrap();
@@ -1594,11 +1601,18 @@ mod replicas {
 
     use super::*;
 
-    async fn two_replicas() -> (TestPgDatabase, Arc<dyn Store>, Arc<dyn Store>) {
+    /// Two stores on one new database, and the first one's own handle (for its counters).
+    async fn two_replicas() -> (
+        TestPgDatabase,
+        Arc<dyn Store>,
+        Arc<dyn Store>,
+        Arc<toolexec_store::postgres::PgStore>,
+    ) {
         let db = TestPgDatabase::create().await;
-        let a: Arc<dyn Store> = Arc::new(db.store().await);
+        let pg = Arc::new(db.store().await);
+        let a: Arc<dyn Store> = pg.clone();
         let b: Arc<dyn Store> = Arc::new(db.store().await);
-        (db, a, b)
+        (db, a, b, pg)
     }
 
     async fn session_on(store: &Arc<dyn Store>) -> Session {
@@ -1629,15 +1643,21 @@ mod replicas {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn replicas_writing_one_session_keep_its_seqs_gapless_and_see_each_others_calls() {
-        let (_db, a, b) = two_replicas().await;
+        let (_db, a, b, a_pg) = two_replicas().await;
         let s = session_on(&a).await;
         let r = a.commit(&[record(call(s.id, "c1"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(2, Some(3))]);
+        assert_eq!(a_pg.locked_commits(), 0, "A's own cache was right");
         let r = b.commit(&[record(call(s.id, "c2"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(4, Some(5))]);
         // A's cache still says last_seq 3: its one-statement write must notice and step aside.
         let r = a.commit(&[record(call(s.id, "c3"), "x")]).await.unwrap();
         assert_eq!(r, vec![assigned(6, Some(7))]);
+        assert_eq!(
+            a_pg.locked_commits(),
+            1,
+            "the stale write took the locked path"
+        );
         // B never saw c1 being recorded, but the database did.
         let r = b.commit(&[record(call(s.id, "c1"), "x")]).await.unwrap();
         assert!(matches!(r[0], Err(WriteError::DuplicateCall(_))), "{r:?}");
@@ -1661,7 +1681,7 @@ mod replicas {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_replicas_stale_cache_cannot_finish_a_call_twice_or_write_to_a_closed_session() {
-        let (_db, a, b) = two_replicas().await;
+        let (_db, a, b, _) = two_replicas().await;
         let s = session_on(&a).await;
         let inv = call(s.id, "c1");
         a.commit(&[start(inv.clone())]).await.unwrap();

@@ -163,6 +163,7 @@ enum Backend {
     // connection still open.
     Postgres {
         pool: sqlx::PgPool,
+        pg: Arc<PgStore>,
         _db: TestPgDatabase,
     },
     Sqlite {
@@ -174,13 +175,14 @@ enum Backend {
 impl TestStore {
     pub async fn postgres() -> Self {
         let db = TestPgDatabase::create().await;
-        let store = db.store().await;
+        let store = Arc::new(db.store().await);
         Self {
             backend: Backend::Postgres {
                 pool: store.pool().clone(),
+                pg: store.clone(),
                 _db: db,
             },
-            store: Arc::new(store),
+            store,
         }
     }
 
@@ -204,6 +206,15 @@ impl TestStore {
                 let mut conn = sqlite_connection(path).await?;
                 Ok(sqlx::query(sql).execute(&mut conn).await?.rows_affected())
             }
+        }
+    }
+
+    /// On Postgres, how many group commits took the locked path instead of the one statement
+    /// from cached state ([`PgStore::locked_commits`]); `None` on SQLite, which has one path.
+    pub fn locked_commits(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Postgres { pg, .. } => Some(pg.locked_commits()),
+            Backend::Sqlite { .. } => None,
         }
     }
 

@@ -52,6 +52,8 @@ pub struct PgStore {
     cache: std::sync::Arc<std::sync::Mutex<Cache>>,
     /// Most bytes of blob contents in one statement.
     blob_statement_bytes: usize,
+    /// Commits that took the locked path (the cache was cold or stale), shared by clones.
+    locked_commits: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What this store last saw of the sessions and running invocations it wrote, so a batch can
@@ -100,6 +102,7 @@ impl PgStore {
             pool,
             cache: std::sync::Arc::default(),
             blob_statement_bytes: crate::check::DEFAULT_BLOB_STATEMENT_BYTES,
+            locked_commits: std::sync::Arc::default(),
         }
     }
 
@@ -113,6 +116,14 @@ impl PgStore {
         if let Ok(mut cache) = self.cache.lock() {
             cache.sessions.remove(&id);
         }
+    }
+
+    /// How many group commits took the locked path because this store's cache was cold or
+    /// stale (another replica or writer moved a session on), since it was made. The others were
+    /// one statement from cached state.
+    pub fn locked_commits(&self) -> u64 {
+        self.locked_commits
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -377,6 +388,8 @@ impl Calls for PgStore {
                 return Ok(plan.results);
             }
         }
+        self.locked_commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tx = self.pool.begin().await?;
         let (plan, locked) = apply(&mut tx, batch.to_vec()).await?;
         tx.commit().await?;
